@@ -1,0 +1,195 @@
+// Package auth authenticates callers by bearer token and maps each token to
+// a role. Tokens are compared in constant time and never logged.
+package auth
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/payouts/payouts/internal/problem"
+)
+
+// Role is what a caller is allowed to do.
+type Role string
+
+// The caller roles.
+const (
+	Executor   Role = "executor"
+	Reconciler Role = "reconciler"
+	Operator   Role = "operator"
+)
+
+// AllRoles lists every role.
+var AllRoles = []Role{Executor, Reconciler, Operator}
+
+func (r Role) valid() bool { return r == Executor || r == Reconciler || r == Operator }
+
+// Principal is an authenticated caller.
+type Principal struct {
+	Name string
+	Role Role
+}
+
+// File is the auth file format (DESIGN §4b).
+type File struct {
+	Tokens []FileToken `json:"tokens"`
+}
+
+// FileToken is one entry of the auth file.
+type FileToken struct {
+	Token string `json:"token"`
+	Role  Role   `json:"role"`
+	Name  string `json:"name"`
+}
+
+type entry struct {
+	digest [32]byte
+	p      Principal
+}
+
+// Authenticator checks bearer tokens.
+type Authenticator struct {
+	entries  []entry
+	insecure bool
+}
+
+// Insecure returns an authenticator that lets every request through as an
+// operator named "insecure" (development only: --insecure-no-auth).
+func Insecure() *Authenticator { return &Authenticator{insecure: true} }
+
+// LoadFile reads an auth file.
+func LoadFile(path string) (*Authenticator, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("auth: read auth file: %w", err)
+	}
+	return Parse(b)
+}
+
+// Parse reads auth file contents.
+func Parse(b []byte) (*Authenticator, error) {
+	var f File
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("auth: parse auth file: %w", err)
+	}
+	if len(f.Tokens) == 0 {
+		return nil, errors.New("auth: auth file lists no tokens")
+	}
+	a := &Authenticator{}
+	seen := map[[32]byte]bool{}
+	for i, t := range f.Tokens {
+		if len(t.Token) < 16 {
+			return nil, fmt.Errorf("auth: token #%d (%s) is shorter than 16 characters", i+1, t.Name)
+		}
+		if !t.Role.valid() {
+			return nil, fmt.Errorf("auth: token #%d (%s) has role %q; want executor, reconciler or operator", i+1, t.Name, t.Role)
+		}
+		if t.Name == "" {
+			return nil, fmt.Errorf("auth: token #%d has no name", i+1)
+		}
+		d := sha256.Sum256([]byte(t.Token))
+		if seen[d] {
+			return nil, fmt.Errorf("auth: token #%d (%s) is listed twice", i+1, t.Name)
+		}
+		seen[d] = true
+		a.entries = append(a.entries, entry{digest: d, p: Principal{Name: t.Name, Role: t.Role}})
+	}
+	return a, nil
+}
+
+// Authenticate maps a bearer token to its principal.
+func (a *Authenticator) Authenticate(token string) (Principal, bool) {
+	if a.insecure {
+		return Principal{Name: "insecure", Role: Operator}, true
+	}
+	// Compare digests in constant time against every entry, so timing says
+	// nothing about which (or whether a) token matched.
+	d := sha256.Sum256([]byte(token))
+	var found Principal
+	ok := 0
+	for _, e := range a.entries {
+		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
+			found = e.p
+			ok = 1
+		}
+	}
+	return found, ok == 1 && token != ""
+}
+
+type ctxKey struct{}
+
+// FromContext returns the request's principal.
+func FromContext(ctx context.Context) (Principal, bool) {
+	p, ok := ctx.Value(ctxKey{}).(Principal)
+	return p, ok
+}
+
+// WithPrincipal attaches a principal to ctx (for tests and in-process callers).
+func WithPrincipal(ctx context.Context, p Principal) context.Context {
+	return context.WithValue(ctx, ctxKey{}, p)
+}
+
+// Middleware authenticates every request: 401 without a valid bearer token.
+func (a *Authenticator) Middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := r.Header.Get("Authorization")
+		token, found := strings.CutPrefix(h, "Bearer ")
+		if !found && !a.insecure {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="payouts"`)
+			problem.Write(w, problem.New(problem.Unauthorized, "a bearer token is required (Authorization: Bearer <token>)"))
+			return
+		}
+		p, ok := a.Authenticate(strings.TrimSpace(token))
+		if !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="payouts", error="invalid_token"`)
+			problem.Write(w, problem.New(problem.Unauthorized, "the bearer token is not valid"))
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), p)))
+	})
+}
+
+// Require answers 403 unless the caller has one of roles.
+func Require(roles ...Role) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			p, ok := FromContext(r.Context())
+			if !ok {
+				problem.Write(w, problem.New(problem.Unauthorized, "not authenticated"))
+				return
+			}
+			for _, role := range roles {
+				if p.Role == role {
+					next.ServeHTTP(w, r)
+					return
+				}
+			}
+			problem.Write(w, problem.New(problem.Forbidden, "role %s may not call this endpoint", p.Role))
+		})
+	}
+}
+
+// FromFlags builds the authenticator a server was configured with: the
+// auth file, or insecure mode when explicitly asked; neither is an error.
+func FromFlags(authFile string, insecure bool) (*Authenticator, error) {
+	switch {
+	case authFile != "" && insecure:
+		return nil, errors.New("auth: --auth-file and --insecure-no-auth are mutually exclusive")
+	case authFile != "":
+		return LoadFile(authFile)
+	case insecure:
+		return Insecure(), nil
+	default:
+		return nil, errors.New("auth: refusing to start without authentication: pass --auth-file PATH (or --insecure-no-auth for local development)")
+	}
+}

@@ -1,0 +1,167 @@
+package httpx
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/payouts/payouts/internal/problem"
+)
+
+// Client is the base of every role's client package: JSON in and out,
+// problem bodies decoded back into *problem.Error, a timeout on every call,
+// and no retry of a mutating request ever. Only GETs are retried, and only
+// when the request never reached the server's handler (a connection error).
+type Client struct {
+	base    *url.URL
+	token   string
+	http    *http.Client
+	timeout time.Duration
+	retries int
+}
+
+// ClientOption configures a Client.
+type ClientOption func(*Client)
+
+// WithTimeout sets the per-request timeout (default 10s). A context with an
+// earlier deadline wins.
+func WithTimeout(d time.Duration) ClientOption { return func(c *Client) { c.timeout = d } }
+
+// WithHTTPClient replaces the underlying http.Client (its Timeout is ignored
+// in favour of WithTimeout).
+func WithHTTPClient(h *http.Client) ClientOption { return func(c *Client) { c.http = h } }
+
+// WithGetRetries sets how often a GET is retried on a connection error.
+func WithGetRetries(n int) ClientOption { return func(c *Client) { c.retries = n } }
+
+// NewClient returns a client for baseURL authenticating with bearer token.
+func NewClient(baseURL, token string, opts ...ClientOption) (*Client, error) {
+	u, err := url.Parse(strings.TrimRight(baseURL, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("invalid URL %q: want http(s)://host:port", baseURL)
+	}
+	c := &Client{base: u, token: token, timeout: 10 * time.Second, retries: 2}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.http == nil {
+		c.http = &http.Client{Transport: &http.Transport{
+			Proxy:               nil, // loopback and internal services only; never via a proxy
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        100,
+			MaxIdleConnsPerHost: 32,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
+	return c, nil
+}
+
+// BaseURL is the server's base URL.
+func (c *Client) BaseURL() string { return c.base.String() }
+
+// Get does a GET of path (with query) into out.
+func (c *Client) Get(ctx context.Context, path string, query url.Values, out any) error {
+	var err error
+	for attempt := 0; attempt <= c.retries; attempt++ {
+		err = c.do(ctx, http.MethodGet, path, query, nil, out)
+		if err == nil || !isConnError(err) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt+1) * 100 * time.Millisecond):
+		}
+	}
+	return err
+}
+
+// Post sends in as JSON and decodes the answer into out. Never retried.
+func (c *Client) Post(ctx context.Context, path string, in, out any) error {
+	return c.do(ctx, http.MethodPost, path, nil, in, out)
+}
+
+// Put sends in as JSON. Never retried.
+func (c *Client) Put(ctx context.Context, path string, in, out any) error {
+	return c.do(ctx, http.MethodPut, path, nil, in, out)
+}
+
+// Delete sends a DELETE. Never retried.
+func (c *Client) Delete(ctx context.Context, path string, out any) error {
+	return c.do(ctx, http.MethodDelete, path, nil, nil, out)
+}
+
+// ErrTransport marks an error where no answer came back from the server:
+// for a mutating request the effect is unknown.
+var ErrTransport = errors.New("no answer from server")
+
+func isConnError(err error) bool {
+	return errors.Is(err, ErrTransport)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, in, out any) error {
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	u := *c.base
+	u.Path = c.base.Path + path
+	if rp, err := url.PathUnescape(u.Path); err == nil && rp != u.Path {
+		u.RawPath = c.base.Path + path
+		u.Path = rp
+	}
+	if len(query) > 0 {
+		u.RawQuery = query.Encode()
+	}
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("encode request: %w", err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s %s: %w: %w", method, path, ErrTransport, ctx.Err())
+		}
+		return fmt.Errorf("%s %s: %w: %v", method, path, ErrTransport, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return problem.Decode(resp)
+	}
+	if out == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		return nil
+	}
+	dec := json.NewDecoder(io.LimitReader(resp.Body, 64<<20))
+	if err := dec.Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode response: %w", method, path, err)
+	}
+	return nil
+}
+
+// PathEscape escapes one path segment (lock keys contain ':').
+func PathEscape(s string) string { return url.PathEscape(s) }

@@ -1,0 +1,244 @@
+package httpx_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/problem"
+)
+
+type echoReq struct {
+	Name   string `json:"name"`
+	Amount int64  `json:"amount"`
+}
+
+const (
+	execToken = "executor-token-0123456789"
+	opToken   = "operator-token-0123456789"
+)
+
+func newTestServer(t *testing.T) (*httptest.Server, *int) {
+	t.Helper()
+	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + execToken + `","role":"executor","name":"exec-1"},{"token":"` + opToken + `","role":"operator","name":"alice"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := httpx.NewServer(httpx.Config{Role: "test", Auth: a})
+	writes := 0
+	s.Router().Post("/v1/echo", httpx.Handler(func(w http.ResponseWriter, r *http.Request) error {
+		var req echoReq
+		if err := httpx.DecodeJSON(r, &req); err != nil {
+			return err
+		}
+		writes++
+		httpx.WriteJSON(w, http.StatusOK, req)
+		return nil
+	}))
+	s.Router().With(auth.Require(auth.Operator)).Post("/v1/admin", httpx.Handler(func(w http.ResponseWriter, r *http.Request) error {
+		p, _ := auth.FromContext(r.Context())
+		httpx.WriteJSON(w, http.StatusOK, map[string]string{"name": p.Name})
+		return nil
+	}))
+	s.Router().Post("/v1/fence", httpx.Handler(func(w http.ResponseWriter, r *http.Request) error {
+		return problem.Fenced("payout:acc-1", 4, 7, "token 4 is below the fence 7")
+	}))
+	s.Router().Get("/v1/boom", httpx.Handler(func(w http.ResponseWriter, r *http.Request) error {
+		return errors.New("database password is hunter2")
+	}))
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	return ts, &writes
+}
+
+func TestStrictDecoding(t *testing.T) {
+	ts, writes := newTestServer(t)
+	c, err := httpx.NewClient(ts.URL, execToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, body, wantInMsg string
+	}{
+		{"unknown field", `{"name":"a","amount":1,"colour":"red"}`, `unknown field "colour"`},
+		{"trailing data", `{"name":"a","amount":1} {"x":1}`, "data after the JSON object"},
+		{"wrong type", `{"name":"a","amount":"ten"}`, `field "amount" must be an integer`},
+		{"malformed", `{"name":`, "malformed JSON"},
+		{"empty", ``, "empty"},
+		{"oversize", `{"name":"` + strings.Repeat("x", httpx.MaxBodyBytes) + `"}`, "larger than"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, ts.URL+"/v1/echo", strings.NewReader(tc.body))
+			req.Header.Set("Authorization", "Bearer "+execToken)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400", resp.StatusCode)
+			}
+			if ct := resp.Header.Get("Content-Type"); ct != problem.ContentType {
+				t.Fatalf("content type %q", ct)
+			}
+			perr := problem.Decode(resp)
+			var pe *problem.Error
+			if !errors.As(perr, &pe) || pe.Code != problem.InvalidRequest {
+				t.Fatalf("got %v, want invalid_request", perr)
+			}
+			if !strings.Contains(pe.Message, tc.wantInMsg) {
+				t.Fatalf("message %q does not mention %q", pe.Message, tc.wantInMsg)
+			}
+		})
+	}
+	if *writes != 0 {
+		t.Fatalf("%d rejected requests reached the handler's write", *writes)
+	}
+	var out echoReq
+	if err := c.Post(context.Background(), "/v1/echo", echoReq{Name: "ok", Amount: 5}, &out); err != nil || out.Amount != 5 {
+		t.Fatalf("valid request: %v %+v", err, out)
+	}
+}
+
+func TestProblemRoundTrip(t *testing.T) {
+	ts, _ := newTestServer(t)
+	c, _ := httpx.NewClient(ts.URL, execToken)
+	err := c.Post(context.Background(), "/v1/fence", map[string]string{}, nil)
+	var pe *problem.Error
+	if !errors.As(err, &pe) {
+		t.Fatalf("want *problem.Error, got %T %v", err, err)
+	}
+	if pe.Code != problem.FencedOut || pe.Key != "payout:acc-1" || pe.PresentedToken != 4 || pe.StoredToken != 7 || pe.Status() != 409 {
+		t.Fatalf("round trip lost fields: %+v", pe)
+	}
+	if !errors.Is(err, problem.New(problem.FencedOut, "")) {
+		t.Fatal("errors.Is by code failed")
+	}
+	// Internal causes are never sent.
+	err = c.Get(context.Background(), "/v1/boom", nil, nil)
+	if !problem.Has(err, problem.Internal) || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("internal error leaked or wrong code: %v", err)
+	}
+	// Unknown route is a problem too.
+	err = c.Get(context.Background(), "/v1/nope", nil, nil)
+	if !problem.Has(err, problem.NotFound) {
+		t.Fatalf("want not_found, got %v", err)
+	}
+}
+
+func TestAuth(t *testing.T) {
+	ts, _ := newTestServer(t)
+	ctx := context.Background()
+	none, _ := httpx.NewClient(ts.URL, "")
+	bad, _ := httpx.NewClient(ts.URL, "not-a-real-token-at-all")
+	exec, _ := httpx.NewClient(ts.URL, execToken)
+	op, _ := httpx.NewClient(ts.URL, opToken)
+	if err := none.Post(ctx, "/v1/echo", echoReq{}, nil); !problem.Has(err, problem.Unauthorized) {
+		t.Fatalf("no token: %v", err)
+	}
+	if err := bad.Post(ctx, "/v1/echo", echoReq{}, nil); !problem.Has(err, problem.Unauthorized) {
+		t.Fatalf("bad token: %v", err)
+	}
+	if err := exec.Post(ctx, "/v1/admin", echoReq{}, nil); !problem.Has(err, problem.Forbidden) {
+		t.Fatalf("wrong role: %v", err)
+	}
+	var out map[string]string
+	if err := op.Post(ctx, "/v1/admin", echoReq{}, &out); err != nil || out["name"] != "alice" {
+		t.Fatalf("right role: %v %v", err, out)
+	}
+	// Health endpoints need no token.
+	resp, err := http.Get(ts.URL + "/healthz")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("healthz: %v", err)
+	}
+	resp.Body.Close()
+	resp, err = http.Get(ts.URL + "/metrics")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("metrics: %v", err)
+	}
+	resp.Body.Close()
+}
+
+func TestServerRefusesWithoutAuthConfig(t *testing.T) {
+	if _, err := auth.FromFlags("", false); err == nil {
+		t.Fatal("a server with neither --auth-file nor --insecure-no-auth must refuse to start")
+	}
+	if _, err := auth.FromFlags("x", true); err == nil {
+		t.Fatal("both flags at once must be refused")
+	}
+}
+
+func TestReadyzTurns503OnShutdownAndInFlightFinishes(t *testing.T) {
+	a := auth.Insecure()
+	s := httpx.NewServer(httpx.Config{Role: "test", Addr: "127.0.0.1:0", Auth: a})
+	addr, err := s.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	s.Router().Get("/v1/slow", func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		w.WriteHeader(200)
+	})
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	base := "http://" + addr.String()
+	waitStatus := func(path string, want int) {
+		t.Helper()
+		for i := 0; i < 500; i++ {
+			resp, err := http.Get(base + path)
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == want {
+					return
+				}
+			}
+			time.Sleep(10 * time.Millisecond) // polling interval, not synchronisation
+		}
+		t.Fatalf("%s never answered %d", path, want)
+	}
+	waitStatus("/readyz", 200)
+	slowDone := make(chan int, 1)
+	go func() {
+		resp, err := http.Get(base + "/v1/slow")
+		if err != nil {
+			slowDone <- 0
+			return
+		}
+		resp.Body.Close()
+		slowDone <- resp.StatusCode
+	}()
+	<-entered
+	cancel()
+	// Once shutdown has begun, readiness fails (load balancers stop sending).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		if rec.Code == http.StatusServiceUnavailable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz still %d after shutdown began", rec.Code)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The in-flight request finishes within the grace period.
+	close(release)
+	if code := <-slowDone; code != 200 {
+		t.Fatalf("in-flight request got %d during graceful shutdown", code)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+}

@@ -1,0 +1,100 @@
+package httpx
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/payouts/payouts/internal/problem"
+)
+
+// MaxBodyBytes is the largest request body any server accepts.
+const MaxBodyBytes = 1 << 20
+
+// DecodeJSON strictly decodes the request body into v: unknown fields,
+// trailing data, wrong types, empty bodies and bodies over 1 MiB are
+// invalid_request errors naming what was wrong.
+func DecodeJSON(r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
+		return problem.New(problem.InvalidRequest, "Content-Type must be application/json, got %q", ct)
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
+	if err != nil {
+		return problem.Wrap(problem.InvalidRequest, err, "could not read the request body")
+	}
+	if len(body) > MaxBodyBytes {
+		return problem.New(problem.InvalidRequest, "request body is larger than %d bytes", MaxBodyBytes)
+	}
+	return DecodeStrict(body, v)
+}
+
+// DecodeStrict is DecodeJSON's rules applied to bytes.
+func DecodeStrict(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return problem.New(problem.InvalidRequest, "request body is empty; a JSON object is required")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return problem.New(problem.InvalidRequest, "%s", describeJSONError(err))
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return problem.New(problem.InvalidRequest, "request body has data after the JSON object")
+	}
+	return nil
+}
+
+func describeJSONError(err error) string {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		return fmt.Sprintf("malformed JSON at byte %d: %v", syn.Offset, syn)
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			return fmt.Sprintf("body must be a JSON %s, not %s", typ.Type.Kind(), typ.Value)
+		}
+		return fmt.Sprintf("field %q must be %s, not %s", field, jsonKind(typ.Type.Kind().String()), typ.Value)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "malformed JSON: unexpected end of body"
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return "unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ")
+	default:
+		return "malformed JSON: " + err.Error()
+	}
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		return "an integer"
+	case "float32", "float64":
+		return "a number"
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	case "slice", "array":
+		return "an array"
+	case "map", "struct":
+		return "an object"
+	}
+	return k
+}
+
+// WriteJSON writes v with the given status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		problem.Write(w, problem.Wrap(problem.Internal, err, "could not encode the response"))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}

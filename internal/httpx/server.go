@@ -1,0 +1,298 @@
+// Package httpx is the HTTP plumbing every role shares: a router with
+// request ids, logging, metrics, deadlines and auth; strict JSON decoding;
+// problem+json errors; the server lifecycle; and a client base.
+package httpx
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+)
+
+// Check is a readiness probe of one dependency.
+type Check func(ctx context.Context) error
+
+// Config describes one server.
+type Config struct {
+	Role            string
+	Addr            string
+	Logger          *slog.Logger
+	Registry        *prometheus.Registry
+	Auth            *auth.Authenticator
+	RequestTimeout  time.Duration // per-request deadline; default 30s
+	ShutdownTimeout time.Duration // grace for in-flight requests; default 15s
+	Ready           []Check       // /readyz probes
+}
+
+// Server is an HTTP server with the shared endpoints and middleware.
+type Server struct {
+	cfg      Config
+	root     chi.Router
+	api      chi.Router
+	draining atomic.Bool
+	ln       net.Listener
+	srv      *http.Server
+	metrics  *httpMetrics
+}
+
+type httpMetrics struct {
+	requests *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+}
+
+// NewServer builds the router: /healthz, /readyz and /metrics unauthenticated,
+// everything mounted with API authenticated.
+func NewServer(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = obs.NewRegistry()
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = 30 * time.Second
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = 15 * time.Second
+	}
+	s := &Server{cfg: cfg}
+	s.metrics = &httpMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_http_requests_total", Help: "HTTP requests served, by route and status.",
+		}, []string{"method", "route", "status"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "payouts_http_request_duration_seconds", Help: "HTTP request latency, by route and status.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"method", "route", "status"}),
+	}
+	cfg.Registry.MustRegister(s.metrics.requests, s.metrics.latency)
+
+	r := chi.NewRouter()
+	r.Use(s.instrument)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		problem.Write(w, problem.New(problem.NotFound, "no route for %s %s", r.Method, r.URL.Path))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		problem.Write(w, problem.New(problem.NotFound, "method %s is not allowed on %s", r.Method, r.URL.Path))
+	})
+	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	r.Get("/readyz", s.readyz)
+	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
+	s.root = r
+	s.api = r.With(s.deadline, s.authenticate)
+	return s
+}
+
+// Router is where a role mounts its authenticated API routes.
+func (s *Server) Router() chi.Router { return s.api }
+
+// Handler is the server's full handler (for tests with httptest).
+func (s *Server) Handler() http.Handler { return s.root }
+
+// Logger is the server's logger.
+func (s *Server) Logger() *slog.Logger { return s.cfg.Logger }
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		problem.Write(w, problem.New(problem.Unavailable, "shutting down"))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	for _, c := range s.cfg.Ready {
+		if err := c(ctx); err != nil {
+			s.cfg.Logger.Warn("readiness check failed", obs.KeyError, err.Error())
+			problem.Write(w, problem.New(problem.Unavailable, "a dependency is not reachable"))
+			return
+		}
+	}
+	WriteJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	if s.cfg.Auth == nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			problem.Write(w, problem.New(problem.Unauthorized, "server has no authentication configured"))
+		})
+	}
+	return s.cfg.Auth.Middleware(next)
+}
+
+func (s *Server) deadline(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+type loggerKey struct{}
+
+// Log returns the request-scoped logger (carrying the request id).
+func Log(ctx context.Context) *slog.Logger {
+	if l, ok := ctx.Value(loggerKey{}).(*slog.Logger); ok {
+		return l
+	}
+	return slog.Default()
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func newRequestID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// instrument adds a request id, a request-scoped logger, panic recovery,
+// an access log line and the request metrics.
+func (s *Server) instrument(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rid := r.Header.Get("X-Request-Id")
+		if rid == "" || len(rid) > 64 {
+			rid = newRequestID()
+		}
+		w.Header().Set("X-Request-Id", rid)
+		log := s.cfg.Logger.With(obs.KeyRequestID, rid)
+		rec := &statusRecorder{ResponseWriter: w}
+		r = r.WithContext(context.WithValue(r.Context(), loggerKey{}, log))
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				log.Error("panic serving request", "panic", fmt.Sprint(v), "method", r.Method, "path", r.URL.Path)
+				if rec.status == 0 {
+					problem.Write(rec, problem.New(problem.Internal, "internal error"))
+				}
+			}
+			route := "unmatched"
+			if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
+				route = rc.RoutePattern()
+			}
+			status := rec.status
+			if status == 0 {
+				status = http.StatusOK
+			}
+			st := strconv.Itoa(status)
+			d := time.Since(start)
+			s.metrics.requests.WithLabelValues(r.Method, route, st).Inc()
+			s.metrics.latency.WithLabelValues(r.Method, route, st).Observe(d.Seconds())
+			if route != "/healthz" && route != "/readyz" && route != "/metrics" {
+				lvl := slog.LevelDebug
+				if status >= 500 {
+					lvl = slog.LevelWarn
+				}
+				log.Log(r.Context(), lvl, "request", "method", r.Method, "route", route, "status", status, "duration_ms", float64(d.Microseconds())/1000)
+			}
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}
+
+// Handler adapts a function returning an error: a non-nil error is written
+// as a problem and, when internal, logged with its cause.
+func Handler(fn func(w http.ResponseWriter, r *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := fn(w, r); err != nil {
+			WriteError(w, r, err)
+		}
+	}
+}
+
+// WriteError writes err as a problem, logging causes of server-side errors.
+func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	e := problem.From(err)
+	if e.Status() >= 500 {
+		Log(r.Context()).Error("request failed", "code", string(e.Code), obs.KeyError, err.Error(), "method", r.Method, "path", r.URL.Path)
+	}
+	problem.Write(w, e)
+}
+
+// Listen binds the server's address (so callers learn the port of ":0").
+func (s *Server) Listen() (net.Addr, error) {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", s.cfg.Addr, err)
+	}
+	s.ln = ln
+	return ln.Addr(), nil
+}
+
+// Serve runs until ctx is done, then drains: /readyz turns 503 and
+// in-flight requests get ShutdownTimeout to finish.
+func (s *Server) Serve(ctx context.Context) error {
+	if s.ln == nil {
+		if _, err := s.Listen(); err != nil {
+			return err
+		}
+	}
+	s.srv = &http.Server{
+		Handler:           s.root,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),
+	}
+	s.cfg.Logger.Info("listening", "addr", s.ln.Addr().String())
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.Serve(s.ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+	}
+	s.draining.Store(true)
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	s.cfg.Logger.Info("shutting down", "grace", s.cfg.ShutdownTimeout.String())
+	if err := s.srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("http shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,286 @@
+// Package localinfra starts throwaway infrastructure on this machine: a
+// PostgreSQL 15 cluster and embedded etcd. The same code backs the test
+// harness and `payouts dev up`, so what the tests exercise is what a
+// developer runs.
+package localinfra
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PGOptions configures a throwaway PostgreSQL cluster.
+type PGOptions struct {
+	// Dir holds the cluster (Dir/data) and its socket. Created if absent;
+	// an existing initialised cluster is reused.
+	Dir string
+	// Port to listen on; 0 picks a free loopback port.
+	Port int
+	// Fsync keeps durability on. Leave it off for unit tests that never
+	// crash the server; turn it on for crash and restore scenarios.
+	Fsync bool
+	// ExtraConf are additional `-c name=value` settings.
+	ExtraConf []string
+}
+
+// PGCluster is a running (or stopped) local PostgreSQL cluster.
+type PGCluster struct {
+	opts    PGOptions
+	bindir  string
+	cred    *syscall.Credential
+	mu      sync.Mutex
+	running bool
+	Port    int
+}
+
+// PGBinDir finds the PostgreSQL server binaries (pg_config --bindir).
+func PGBinDir() (string, error) {
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		dir := strings.TrimSpace(string(out))
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
+			return dir, nil
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(matches) > 0 {
+		return filepath.Dir(matches[len(matches)-1]), nil
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p), nil
+	}
+	return "", errors.New("localinfra: PostgreSQL server binaries not found (install postgresql; pg_config --bindir must contain initdb)")
+}
+
+// FreePort returns a currently unused TCP port on 127.0.0.1.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// PortFree reports whether 127.0.0.1:port can be bound now.
+func PortFree(port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
+}
+
+// postgresCredential returns the credential to run PostgreSQL binaries
+// under: the postgres user when we are root (initdb and postgres refuse to
+// run as root), nil otherwise.
+func postgresCredential() (*syscall.Credential, int, int, error) {
+	if os.Geteuid() != 0 {
+		return nil, -1, -1, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("localinfra: running as root needs a 'postgres' user to run the server: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, uid, gid, nil
+}
+
+// NewPGCluster initialises (if needed) a cluster under opts.Dir. It does not
+// start it.
+func NewPGCluster(opts PGOptions) (*PGCluster, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("localinfra: PGOptions.Dir is required")
+	}
+	bindir, err := PGBinDir()
+	if err != nil {
+		return nil, err
+	}
+	cred, uid, gid, err := postgresCredential()
+	if err != nil {
+		return nil, err
+	}
+	abs, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	opts.Dir = abs
+	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if uid >= 0 {
+		// The server user must own its directories and be able to reach them.
+		for d := opts.Dir; d != "/" && d != "."; d = filepath.Dir(d) {
+			if st, err := os.Stat(d); err == nil && st.Mode().Perm()&0o001 == 0 {
+				_ = os.Chmod(d, st.Mode().Perm()|0o011)
+			}
+		}
+		if err := os.Chown(opts.Dir, uid, gid); err != nil {
+			return nil, err
+		}
+	}
+	c := &PGCluster{opts: opts, bindir: bindir, cred: cred}
+	if _, err := os.Stat(filepath.Join(c.DataDir(), "PG_VERSION")); errors.Is(err, os.ErrNotExist) {
+		if err := c.run(context.Background(), "initdb", "-D", c.DataDir(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C"); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// DataDir is the cluster's PGDATA.
+func (c *PGCluster) DataDir() string { return filepath.Join(c.opts.Dir, "data") }
+
+// Dir is the directory holding the cluster.
+func (c *PGCluster) Dir() string { return c.opts.Dir }
+
+func (c *PGCluster) command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bindir, name), args...)
+	if c.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	}
+	cmd.Dir = c.opts.Dir
+	return cmd
+}
+
+func (c *PGCluster) run(ctx context.Context, name string, args ...string) error {
+	cmd := c.command(ctx, name, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("localinfra: %s %s: %w\n%s", name, strings.Join(args, " "), err, out.String())
+	}
+	return nil
+}
+
+// Start starts the server and waits until it accepts connections.
+func (c *PGCluster) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.running {
+		return nil
+	}
+	if c.Port == 0 {
+		c.Port = c.opts.Port
+	}
+	if c.Port == 0 {
+		p, err := FreePort()
+		if err != nil {
+			return err
+		}
+		c.Port = p
+	} else if !PortFree(c.Port) {
+		return fmt.Errorf("localinfra: port %d is already in use; choose another port or stop what listens there", c.Port)
+	}
+	conf := []string{
+		"-p " + strconv.Itoa(c.Port),
+		"-k " + c.opts.Dir,
+		"-c listen_addresses=127.0.0.1",
+		"-c max_connections=300",
+		"-c shared_buffers=32MB",
+	}
+	if !c.opts.Fsync {
+		conf = append(conf, "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off")
+	}
+	for _, e := range c.opts.ExtraConf {
+		conf = append(conf, "-c "+e)
+	}
+	logFile := filepath.Join(c.opts.Dir, "postgres.log")
+	if err := c.run(ctx, "pg_ctl", "-D", c.DataDir(), "-l", logFile, "-o", strings.Join(conf, " "), "-w", "-t", "60", "start"); err != nil {
+		if b, rerr := os.ReadFile(logFile); rerr == nil {
+			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+			if len(lines) > 10 {
+				lines = lines[len(lines)-10:]
+			}
+			err = fmt.Errorf("%w\npostgres.log:\n%s", err, strings.Join(lines, "\n"))
+		}
+		return err
+	}
+	c.running = true
+	return nil
+}
+
+// Stop shuts the server down cleanly (fast mode).
+func (c *PGCluster) Stop() error { return c.stop("fast") }
+
+// Crash stops the server without a checkpoint, as a power cut would.
+func (c *PGCluster) Crash() error { return c.stop("immediate") }
+
+func (c *PGCluster) stop(mode string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.running {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := c.run(ctx, "pg_ctl", "-D", c.DataDir(), "-m", mode, "-w", "-t", "60", "stop")
+	if err == nil {
+		c.running = false
+	}
+	return err
+}
+
+// Restart stops the server in the given mode ("fast" or "immediate") and
+// starts it again on the same port.
+func (c *PGCluster) Restart(ctx context.Context, mode string) error {
+	if err := c.stop(mode); err != nil {
+		return err
+	}
+	return c.Start(ctx)
+}
+
+// URL is a connection URL for database db.
+func (c *PGCluster) URL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.Port, db)
+}
+
+// CreateDatabase creates db (optionally from a template) unless it exists.
+func (c *PGCluster) CreateDatabase(ctx context.Context, db, template string) error {
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", db).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	stmt := "CREATE DATABASE " + pgx.Identifier{db}.Sanitize()
+	if template != "" {
+		stmt += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+	}
+	_, err = conn.Exec(ctx, stmt)
+	return err
+}
+
+// BaseBackup takes a pg_basebackup of the running cluster into dest (which
+// must not exist), owned by the server user so it can be started as a cluster.
+func (c *PGCluster) BaseBackup(ctx context.Context, dest string) error {
+	return c.run(ctx, "pg_basebackup", "-D", dest, "-h", "127.0.0.1", "-p", strconv.Itoa(c.Port), "-U", "postgres", "-X", "stream")
+}
+
+// Running reports whether the server was started and not stopped.
+func (c *PGCluster) Running() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.running
+}

@@ -1,0 +1,61 @@
+// Package obs holds the process-wide observability pieces: a JSON slog
+// logger with the project's keys and a Prometheus registry per process.
+package obs
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Log keys used everywhere, so one query finds one thing across roles.
+const (
+	KeyRole      = "role"
+	KeyRequestID = "request_id"
+	KeyKey       = "key"
+	KeyToken     = "token"
+	KeyHolder    = "holder"
+	KeyPayoutID  = "payout_id"
+	KeyAccountID = "account_id"
+	KeyEvent     = "event"
+	KeyError     = "error"
+)
+
+// ParseLevel maps debug|info|warn|error to a level (info when unknown).
+func ParseLevel(s string) slog.Level {
+	switch strings.ToLower(s) {
+	case "debug":
+		return slog.LevelDebug
+	case "warn", "warning":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	default:
+		return slog.LevelInfo
+	}
+}
+
+// NewLogger returns a JSON logger writing to w (stderr when nil), tagged
+// with the role.
+func NewLogger(w io.Writer, level slog.Level, role string) *slog.Logger {
+	if w == nil {
+		w = os.Stderr
+	}
+	h := slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})
+	l := slog.New(h)
+	if role != "" {
+		l = l.With(KeyRole, role)
+	}
+	return l
+}
+
+// NewRegistry returns a fresh registry with the Go and process collectors.
+func NewRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
+}

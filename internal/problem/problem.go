@@ -1,0 +1,337 @@
+// Package problem is the one error type every server returns and every
+// client gets back: a stable code, an HTTP status, and a message safe to
+// show a caller, rendered as RFC 9457 application/problem+json. Internal
+// causes are kept for the log and never sent.
+package problem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+)
+
+// Code is a stable machine-readable error code (DESIGN §4).
+type Code string
+
+// The stable codes. Clients switch on these, never on messages.
+const (
+	InvalidRequest    Code = "invalid_request"
+	Unauthorized      Code = "unauthorized"
+	Forbidden         Code = "forbidden"
+	NotFound          Code = "not_found"
+	Conflict          Code = "conflict"
+	FencedOut         Code = "fenced_out"
+	NotHeld           Code = "not_held"
+	SessionExpired    Code = "session_expired"
+	LockHeld          Code = "lock_held"
+	InvalidTransition Code = "invalid_transition"
+	InsufficientFunds Code = "insufficient_funds"
+	SubmissionExists  Code = "submission_exists"
+	Unavailable       Code = "unavailable"
+	Internal          Code = "internal"
+)
+
+// status is the single table from code to HTTP status.
+var status = map[Code]int{
+	InvalidRequest:    http.StatusBadRequest,
+	Unauthorized:      http.StatusUnauthorized,
+	Forbidden:         http.StatusForbidden,
+	NotFound:          http.StatusNotFound,
+	Conflict:          http.StatusConflict,
+	FencedOut:         http.StatusConflict,
+	NotHeld:           http.StatusConflict,
+	SessionExpired:    http.StatusNotFound,
+	LockHeld:          http.StatusConflict,
+	InvalidTransition: http.StatusConflict,
+	InsufficientFunds: http.StatusConflict,
+	SubmissionExists:  http.StatusConflict,
+	Unavailable:       http.StatusServiceUnavailable,
+	Internal:          http.StatusInternalServerError,
+}
+
+var titles = map[Code]string{
+	InvalidRequest:    "Invalid request",
+	Unauthorized:      "Unauthorized",
+	Forbidden:         "Forbidden",
+	NotFound:          "Not found",
+	Conflict:          "Conflict",
+	FencedOut:         "Fenced out",
+	NotHeld:           "Lock not held",
+	SessionExpired:    "Session expired",
+	LockHeld:          "Lock held",
+	InvalidTransition: "Invalid transition",
+	InsufficientFunds: "Insufficient funds",
+	SubmissionExists:  "Submission exists",
+	Unavailable:       "Unavailable",
+	Internal:          "Internal error",
+}
+
+// Codes lists every stable code.
+func Codes() []Code {
+	out := make([]Code, 0, len(status))
+	for c := range status {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// Status is the HTTP status for code (500 for an unknown code).
+func Status(code Code) int {
+	if s, ok := status[code]; ok {
+		return s
+	}
+	return http.StatusInternalServerError
+}
+
+// Error is the project's error. Fields other than cause are sent to callers.
+type Error struct {
+	Code    Code
+	Message string
+	// Fenced-out details (DESIGN §4): the lock key, the token presented and
+	// the fence stored at the guard.
+	Key            string
+	PresentedToken int64
+	StoredToken    int64
+	// Extensions are further problem members (e.g. the existing submission
+	// for submission_exists, the holder for lock_held).
+	Extensions map[string]json.RawMessage
+	// HTTPStatus is the status the error arrived with (client side) or will
+	// be sent with (0: from Code).
+	HTTPStatus int
+
+	cause error
+}
+
+func (e *Error) Error() string {
+	if e.cause != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.cause)
+	}
+	if e.Message == "" {
+		return string(e.Code)
+	}
+	return fmt.Sprintf("%s: %s", e.Code, e.Message)
+}
+
+// Unwrap returns the internal cause.
+func (e *Error) Unwrap() error { return e.cause }
+
+// Is matches another *Error by code, so errors.Is(err, problem.New(problem.FencedOut, ""))
+// and sentinel errors of the same code compare equal.
+func (e *Error) Is(target error) bool {
+	var t *Error
+	if errors.As(target, &t) {
+		return t.Code == e.Code
+	}
+	return false
+}
+
+// Status is the HTTP status this error is sent with.
+func (e *Error) Status() int {
+	if e.HTTPStatus != 0 {
+		return e.HTTPStatus
+	}
+	return Status(e.Code)
+}
+
+// New makes an error with a caller-safe message.
+func New(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Wrap makes an error whose cause is logged but never sent.
+func Wrap(code Code, cause error, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...), cause: cause}
+}
+
+// Fenced makes a fenced_out error carrying the key and both tokens.
+func Fenced(key string, presented, stored int64, format string, args ...any) *Error {
+	e := New(FencedOut, format, args...)
+	e.Key, e.PresentedToken, e.StoredToken = key, presented, stored
+	return e
+}
+
+// With adds an extension member (marshalled now; a value that cannot be
+// marshalled is dropped).
+func (e *Error) With(name string, v any) *Error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return e
+	}
+	if e.Extensions == nil {
+		e.Extensions = map[string]json.RawMessage{}
+	}
+	e.Extensions[name] = b
+	return e
+}
+
+// Extension decodes extension member name into v; false when absent.
+func (e *Error) Extension(name string, v any) bool {
+	raw, ok := e.Extensions[name]
+	if !ok {
+		return false
+	}
+	return json.Unmarshal(raw, v) == nil
+}
+
+// CodeOf returns the code of err: its *Error's code, unavailable for
+// deadlines, internal for anything else (and "" for nil).
+func CodeOf(err error) Code {
+	if err == nil {
+		return ""
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return Unavailable
+	}
+	return Internal
+}
+
+// Has reports whether err is a problem with the given code.
+func Has(err error, code Code) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+// From converts any error to an *Error suitable to send: an *Error as is, a
+// deadline as unavailable, anything else as internal with the cause kept.
+func From(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return Wrap(Unavailable, err, "the request did not complete in time")
+	}
+	return Wrap(Internal, err, "internal error")
+}
+
+// ContentType is the RFC 9457 media type.
+const ContentType = "application/problem+json"
+
+// body is the wire form.
+type body struct {
+	Type           string `json:"type"`
+	Title          string `json:"title"`
+	Status         int    `json:"status"`
+	Detail         string `json:"detail,omitempty"`
+	Instance       string `json:"instance,omitempty"`
+	Code           Code   `json:"code"`
+	Key            string `json:"key,omitempty"`
+	PresentedToken *int64 `json:"presented_token,omitempty"`
+	StoredToken    *int64 `json:"stored_token,omitempty"`
+}
+
+var reserved = map[string]bool{"type": true, "title": true, "status": true, "detail": true, "instance": true,
+	"code": true, "key": true, "presented_token": true, "stored_token": true}
+
+// MarshalJSON renders the problem body.
+func (e *Error) MarshalJSON() ([]byte, error) {
+	b := body{
+		Type:   "https://payouts.dev/problems/" + string(e.Code),
+		Title:  titles[e.Code],
+		Status: e.Status(),
+		Detail: e.Message,
+		Code:   e.Code,
+		Key:    e.Key,
+	}
+	if b.Title == "" {
+		b.Title = string(e.Code)
+	}
+	if e.Code == FencedOut {
+		b.PresentedToken, b.StoredToken = &e.PresentedToken, &e.StoredToken
+	}
+	base, err := json.Marshal(b)
+	if err != nil || len(e.Extensions) == 0 {
+		return base, err
+	}
+	m := map[string]json.RawMessage{}
+	if err := json.Unmarshal(base, &m); err != nil {
+		return nil, err
+	}
+	for k, v := range e.Extensions {
+		if !reserved[k] {
+			m[k] = v
+		}
+	}
+	return json.Marshal(m)
+}
+
+// Write sends err as a problem body. The caller logs internal causes.
+func Write(w http.ResponseWriter, err error) {
+	e := From(err)
+	b, merr := json.Marshal(e)
+	if merr != nil {
+		b = []byte(`{"type":"about:blank","title":"Internal error","status":500,"code":"internal"}`)
+	}
+	w.Header().Set("Content-Type", ContentType)
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(e.Status())
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// Decode turns a non-2xx response back into an *Error so errors.As works
+// across the process boundary. A body that is not a problem document
+// becomes an error with a code derived from the status.
+func Decode(resp *http.Response) error {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return DecodeBody(resp.StatusCode, raw)
+}
+
+// DecodeBody is Decode for an already-read body.
+func DecodeBody(statusCode int, raw []byte) error {
+	var b body
+	if err := json.Unmarshal(raw, &b); err != nil || b.Code == "" {
+		code := codeForStatus(statusCode)
+		msg := string(raw)
+		if len(msg) > 200 {
+			msg = msg[:200]
+		}
+		return &Error{Code: code, Message: fmt.Sprintf("HTTP %d: %s", statusCode, msg), HTTPStatus: statusCode}
+	}
+	e := &Error{Code: b.Code, Message: b.Detail, Key: b.Key, HTTPStatus: statusCode}
+	if b.PresentedToken != nil {
+		e.PresentedToken = *b.PresentedToken
+	}
+	if b.StoredToken != nil {
+		e.StoredToken = *b.StoredToken
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) == nil {
+		for k, v := range m {
+			if !reserved[k] {
+				if e.Extensions == nil {
+					e.Extensions = map[string]json.RawMessage{}
+				}
+				e.Extensions[k] = v
+			}
+		}
+	}
+	return e
+}
+
+func codeForStatus(s int) Code {
+	switch {
+	case s == http.StatusBadRequest || s == http.StatusRequestEntityTooLarge || s == http.StatusUnprocessableEntity:
+		return InvalidRequest
+	case s == http.StatusUnauthorized:
+		return Unauthorized
+	case s == http.StatusForbidden:
+		return Forbidden
+	case s == http.StatusNotFound || s == http.StatusMethodNotAllowed:
+		return NotFound
+	case s == http.StatusConflict:
+		return Conflict
+	case s == http.StatusServiceUnavailable || s == http.StatusBadGateway || s == http.StatusGatewayTimeout || s == http.StatusTooManyRequests:
+		return Unavailable
+	default:
+		return Internal
+	}
+}

@@ -1,0 +1,234 @@
+// Package migrations holds the SQL schema of the three PostgreSQL databases
+// (paydb, proxydb, lockdb), embedded in the binary, and applies it with goose.
+//
+// Each database has its own directory of goose-annotated SQL files. Apply is
+// idempotent and safe to run from several processes at once: goose holds a
+// PostgreSQL session-level advisory lock while it migrates. goose's global
+// state (registered Go migrations, global dialect, base FS) is never used.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+
+	// Registers the "pgx" database/sql driver.
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed paydb/*.sql proxydb/*.sql lockdb/*.sql
+var files embed.FS
+
+// DB names one of the three databases, and the migration set that builds it.
+type DB string
+
+const (
+	PayDB   DB = "paydb"   // the payment resource's store
+	ProxyDB DB = "proxydb" // the rail proxy's store
+	LockDB  DB = "lockdb"  // the lock service's PostgreSQL backend
+)
+
+// All lists every database, in a stable order.
+func All() []DB { return []DB{PayDB, ProxyDB, LockDB} }
+
+// versionTable is goose's bookkeeping table (goose's default name).
+const versionTable = goose.DefaultTablename
+
+// markerTable is a table only that database's schema creates; Apply and
+// Version use it to refuse a database that already holds another schema.
+var markerTable = map[DB]string{
+	PayDB:   "ledger_entry",
+	ProxyDB: "rail_submission",
+	LockDB:  "lock_grant",
+}
+
+// Parse maps a name (as given to `payouts migrate --db`) to a DB.
+func Parse(s string) (DB, error) {
+	for _, db := range All() {
+		if s == string(db) {
+			return db, nil
+		}
+	}
+	return "", fmt.Errorf("migrations: unknown database %q (valid: %s)", s, validNames())
+}
+
+func validNames() string {
+	names := make([]string, 0, len(All()))
+	for _, db := range All() {
+		names = append(names, string(db))
+	}
+	return strings.Join(names, ", ")
+}
+
+func (db DB) valid() error {
+	if _, ok := markerTable[db]; !ok {
+		return fmt.Errorf("migrations: unknown database %q (valid: %s)", string(db), validNames())
+	}
+	return nil
+}
+
+// source returns the migration files of db.
+func source(db DB) (fs.FS, error) {
+	if err := db.valid(); err != nil {
+		return nil, err
+	}
+	return fs.Sub(files, string(db))
+}
+
+// Latest returns the highest migration version embedded for db: the version a
+// fully migrated database reports.
+func Latest(db DB) (int64, error) {
+	fsys, err := source(db)
+	if err != nil {
+		return 0, err
+	}
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return 0, fmt.Errorf("migrations: %s: %w", db, err)
+	}
+	var latest int64
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".sql") {
+			continue
+		}
+		v, err := goose.NumericComponent(e.Name())
+		if err != nil {
+			return 0, fmt.Errorf("migrations: %s: %w", db, err)
+		}
+		latest = max(latest, v)
+	}
+	if latest == 0 {
+		return 0, fmt.Errorf("migrations: %s: no migrations embedded", db)
+	}
+	return latest, nil
+}
+
+// Apply brings the database at databaseURL up to the latest schema for db.
+// Running it again, or from several processes at once, is a no-op once the
+// schema is current. It refuses a database that already holds one of the
+// other two schemas: each role has a database of its own.
+func Apply(ctx context.Context, db DB, databaseURL string) error {
+	fsys, err := source(db)
+	if err != nil {
+		return err
+	}
+	sqlDB, err := open(ctx, db, databaseURL)
+	if err != nil {
+		return err
+	}
+	defer sqlDB.Close()
+	if err := checkNotOther(ctx, sqlDB, db); err != nil {
+		return err
+	}
+	// Retry the advisory lock every second; ctx bounds the wait (the
+	// locker gives up after 10 minutes on its own).
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 600))
+	if err != nil {
+		return fmt.Errorf("migrations: %s: %w", db, err)
+	}
+	p, err := newProvider(sqlDB, fsys, goose.WithSessionLocker(locker))
+	if err != nil {
+		return fmt.Errorf("migrations: %s: %w", db, err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrations: %s: apply: %w", db, err)
+	}
+	return nil
+}
+
+// Version reports the schema version the database at databaseURL holds for
+// db: 0 when it was never migrated. It writes nothing and does not wait for a
+// migration in progress.
+func Version(ctx context.Context, db DB, databaseURL string) (int64, error) {
+	fsys, err := source(db)
+	if err != nil {
+		return 0, err
+	}
+	sqlDB, err := open(ctx, db, databaseURL)
+	if err != nil {
+		return 0, err
+	}
+	defer sqlDB.Close()
+	if err := checkNotOther(ctx, sqlDB, db); err != nil {
+		return 0, err
+	}
+	// goose would create its version table if it were missing; a version
+	// query must not change the database.
+	exists, err := tableExists(ctx, sqlDB, versionTable)
+	if err != nil {
+		return 0, fmt.Errorf("migrations: %s: %w", db, err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	p, err := newProvider(sqlDB, fsys)
+	if err != nil {
+		return 0, fmt.Errorf("migrations: %s: %w", db, err)
+	}
+	current, _, err := p.GetVersions(ctx) // takes no lock
+	if err != nil {
+		return 0, fmt.Errorf("migrations: %s: version: %w", db, err)
+	}
+	return current, nil
+}
+
+func newProvider(sqlDB *sql.DB, fsys fs.FS, opts ...goose.ProviderOption) (*goose.Provider, error) {
+	opts = append([]goose.ProviderOption{
+		goose.WithDisableGlobalRegistry(true),
+		goose.WithVerbose(false),
+	}, opts...)
+	return goose.NewProvider(goose.DialectPostgres, sqlDB, fsys, opts...)
+}
+
+func open(ctx context.Context, db DB, databaseURL string) (*sql.DB, error) {
+	if databaseURL == "" {
+		return nil, fmt.Errorf("migrations: %s: empty database URL", db)
+	}
+	sqlDB, err := sql.Open("pgx", databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %s: open: %w", db, err)
+	}
+	if err := sqlDB.PingContext(ctx); err != nil {
+		sqlDB.Close()
+		return nil, fmt.Errorf("migrations: %s: connect: %w", db, err)
+	}
+	return sqlDB, nil
+}
+
+// ErrWrongDatabase is returned (wrapped) when the target database already
+// holds another database's schema.
+var ErrWrongDatabase = errors.New("database holds another schema")
+
+func checkNotOther(ctx context.Context, sqlDB *sql.DB, db DB) error {
+	for _, other := range All() {
+		if other == db {
+			continue
+		}
+		exists, err := tableExists(ctx, sqlDB, markerTable[other])
+		if err != nil {
+			return fmt.Errorf("migrations: %s: %w", db, err)
+		}
+		if exists {
+			return fmt.Errorf("migrations: %s: %w: it has the %s schema (table %s); each of %s needs a database of its own",
+				db, ErrWrongDatabase, other, markerTable[other], validNames())
+		}
+	}
+	return nil
+}
+
+// tableExists reports whether name resolves to a table through the current
+// search_path, as goose's unqualified version table does.
+func tableExists(ctx context.Context, sqlDB *sql.DB, name string) (bool, error) {
+	var exists bool
+	err := sqlDB.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists)
+	if err != nil {
+		return false, fmt.Errorf("look up table %s: %w", name, err)
+	}
+	return exists, nil
+}
