@@ -75,7 +75,13 @@ func TestPostgresStartStopLeavesNothingBehind(t *testing.T) {
 	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
+	// pg_ctl returns once postmaster.pid is gone, a moment before the
+	// process itself has exited: allow it a generous moment.
 	for _, p := range []int{pid, pid2} {
+		deadline := time.Now().Add(30 * time.Second)
+		for processAlive(p) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
 		if processAlive(p) {
 			t.Fatalf("postmaster %d still running after stop", p)
 		}
