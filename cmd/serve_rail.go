@@ -1,0 +1,50 @@
+package cmd
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/payouts/payouts/rail"
+	"github.com/payouts/payouts/rail/railclient"
+)
+
+func init() {
+	register(func(root, serve, run, dev *cobra.Command) { serve.AddCommand(newServeRailCmd()) })
+}
+
+func newServeRailCmd() *cobra.Command {
+	var (
+		sf     serverFlags
+		window time.Duration
+		f      railclient.Faults
+	)
+	c := &cobra.Command{
+		Use:   "rail",
+		Short: "Run the rail stub: an in-memory, non-idempotent stand-in for the external payment network",
+		Long: `Run the rail stub. Every accepted POST /v1/payments is a new payment (duplicates are real money
+moved twice). Faults can be injected at start with the flags below or later with PUT /v1/faults.
+GET /v1/settlement-report lists every payment ever accepted (operator only).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env, err := sf.setup(cmd, "rail", "")
+			if err != nil {
+				return err
+			}
+			return rail.Run(cmd.Context(), rail.Config{
+				Addr: sf.listen, Logger: env.Logger, Registry: env.Registry, Auth: env.Auth,
+				SettlementWindow: window, Faults: f,
+			})
+		},
+	}
+	sf.register(c, "127.0.0.1:7104", false)
+	fl := c.Flags()
+	fl.DurationVar(&window, "settlement-window", 10*time.Second, "a lookup by client reference is final once this long has passed since the newest attempt")
+	fl.Float64Var(&f.TimeoutAfterAccept, "timeout-after-accept", 0, "rate (0..1) of payments made and then never answered")
+	fl.Float64Var(&f.DropBeforeAccept, "drop-before-accept", 0, "rate (0..1) of requests dropped (connection closed) before any payment")
+	fl.Float64Var(&f.ErrorAfterAccept, "error-after-accept", 0, "rate (0..1) of payments made and then answered with a 5xx")
+	fl.Float64Var(&f.ErrorBeforeAccept, "error-before-accept", 0, "rate (0..1) of requests answered with a 5xx and no payment")
+	fl.Int64Var(&f.LatencyMS, "latency-ms", 0, "latency added to every payment request, in milliseconds")
+	fl.StringVar(&f.DeclineBeneficiaryPrefix, "decline-beneficiary-prefix", railclient.DefaultDeclinePrefix, "beneficiary refs starting with this are declined")
+	return c
+}

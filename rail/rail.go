@@ -1,0 +1,369 @@
+// Package rail is the rail stub (`payouts serve rail`): an in-memory
+// stand-in for the external payment network. It is deliberately not
+// idempotent — every accepted payment request is a new payment, so a
+// duplicate submission is money moved twice — and it can be made slow and
+// ambiguous on purpose (see Faults). Its settlement report is the project's
+// oracle for duplicate payments.
+package rail
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	randv2 "math/rand/v2"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/rail/railclient"
+)
+
+// Config configures the rail stub.
+type Config struct {
+	Addr     string
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+	Auth     *auth.Authenticator
+	// SettlementWindow is how long after the newest attempt with a client
+	// reference a lookup of that reference becomes final.
+	SettlementWindow time.Duration
+	// Faults are the initial fault settings. An empty
+	// DeclineBeneficiaryPrefix means railclient.DefaultDeclinePrefix.
+	Faults railclient.Faults
+	// Now is the clock (tests); time.Now when nil.
+	Now func() time.Time
+	// Rand returns a uniform number in [0,1) (tests); math/rand when nil.
+	Rand func() float64
+}
+
+// Fault mode names, used in logs and the faults metric.
+const (
+	modeTimeoutAfterAccept = "timeout_after_accept"
+	modeDropBeforeAccept   = "drop_before_accept"
+	modeErrorAfterAccept   = "error_after_accept"
+	modeErrorBeforeAccept  = "error_before_accept"
+)
+
+// Server is the rail stub.
+type Server struct {
+	cfg    Config
+	http   *httpx.Server
+	prefix string // per-process prefix of rail references
+
+	mu       sync.Mutex
+	faults   railclient.Faults
+	payments []railclient.Payment
+	byRef    map[string][]int     // client_ref -> indexes into payments
+	attempts map[string]time.Time // client_ref -> newest attempt (accepted or not)
+	started  time.Time
+
+	paymentsTotal *prometheus.CounterVec
+	faultsTotal   *prometheus.CounterVec
+}
+
+// New builds the rail stub.
+func New(cfg Config) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = obs.NewRegistry()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = randv2.Float64
+	}
+	if cfg.SettlementWindow < 0 {
+		return nil, fmt.Errorf("rail: settlement window %s is negative", cfg.SettlementWindow)
+	}
+	if cfg.Faults.DeclineBeneficiaryPrefix == "" {
+		cfg.Faults.DeclineBeneficiaryPrefix = railclient.DefaultDeclinePrefix
+	}
+	if err := validateFaults(cfg.Faults); err != nil {
+		return nil, fmt.Errorf("rail: %w", err)
+	}
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	s := &Server{
+		cfg:      cfg,
+		prefix:   "rl-" + hex.EncodeToString(b[:]) + "-",
+		faults:   cfg.Faults,
+		byRef:    map[string][]int{},
+		attempts: map[string]time.Time{},
+		started:  cfg.Now(),
+		paymentsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_rail_payments_total", Help: "Payments the rail stub accepted, by status (settled, declined).",
+		}, []string{"status"}),
+		faultsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_rail_faults_injected_total", Help: "Faults the rail stub injected into payment requests, by mode.",
+		}, []string{"mode"}),
+	}
+	cfg.Registry.MustRegister(s.paymentsTotal, s.faultsTotal)
+	s.http = httpx.NewServer(httpx.Config{Role: "rail", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth})
+	s.routes(s.http.Router())
+	return s, nil
+}
+
+// Run serves the rail stub until ctx is done.
+func Run(ctx context.Context, cfg Config) error {
+	s, err := New(cfg)
+	if err != nil {
+		return err
+	}
+	if _, err := s.Listen(); err != nil {
+		return err
+	}
+	return s.Serve(ctx)
+}
+
+// Listen binds the listen address.
+func (s *Server) Listen() (net.Addr, error) { return s.http.Listen() }
+
+// Serve serves until ctx is done.
+func (s *Server) Serve(ctx context.Context) error { return s.http.Serve(ctx) }
+
+// Handler is the full HTTP handler.
+func (s *Server) Handler() http.Handler { return s.http.Handler() }
+
+func (s *Server) routes(r chi.Router) {
+	r.Route("/v1", func(r chi.Router) {
+		r.Post("/payments", httpx.Handler(s.pay))
+		r.Get("/payments", httpx.Handler(s.find))
+		r.Group(func(r chi.Router) {
+			r.Use(auth.Require(auth.Operator))
+			r.Get("/settlement-report", httpx.Handler(s.report))
+			r.Get("/faults", httpx.Handler(s.getFaults))
+			r.Put("/faults", httpx.Handler(s.putFaults))
+		})
+	})
+}
+
+var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
+
+// maxAmount is the exclusive upper bound of an amount (DESIGN D-14).
+const maxAmount = 1_000_000_000_000_000
+
+func validatePayment(p railclient.PaymentRequest) error {
+	switch {
+	case strings.TrimSpace(p.ClientRef) == "":
+		return problem.New(problem.InvalidRequest, "client_ref is required")
+	case len(p.ClientRef) > 200:
+		return problem.New(problem.InvalidRequest, "client_ref is longer than 200 characters")
+	case p.Amount <= 0 || p.Amount >= maxAmount:
+		return problem.New(problem.InvalidRequest, "amount must be a positive integer in minor units below 10^15, got %d", p.Amount)
+	case !currencyRE.MatchString(p.Currency):
+		return problem.New(problem.InvalidRequest, "currency must be a three-letter upper-case ISO 4217 code, got %q", p.Currency)
+	case strings.TrimSpace(p.BeneficiaryRef) == "":
+		return problem.New(problem.InvalidRequest, "beneficiary_ref is required")
+	case len(p.BeneficiaryRef) > 200:
+		return problem.New(problem.InvalidRequest, "beneficiary_ref is longer than 200 characters")
+	}
+	return nil
+}
+
+func (s *Server) pay(w http.ResponseWriter, r *http.Request) error {
+	var req railclient.PaymentRequest
+	if err := httpx.DecodeJSON(r, &req); err != nil {
+		return err
+	}
+	if err := validatePayment(req); err != nil {
+		return err
+	}
+	ctx := r.Context()
+	log := httpx.Log(ctx).With("client_ref", req.ClientRef)
+
+	s.mu.Lock()
+	f := s.faults
+	s.attempts[req.ClientRef] = s.cfg.Now()
+	s.mu.Unlock()
+
+	if f.LatencyMS > 0 {
+		t := time.NewTimer(time.Duration(f.LatencyMS) * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return problem.New(problem.Unavailable, "the caller went away before the rail processed the payment; nothing was paid")
+		}
+	}
+	if s.draw(f.DropBeforeAccept) {
+		s.fault(log, modeDropBeforeAccept)
+		// Close the connection without an answer: the caller cannot know
+		// whether anything happened (here: nothing did).
+		panic(http.ErrAbortHandler)
+	}
+	if s.draw(f.ErrorBeforeAccept) {
+		s.fault(log, modeErrorBeforeAccept)
+		return problem.New(problem.Unavailable, "rail temporarily unavailable (injected before acceptance)")
+	}
+
+	p := s.accept(req, f.DeclineBeneficiaryPrefix)
+	log.Info("payment accepted", "rail_ref", p.RailRef, "status", p.Status, "amount", p.Amount)
+
+	if s.draw(f.TimeoutAfterAccept) {
+		s.fault(log, modeTimeoutAfterAccept)
+		// Paid, but never answer: hold the response until the caller gives
+		// up (or the server's request deadline passes), then drop the
+		// connection.
+		<-ctx.Done()
+		panic(http.ErrAbortHandler)
+	}
+	if s.draw(f.ErrorAfterAccept) {
+		s.fault(log, modeErrorAfterAccept)
+		return problem.New(problem.Internal, "rail internal error (injected after acceptance)")
+	}
+	httpx.WriteJSON(w, http.StatusOK, p)
+	return nil
+}
+
+func (s *Server) draw(rate float64) bool { return rate > 0 && s.cfg.Rand() < rate }
+
+func (s *Server) fault(log *slog.Logger, mode string) {
+	s.faultsTotal.WithLabelValues(mode).Inc()
+	log.Info("fault injected", "mode", mode)
+}
+
+// accept makes the payment: from here on, money has moved (or, for a
+// declined beneficiary, a decline is on record).
+func (s *Server) accept(req railclient.PaymentRequest, declinePrefix string) railclient.Payment {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.cfg.Now()
+	p := railclient.Payment{
+		RailRef:        fmt.Sprintf("%s%08d", s.prefix, len(s.payments)+1),
+		ClientRef:      req.ClientRef,
+		Amount:         req.Amount,
+		Currency:       req.Currency,
+		BeneficiaryRef: req.BeneficiaryRef,
+		Status:         railclient.StatusSettled,
+		At:             now.UTC().Format(time.RFC3339Nano),
+	}
+	if declinePrefix != "" && strings.HasPrefix(req.BeneficiaryRef, declinePrefix) {
+		p.Status, p.DeclineCode = railclient.StatusDeclined, railclient.DeclineCodeBeneficiary
+	}
+	s.byRef[req.ClientRef] = append(s.byRef[req.ClientRef], len(s.payments))
+	s.payments = append(s.payments, p)
+	s.attempts[req.ClientRef] = now
+	s.paymentsTotal.WithLabelValues(p.Status).Inc()
+	return p
+}
+
+func (s *Server) find(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "client_ref" {
+			return problem.New(problem.InvalidRequest, "unknown query parameter %q (only client_ref)", k)
+		}
+	}
+	ref := q.Get("client_ref")
+	if strings.TrimSpace(ref) == "" {
+		return problem.New(problem.InvalidRequest, "query parameter client_ref is required")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := railclient.Lookup{Items: []railclient.Payment{}}
+	for _, i := range s.byRef[ref] {
+		out.Items = append(out.Items, s.payments[i])
+	}
+	// Final once the window has passed since the newest attempt; a
+	// reference never seen counts from the rail's own start, since an
+	// attempt could have been in flight then.
+	since := s.started
+	if t, ok := s.attempts[ref]; ok && t.After(since) {
+		since = t
+	}
+	out.Final = s.cfg.Now().Sub(since) >= s.cfg.SettlementWindow
+	httpx.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) report(w http.ResponseWriter, r *http.Request) error {
+	s.mu.Lock()
+	items := append([]railclient.Payment{}, s.payments...)
+	s.mu.Unlock()
+	httpx.WriteJSON(w, http.StatusOK, railclient.Report{Items: items})
+	return nil
+}
+
+func (s *Server) getFaults(w http.ResponseWriter, r *http.Request) error {
+	s.mu.Lock()
+	f := s.faults
+	s.mu.Unlock()
+	httpx.WriteJSON(w, http.StatusOK, f)
+	return nil
+}
+
+func (s *Server) putFaults(w http.ResponseWriter, r *http.Request) error {
+	var u railclient.FaultsUpdate
+	if err := httpx.DecodeJSON(r, &u); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	f := s.faults
+	set := func(dst *float64, v *float64) {
+		if v != nil {
+			*dst = *v
+		}
+	}
+	set(&f.TimeoutAfterAccept, u.TimeoutAfterAccept)
+	set(&f.DropBeforeAccept, u.DropBeforeAccept)
+	set(&f.ErrorAfterAccept, u.ErrorAfterAccept)
+	set(&f.ErrorBeforeAccept, u.ErrorBeforeAccept)
+	if u.LatencyMS != nil {
+		f.LatencyMS = *u.LatencyMS
+	}
+	if u.DeclineBeneficiaryPrefix != nil {
+		f.DeclineBeneficiaryPrefix = *u.DeclineBeneficiaryPrefix
+	}
+	if err := validateFaults(f); err != nil {
+		s.mu.Unlock()
+		return problem.New(problem.InvalidRequest, "%v", err)
+	}
+	s.faults = f
+	s.mu.Unlock()
+	httpx.Log(r.Context()).Info("faults changed", "faults", fmt.Sprintf("%+v", f))
+	httpx.WriteJSON(w, http.StatusOK, f)
+	return nil
+}
+
+// maxLatency bounds injected latency well below any request deadline.
+const maxLatency = 60_000
+
+func validateFaults(f railclient.Faults) error {
+	rates := []struct {
+		name string
+		v    float64
+	}{
+		{modeTimeoutAfterAccept, f.TimeoutAfterAccept},
+		{modeDropBeforeAccept, f.DropBeforeAccept},
+		{modeErrorAfterAccept, f.ErrorAfterAccept},
+		{modeErrorBeforeAccept, f.ErrorBeforeAccept},
+	}
+	for _, r := range rates {
+		if !(r.v >= 0 && r.v <= 1) { // also rejects NaN
+			return fmt.Errorf("%s must be a rate between 0 and 1, got %v", r.name, r.v)
+		}
+	}
+	if f.LatencyMS < 0 || f.LatencyMS > maxLatency {
+		return fmt.Errorf("latency_ms must be between 0 and %d, got %d", maxLatency, f.LatencyMS)
+	}
+	if len(f.DeclineBeneficiaryPrefix) > 200 {
+		return errors.New("decline_beneficiary_prefix is longer than 200 characters")
+	}
+	return nil
+}

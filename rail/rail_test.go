@@ -1,0 +1,213 @@
+package rail
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/rail/railclient"
+)
+
+const (
+	operatorToken = "operator-token-0123456789"
+	executorToken = "executor-token-0123456789"
+)
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func start(t *testing.T, window time.Duration) (op, ex *railclient.Client, clk *clock) {
+	t.Helper()
+	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + operatorToken + `","role":"operator","name":"op"},{"token":"` + executorToken + `","role":"executor","name":"ex"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk = &clock{t: time.Now()}
+	s, err := New(Config{Addr: "127.0.0.1:0", Logger: obs.NewLogger(io.Discard, slog.LevelInfo, "rail"), Auth: a, SettlementWindow: window, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := s.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	url := "http://" + addr.String()
+	if op, err = railclient.New(url, operatorToken); err != nil {
+		t.Fatal(err)
+	}
+	if ex, err = railclient.New(url, executorToken); err != nil {
+		t.Fatal(err)
+	}
+	return op, ex, clk
+}
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func req(ref string) railclient.PaymentRequest {
+	return railclient.PaymentRequest{ClientRef: ref, Amount: 500, Currency: "EUR", BeneficiaryRef: "ben-1"}
+}
+
+// The rail is not idempotent: the same request twice is two payments.
+func TestDuplicatesAreRealAndReported(t *testing.T) {
+	t.Parallel()
+	op, ex, _ := start(t, time.Minute)
+	ctx := ctxFor(t)
+	a, err := ex.Pay(ctx, req("ref-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := ex.Pay(ctx, req("ref-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.RailRef == b.RailRef || a.Status != railclient.StatusSettled {
+		t.Fatalf("two payments expected: %+v %+v", a, b)
+	}
+	d := req("ref-2")
+	d.BeneficiaryRef = "DECLINE-x"
+	if p, err := ex.Pay(ctx, d); err != nil || p.Status != railclient.StatusDeclined || p.DeclineCode == "" {
+		t.Fatalf("declined beneficiary: %+v %v", p, err)
+	}
+	rep, err := op.SettlementReport(ctx)
+	if err != nil || len(rep) != 3 {
+		t.Fatalf("report %+v %v", rep, err)
+	}
+	if _, err := ex.SettlementReport(ctx); !problem.Has(err, problem.Forbidden) {
+		t.Fatalf("executor reading the report: %v, want forbidden", err)
+	}
+	if _, err := ex.SetFaults(ctx, railclient.Faults{}.Full()); !problem.Has(err, problem.Forbidden) {
+		t.Fatalf("executor setting faults: %v, want forbidden", err)
+	}
+}
+
+func TestFindIsFinalOnlyAfterTheWindow(t *testing.T) {
+	t.Parallel()
+	op, ex, clk := start(t, 10*time.Minute)
+	ctx := ctxFor(t)
+	if _, err := ex.Pay(ctx, req("ref-w")); err != nil {
+		t.Fatal(err)
+	}
+	l, err := ex.Find(ctx, "ref-w")
+	if err != nil || l.Final || len(l.Items) != 1 {
+		t.Fatalf("inside the window: %+v %v", l, err)
+	}
+	if l, _ := ex.Find(ctx, "ref-unknown"); l.Final || len(l.Items) != 0 {
+		t.Fatalf("unknown ref right after start: %+v", l)
+	}
+	clk.Advance(11 * time.Minute)
+	if l, err := ex.Find(ctx, "ref-w"); err != nil || !l.Final || len(l.Items) != 1 {
+		t.Fatalf("after the window: %+v %v", l, err)
+	}
+	// An attempt that never became a payment restarts the window too.
+	if _, err := op.SetFaults(ctx, railclient.FaultsUpdate{ErrorBeforeAccept: ptr(1.0)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ex.Pay(ctx, req("ref-w")); !problem.Has(err, problem.Unavailable) {
+		t.Fatalf("error before accept: %v", err)
+	}
+	if l, _ := ex.Find(ctx, "ref-w"); l.Final || len(l.Items) != 1 {
+		t.Fatalf("after a new attempt: %+v", l)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Timeout after accept: the payment is made and the answer held until the
+// caller gives up — the stub does not hang.
+func TestTimeoutAfterAcceptHoldsUntilTheCallerLeaves(t *testing.T) {
+	t.Parallel()
+	op, ex, _ := start(t, time.Minute)
+	ctx := ctxFor(t)
+	f, err := op.SetFaults(ctx, railclient.FaultsUpdate{TimeoutAfterAccept: ptr(1.0)})
+	if err != nil || f.TimeoutAfterAccept != 1 || f.DeclineBeneficiaryPrefix != railclient.DefaultDeclinePrefix {
+		t.Fatalf("faults %+v %v (absent members must keep their value)", f, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := ex.Pay(short, req("ref-t")); !errors.Is(err, httpx.ErrTransport) {
+		t.Fatalf("pay: %v, want no answer", err)
+	}
+	rep, err := op.SettlementReport(ctx)
+	if err != nil || len(rep) != 1 || rep[0].ClientRef != "ref-t" {
+		t.Fatalf("report %+v %v: the payment was made", rep, err)
+	}
+	// Drop before accept: no answer and no payment.
+	if _, err := op.SetFaults(ctx, railclient.Faults{DropBeforeAccept: 1, DeclineBeneficiaryPrefix: "DECLINE"}.Full()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ex.Pay(ctx, req("ref-d")); !errors.Is(err, httpx.ErrTransport) {
+		t.Fatalf("drop: %v, want no answer", err)
+	}
+	if rep, _ := op.SettlementReport(ctx); len(rep) != 1 {
+		t.Fatalf("drop made a payment: %+v", rep)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	t.Parallel()
+	op, ex, _ := start(t, time.Minute)
+	ctx := ctxFor(t)
+	for _, u := range []railclient.FaultsUpdate{
+		{TimeoutAfterAccept: ptr(1.5)}, {DropBeforeAccept: ptr(-0.1)}, {LatencyMS: ptr(int64(-1))}, {LatencyMS: ptr(int64(10_000_000))},
+	} {
+		if _, err := op.SetFaults(ctx, u); !problem.Has(err, problem.InvalidRequest) {
+			t.Errorf("faults %+v: %v, want invalid_request", u, err)
+		}
+	}
+	for _, r := range []railclient.PaymentRequest{
+		{Amount: 1, Currency: "EUR", BeneficiaryRef: "b"},
+		{ClientRef: "r", Amount: 0, Currency: "EUR", BeneficiaryRef: "b"},
+		{ClientRef: "r", Amount: 1, Currency: "euro", BeneficiaryRef: "b"},
+		{ClientRef: "r", Amount: 1, Currency: "EUR"},
+	} {
+		if _, err := ex.Pay(ctx, r); !problem.Has(err, problem.InvalidRequest) {
+			t.Errorf("pay %+v: %v, want invalid_request", r, err)
+		}
+	}
+	if _, err := ex.Find(ctx, ""); !problem.Has(err, problem.InvalidRequest) {
+		t.Errorf("find without client_ref: %v", err)
+	}
+	if rep, _ := op.SettlementReport(ctx); len(rep) != 0 {
+		t.Fatalf("bad input made payments: %+v", rep)
+	}
+	resp, err := http.Post(op.BaseURL()+"/v1/payments", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("no bearer token: %d", resp.StatusCode)
+	}
+}

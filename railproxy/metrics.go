@@ -1,0 +1,102 @@
+package railproxy
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	submissions   *prometheus.CounterVec   // by outcome
+	fencedOut     prometheus.Counter       // alert on any increase
+	duplicates    prometheus.Counter       // pages
+	safetyEvents  *prometheus.CounterVec   // by kind
+	railLatency   *prometheus.HistogramVec // by outcome
+	resolutions   *prometheus.CounterVec   // by resolution
+	recordFailure prometheus.Counter       // outcome could not be recorded
+	guardDisabled prometheus.Gauge         // 1 in a negativecontrol build
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		submissions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_proxy_submissions_total",
+			Help: "Submission attempts by outcome: ACKED, REJECTED, TIMEOUT (ambiguous), FENCED (stale token, not forwarded).",
+		}, []string{"outcome"}),
+		fencedOut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "payouts_proxy_fenced_out_total",
+			Help: "Submissions refused because their fencing token is stale at the proxy. Any increase is a safety net firing.",
+		}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "payouts_proxy_duplicate_attempts_total",
+			Help: "Submissions refused because the payout already has a forwarded submission. Any increase pages.",
+		}),
+		safetyEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_proxy_safety_events_total",
+			Help: "Safety events recorded by the proxy, by kind (fenced_out, token_regression, duplicate_attempt).",
+		}, []string{"kind"}),
+		railLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "payouts_proxy_rail_request_duration_seconds",
+			Help:    "Latency of payment requests to the rail, by the outcome they produced.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"outcome"}),
+		resolutions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_proxy_resolutions_total",
+			Help: "Ambiguous submissions resolved from rail evidence, by resolution (SETTLED, ABSENT).",
+		}, []string{"resolution"}),
+		recordFailure: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "payouts_proxy_outcome_record_failures_total",
+			Help: "Rail answers that could not be recorded (the submission stays without outcome, i.e. ambiguous).",
+		}),
+		guardDisabled: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "payouts_proxy_guard_disabled",
+			Help: "1 when this binary was built with the negativecontrol tag (fence condition removed). Must be 0 in production.",
+		}),
+	}
+	reg.MustRegister(m.submissions, m.fencedOut, m.duplicates, m.safetyEvents, m.railLatency, m.resolutions, m.recordFailure, m.guardDisabled)
+	if !guardEnabled {
+		m.guardDisabled.Set(1)
+	}
+	return m
+}
+
+// unresolvedCollector reports, at scrape time, forwarded submissions with
+// no outcome older than the rail timeout (forwarding died or is stuck) and
+// TIMEOUT submissions not yet resolved. Both are "money may have moved".
+type unresolvedCollector struct {
+	st          *store
+	railTimeout time.Duration
+	log         *slog.Logger
+	noOutcome   *prometheus.Desc
+	timeouts    *prometheus.Desc
+}
+
+func newUnresolvedCollector(st *store, railTimeout time.Duration, log *slog.Logger) *unresolvedCollector {
+	return &unresolvedCollector{
+		st: st, railTimeout: railTimeout, log: log,
+		noOutcome: prometheus.NewDesc("payouts_proxy_submissions_without_outcome",
+			"Forwarded submissions with no recorded outcome older than the rail timeout (ambiguous; need lookup).", nil, nil),
+		timeouts: prometheus.NewDesc("payouts_proxy_submissions_timeout_unresolved",
+			"Submissions with outcome TIMEOUT and no resolution yet (ambiguous; need lookup).", nil, nil),
+	}
+}
+
+func (c *unresolvedCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.noOutcome
+	ch <- c.timeouts
+}
+
+func (c *unresolvedCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n, t, err := c.st.unresolvedCounts(ctx, c.railTimeout)
+	if err != nil {
+		c.log.Warn("could not count unresolved submissions for /metrics", "error", err.Error())
+		ch <- prometheus.NewInvalidMetric(c.noOutcome, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.noOutcome, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(c.timeouts, prometheus.GaugeValue, float64(t))
+}

@@ -1,0 +1,338 @@
+package railproxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+// store is the proxy's access to proxydb. Every write path is here.
+type store struct {
+	pool *pgxpool.Pool
+}
+
+// intentResult is how the intent transaction ended.
+type intentResult int
+
+const (
+	intentWritten intentResult = iota // high-water advanced, intent committed: forward it
+	intentFenced                      // the guard refused the token: nothing written
+	intentExists                      // the payout already has a forwarded submission: nothing written
+)
+
+const recordCols = `id, payout_id, account_id, fence_token, holder, client_ref, amount, currency,
+	beneficiary_ref, coalesce(outcome, ''), coalesce(rail_ref, ''), coalesce(error_code, ''),
+	coalesce(resolution, ''), resolution_evidence, created_at, outcome_at, resolution_at`
+
+func scanRecord(row pgx.Row) (proxyclient.Record, error) {
+	var (
+		r        proxyclient.Record
+		token    int64
+		holder   string
+		outcome  string
+		res      string
+		evidence *string
+	)
+	err := row.Scan(&r.ID, &r.PayoutID, &r.AccountID, &token, &holder, &r.ClientRef, &r.Amount, &r.Currency,
+		&r.BeneficiaryRef, &outcome, &r.RailRef, &r.ErrorCode, &res, &evidence, &r.CreatedAt, &r.OutcomeAt, &r.ResolutionAt)
+	if err != nil {
+		return r, err
+	}
+	r.FenceToken, r.Holder = fencing.Token(token), fencing.Holder(holder)
+	r.Outcome, r.Resolution = proxyclient.Outcome(outcome), proxyclient.Resolution(res)
+	if evidence != nil {
+		if json.Valid([]byte(*evidence)) {
+			r.ResolutionEvidence = json.RawMessage(*evidence)
+		} else {
+			r.ResolutionEvidence, _ = json.Marshal(*evidence)
+		}
+	}
+	return r, nil
+}
+
+func collectRecords(rows pgx.Rows) ([]proxyclient.Record, error) {
+	defer rows.Close()
+	out := []proxyclient.Record{}
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// writeIntent runs the submission's one transaction: the guard first, then
+// the intent row (FR-19: written before the rail is contacted). A refusal
+// rolls everything back, the high-water mark included.
+func (st *store) writeIntent(ctx context.Context, req proxyclient.SubmitRequest) (proxyclient.Record, intentResult, error) {
+	tx, err := st.pool.Begin(ctx)
+	if err != nil {
+		return proxyclient.Record{}, 0, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	var accepted int64
+	err = tx.QueryRow(ctx, highWaterSQL, req.AccountID, int64(req.Token), string(req.Holder)).Scan(&accepted)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return proxyclient.Record{}, intentFenced, nil
+	}
+	if err != nil {
+		return proxyclient.Record{}, 0, fmt.Errorf("advance high-water: %w", err)
+	}
+	rec, err := scanRecord(tx.QueryRow(ctx, `
+		INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		ON CONFLICT (payout_id) WHERE outcome IS DISTINCT FROM 'FENCED' DO NOTHING
+		RETURNING `+recordCols,
+		req.PayoutID, req.AccountID, int64(req.Token), string(req.Holder), req.ClientRef, req.Amount, req.Currency, req.BeneficiaryRef))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return proxyclient.Record{}, intentExists, nil
+	}
+	if err != nil {
+		return proxyclient.Record{}, 0, fmt.Errorf("insert intent: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return proxyclient.Record{}, 0, fmt.Errorf("commit intent: %w", err)
+	}
+	return rec, intentWritten, nil
+}
+
+// fencedEvidence is what recordFenced wrote.
+type fencedEvidence struct {
+	Record       proxyclient.Record
+	StoredToken  fencing.Token
+	StoredHolder fencing.Holder
+	Regression   bool // equal token, different holder: a token was re-issued
+}
+
+// recordFenced writes, in a transaction of its own, the FENCED row (D-5)
+// and the safety event(s) for a refused submission. The stored fence is
+// read here for the evidence only; it decides nothing.
+func (st *store) recordFenced(ctx context.Context, req proxyclient.SubmitRequest, detail string) (fencedEvidence, error) {
+	var ev fencedEvidence
+	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
+		var token int64
+		var holder string
+		err := tx.QueryRow(ctx, `SELECT token, holder FROM account_high_water WHERE account_id = $1`, req.AccountID).Scan(&token, &holder)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("read high-water: %w", err)
+		}
+		ev.StoredToken, ev.StoredHolder = fencing.Token(token), fencing.Holder(holder)
+		ev.Regression = ev.StoredToken == req.Token && ev.StoredHolder != req.Holder
+		ev.Record, err = scanRecord(tx.QueryRow(ctx, `
+			INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, outcome, error_code)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'FENCED', 'fenced_out')
+			RETURNING `+recordCols,
+			req.PayoutID, req.AccountID, int64(req.Token), string(req.Holder), req.ClientRef, req.Amount, req.Currency, req.BeneficiaryRef))
+		if err != nil {
+			return fmt.Errorf("insert FENCED row: %w", err)
+		}
+		kinds := []string{proxyclient.KindFencedOut}
+		if ev.Regression {
+			kinds = append(kinds, proxyclient.KindTokenRegression)
+		}
+		for _, k := range kinds {
+			if err := insertSafetyEvent(ctx, tx, k, req, ev.StoredToken, ev.StoredHolder, detail); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return ev, err
+}
+
+// recordDuplicate writes the duplicate_attempt safety event, in a
+// transaction of its own, and returns the existing forwarded record.
+func (st *store) recordDuplicate(ctx context.Context, req proxyclient.SubmitRequest) (proxyclient.Record, error) {
+	var existing proxyclient.Record
+	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
+		var err error
+		existing, err = scanRecord(tx.QueryRow(ctx, `SELECT `+recordCols+` FROM rail_submission
+			WHERE payout_id = $1 AND outcome IS DISTINCT FROM 'FENCED'`, req.PayoutID))
+		if err != nil {
+			return fmt.Errorf("read existing submission: %w", err)
+		}
+		detail := fmt.Sprintf("payout %s already has forwarded submission %d (token %d, holder %s, outcome %s)",
+			req.PayoutID, existing.ID, existing.FenceToken, existing.Holder, outcomeText(existing.Outcome))
+		return insertSafetyEvent(ctx, tx, proxyclient.KindDuplicateAttempt, req, existing.FenceToken, existing.Holder, detail)
+	})
+	return existing, err
+}
+
+func outcomeText(o proxyclient.Outcome) string {
+	if o == proxyclient.OutcomeNone {
+		return "not yet recorded"
+	}
+	return string(o)
+}
+
+func insertSafetyEvent(ctx context.Context, tx pgx.Tx, kind string, req proxyclient.SubmitRequest, storedToken fencing.Token, storedHolder fencing.Holder, detail string) error {
+	var stored *int64
+	if storedToken > 0 {
+		v := int64(storedToken)
+		stored = &v
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO safety_event (kind, key, presented_token, stored_token, holder, stored_holder, payout_id, detail)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+		kind, fencing.Key(req.AccountID), int64(req.Token), stored, string(req.Holder), nullIfEmpty(string(storedHolder)), req.PayoutID, detail)
+	if err != nil {
+		return fmt.Errorf("insert %s safety event: %w", kind, err)
+	}
+	return nil
+}
+
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// recordOutcome writes a forwarded submission's outcome, once. The schema's
+// trigger refuses a second write; the WHERE makes a lost race visible as
+// ErrNoRows instead.
+func (st *store) recordOutcome(ctx context.Context, id int64, outcome proxyclient.Outcome, railRef, errorCode string) (proxyclient.Record, error) {
+	return scanRecord(st.pool.QueryRow(ctx, `
+		UPDATE rail_submission SET outcome = $2, rail_ref = $3, error_code = $4
+		 WHERE id = $1 AND outcome IS NULL
+		RETURNING `+recordCols, id, string(outcome), nullIfEmpty(railRef), nullIfEmpty(errorCode)))
+}
+
+// recordResolution writes the resolution of an ambiguous submission, once
+// (D-6). A row with no outcome is only resolved once it is older than
+// minAge: younger, its forwarding may still be under way. It returns false
+// when nothing was written.
+func (st *store) recordResolution(ctx context.Context, id int64, res proxyclient.Resolution, evidence []byte, minAge time.Duration) (proxyclient.Record, bool, error) {
+	rec, err := scanRecord(st.pool.QueryRow(ctx, `
+		UPDATE rail_submission SET resolution = $2, resolution_evidence = $3
+		 WHERE id = $1 AND resolution IS NULL
+		   AND (outcome = 'TIMEOUT' OR (outcome IS NULL AND created_at < now() - make_interval(secs => $4)))
+		RETURNING `+recordCols, id, string(res), string(evidence), minAge.Seconds()))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return proxyclient.Record{}, false, nil
+	}
+	return rec, err == nil, err
+}
+
+// forwarded returns the payout's forwarded submission (pgx.ErrNoRows if none).
+func (st *store) forwarded(ctx context.Context, payoutID string) (proxyclient.Record, error) {
+	return scanRecord(st.pool.QueryRow(ctx, `SELECT `+recordCols+` FROM rail_submission
+		WHERE payout_id = $1 AND outcome IS DISTINCT FROM 'FENCED'`, payoutID))
+}
+
+// current returns the forwarded submission, else the newest FENCED attempt.
+func (st *store) current(ctx context.Context, payoutID string) (proxyclient.Record, error) {
+	return scanRecord(st.pool.QueryRow(ctx, `SELECT `+recordCols+` FROM rail_submission
+		WHERE payout_id = $1
+		ORDER BY (outcome IS DISTINCT FROM 'FENCED') DESC, id DESC LIMIT 1`, payoutID))
+}
+
+func (st *store) all(ctx context.Context, payoutID string) ([]proxyclient.Record, error) {
+	rows, err := st.pool.Query(ctx, `SELECT `+recordCols+` FROM rail_submission WHERE payout_id = $1 ORDER BY id`, payoutID)
+	if err != nil {
+		return nil, err
+	}
+	return collectRecords(rows)
+}
+
+func (st *store) list(ctx context.Context, after int64, limit int) (proxyclient.RecordPage, error) {
+	rows, err := st.pool.Query(ctx, `SELECT `+recordCols+` FROM rail_submission WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+	if err != nil {
+		return proxyclient.RecordPage{}, err
+	}
+	items, err := collectRecords(rows)
+	if err != nil {
+		return proxyclient.RecordPage{}, err
+	}
+	p := proxyclient.RecordPage{Items: items}
+	if len(items) == limit {
+		p.Next = strconv.FormatInt(items[len(items)-1].ID, 10)
+	}
+	return p, nil
+}
+
+func (st *store) safetyEvents(ctx context.Context, after int64, limit int) (proxyclient.SafetyEventPage, error) {
+	rows, err := st.pool.Query(ctx, `
+		SELECT id, kind, coalesce(key, ''), coalesce(presented_token, 0), coalesce(stored_token, 0),
+		       coalesce(holder, ''), coalesce(stored_holder, ''), coalesce(payout_id, ''), coalesce(detail, ''), at
+		  FROM safety_event WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+	if err != nil {
+		return proxyclient.SafetyEventPage{}, err
+	}
+	defer rows.Close()
+	p := proxyclient.SafetyEventPage{Items: []proxyclient.SafetyEvent{}}
+	for rows.Next() {
+		var e proxyclient.SafetyEvent
+		var presented, stored int64
+		var holder, storedHolder string
+		if err := rows.Scan(&e.ID, &e.Kind, &e.Key, &presented, &stored, &holder, &storedHolder, &e.PayoutID, &e.Detail, &e.At); err != nil {
+			return p, err
+		}
+		e.PresentedToken, e.StoredToken = fencing.Token(presented), fencing.Token(stored)
+		e.Holder, e.StoredHolder = fencing.Holder(holder), fencing.Holder(storedHolder)
+		p.Items = append(p.Items, e)
+	}
+	if err := rows.Err(); err != nil {
+		return p, err
+	}
+	if len(p.Items) == limit {
+		p.Next = strconv.FormatInt(p.Items[len(p.Items)-1].ID, 10)
+	}
+	return p, nil
+}
+
+func (st *store) highFence(ctx context.Context) (fencing.Token, error) {
+	var t int64
+	err := st.pool.QueryRow(ctx, `SELECT coalesce(max(token), 0) FROM account_high_water`).Scan(&t)
+	return fencing.Token(t), err
+}
+
+func (st *store) highWater(ctx context.Context, after string, limit int) (proxyclient.HighWaterPage, error) {
+	rows, err := st.pool.Query(ctx, `SELECT account_id, token, holder, updated_at FROM account_high_water
+		WHERE account_id > $1 ORDER BY account_id LIMIT $2`, after, limit)
+	if err != nil {
+		return proxyclient.HighWaterPage{}, err
+	}
+	defer rows.Close()
+	p := proxyclient.HighWaterPage{Items: []proxyclient.HighWater{}}
+	for rows.Next() {
+		var h proxyclient.HighWater
+		var t int64
+		var holder string
+		if err := rows.Scan(&h.AccountID, &t, &holder, &h.UpdatedAt); err != nil {
+			return p, err
+		}
+		h.Token, h.Holder = fencing.Token(t), fencing.Holder(holder)
+		p.Items = append(p.Items, h)
+	}
+	if err := rows.Err(); err != nil {
+		return p, err
+	}
+	if len(p.Items) == limit {
+		p.Next = p.Items[len(p.Items)-1].AccountID
+	}
+	return p, nil
+}
+
+// unresolvedCounts counts forwarded rows with no outcome older than age
+// (forwarding died or is stuck), and TIMEOUT rows with no resolution.
+func (st *store) unresolvedCounts(ctx context.Context, age time.Duration) (noOutcome, timeoutUnresolved int64, err error) {
+	err = st.pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE outcome IS NULL AND created_at < now() - make_interval(secs => $1)),
+		       count(*) FILTER (WHERE outcome = 'TIMEOUT')
+		  FROM rail_submission
+		 WHERE (outcome IS NULL OR outcome = 'TIMEOUT') AND resolution IS NULL`, age.Seconds()).Scan(&noOutcome, &timeoutUnresolved)
+	return noOutcome, timeoutUnresolved, err
+}
