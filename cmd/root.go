@@ -58,7 +58,9 @@ func NewRoot() *cobra.Command {
 // registrations lets each role's file add its commands (see init in each file).
 var registrations []func(root, serve, run, dev *cobra.Command)
 
-func register(fn func(root, serve, run, dev *cobra.Command)) { registrations = append(registrations, fn) }
+func register(fn func(root, serve, run, dev *cobra.Command)) {
+	registrations = append(registrations, fn)
+}
 
 // Execute runs the CLI and returns the process exit code.
 func Execute() int {
