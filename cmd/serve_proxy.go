@@ -39,7 +39,7 @@ func newServeProxyCmd() *cobra.Command {
 			})
 		},
 	}
-	sf.register(c, "127.0.0.1:7103", true)
+	sf.register(c, ":7103", true)
 	fl := c.Flags()
 	fl.StringVar(&railURL, "rail-url", "http://127.0.0.1:7104", "URL of the rail")
 	fl.StringVar(&railToken, "rail-token", "", "bearer token sent to the rail")

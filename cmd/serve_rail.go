@@ -37,7 +37,7 @@ GET /v1/settlement-report lists every payment ever accepted (operator only).`,
 			})
 		},
 	}
-	sf.register(c, "127.0.0.1:7104", false)
+	sf.register(c, ":7104", false)
 	fl := c.Flags()
 	fl.DurationVar(&window, "settlement-window", 10*time.Second, "a lookup by client reference is final once this long has passed since the newest attempt")
 	fl.Float64Var(&f.TimeoutAfterAccept, "timeout-after-accept", 0, "rate (0..1) of payments made and then never answered")

@@ -1,0 +1,49 @@
+package cmd
+
+import (
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/payouts/payouts/migrations"
+	"github.com/payouts/payouts/payment"
+)
+
+func init() {
+	register(func(root, serve, run, dev *cobra.Command) { serve.AddCommand(newServePaymentCmd()) })
+}
+
+func newServePaymentCmd() *cobra.Command {
+	var (
+		f           serverFlags
+		currency    string
+		ledgerCheck time.Duration
+		maxConns    int32
+	)
+	c := &cobra.Command{
+		Use:   "payment",
+		Short: "Run the payment resource: accounts, payouts and the ledger in paydb (guard 1)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env, err := f.setup(cmd, payment.Role, migrations.PayDB)
+			if err != nil {
+				return err
+			}
+			return payment.Run(cmd.Context(), payment.Config{
+				Addr:                f.listen,
+				DatabaseURL:         f.databaseURL,
+				Currency:            currency,
+				Logger:              env.Logger,
+				Registry:            env.Registry,
+				Auth:                env.Auth,
+				LedgerCheckInterval: ledgerCheck,
+				MaxConns:            maxConns,
+			})
+		},
+	}
+	f.register(c, ":7102", true)
+	c.Flags().StringVar(&currency, "currency", payment.DefaultCurrency, "the one currency of every account and payout (ISO 4217 code)")
+	c.Flags().DurationVar(&ledgerCheck, "ledger-check-interval", 30*time.Second, "how often balances are compared with the ledger (INV-03)")
+	c.Flags().Int32Var(&maxConns, "max-db-conns", 16, "largest number of paydb connections")
+	return c
+}

@@ -1,0 +1,201 @@
+package payment
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/payouts/payouts/internal/problem"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+func TestAccountsAndOpeningLedger(t *testing.T) {
+	e := newEnv(t)
+	a := e.account(t, "acc-1", 5_000)
+	if a.Balance != 5_000 || a.Available != 5_000 || a.Currency != "EUR" || a.FenceToken != 0 {
+		t.Fatalf("new account %+v", a)
+	}
+	// Idempotent: same body returns the account; a different one conflicts.
+	if again := e.account(t, "acc-1", 5_000); again != a {
+		t.Fatalf("re-create returned %+v", again)
+	}
+	_, err := e.oper.CreateAccount(bg, pc.CreateAccountRequest{ID: "acc-1", Currency: "EUR", OpeningBalance: 6_000})
+	wantCode(t, err, problem.Conflict)
+	e.account(t, "acc-0", 0)
+	led, err := e.recon.Ledger(bg, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(led.Items) != 2 || led.Items[0].GroupID != led.Items[1].GroupID || led.Items[0].Amount+led.Items[1].Amount != 0 {
+		t.Fatalf("opening group %+v", led.Items)
+	}
+	f, _ := e.exec.Account(bg, pc.FundingAccount)
+	if f.Balance != -5_000 {
+		t.Fatalf("funding balance %d", f.Balance)
+	}
+	list, err := e.exec.Accounts(bg, "", 2)
+	if err != nil || len(list.Items) != 2 || list.Next == "" {
+		t.Fatalf("accounts page 1: %+v %v", list, err)
+	}
+	rest, err := e.exec.Accounts(bg, list.Next, 10)
+	if err != nil || len(rest.Items) != 2 || rest.Next != "" {
+		t.Fatalf("accounts page 2: %+v %v", rest, err)
+	}
+	e.assertLedger(t)
+}
+
+func TestPayoutLifecycleAndReads(t *testing.T) {
+	e := newEnv(t)
+	e.account(t, "acc-1", 1_000)
+	p := e.payout(t, "po-1", "acc-1", 400)
+	if p.State != pc.Pending || p.ClientRef != "po-po-1" || p.Token != 0 || p.ClaimedAt != nil {
+		t.Fatalf("new payout %+v", p)
+	}
+	// Idempotent creation.
+	if again := e.payout(t, "po-1", "acc-1", 400); again.ID != p.ID || !again.CreatedAt.Equal(p.CreatedAt) {
+		t.Fatalf("re-create returned %+v", again)
+	}
+	_, err := e.oper.CreatePayout(bg, pc.CreatePayoutRequest{ID: "po-1", AccountID: "acc-1", Amount: 401, Currency: "EUR", BeneficiaryRef: "ben-po-1"})
+	wantCode(t, err, problem.Conflict)
+
+	if w, err := e.exec.Work(bg, 10); err != nil || len(w) != 1 || w[0].AccountID != "acc-1" || w[0].Payouts != 1 {
+		t.Fatalf("work %+v %v", w, err)
+	}
+	p = e.drive(t, "po-1", pc.Posted, 3, "h-1")
+	if p.State != pc.Posted || p.SettledAt == nil || p.RailRef != "rail-po-1" || p.ClaimedBy != "h-1" {
+		t.Fatalf("posted payout %+v", p)
+	}
+	a, _ := e.exec.Account(bg, "acc-1")
+	c, _ := e.exec.Account(bg, pc.ClearingAccount)
+	if a.Balance != 600 || a.Available != 600 || c.Balance != 400 {
+		t.Fatalf("after posting: account %+v clearing %+v", a, c)
+	}
+	led, _ := e.recon.Ledger(bg, 2, 10)
+	if len(led.Items) != 2 {
+		t.Fatalf("posting wrote %d entries", len(led.Items))
+	}
+	for _, le := range led.Items {
+		if le.PayoutID != "po-1" || le.Token != 3 || le.GroupID != led.Items[0].GroupID {
+			t.Fatalf("posting entry %+v", le)
+		}
+	}
+	if led.Items[0].Amount != -400 || led.Items[0].AccountID != "acc-1" || led.Items[1].AccountID != pc.ClearingAccount {
+		t.Fatalf("posting legs %+v", led.Items)
+	}
+	evs, err := e.recon.PayoutEvents(bg, "po-1", 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var path []string
+	for _, ev := range evs.Items {
+		path = append(path, string(ev.ToState))
+	}
+	if strings.Join(path, ">") != "PENDING>CLAIMED>RAIL_SUBMITTED>RAIL_ACKED>POSTED" {
+		t.Fatalf("event history %v", path)
+	}
+	if w, _ := e.exec.Work(bg, 10); len(w) != 0 {
+		t.Fatalf("work after posting: %+v", w)
+	}
+	if l, err := e.exec.Payouts(bg, pc.PayoutFilter{State: pc.Posted, AccountID: "acc-1"}); err != nil || len(l.Items) != 1 {
+		t.Fatalf("list posted: %+v %v", l, err)
+	}
+	if l, _ := e.exec.Payouts(bg, pc.PayoutFilter{State: pc.Pending}); len(l.Items) != 0 {
+		t.Fatalf("list pending: %+v", l)
+	}
+	_, err = e.exec.Payout(bg, "nope")
+	wantCode(t, err, problem.NotFound)
+	_, err = e.exec.Claim(bg, "nope", 9, "h")
+	wantCode(t, err, problem.NotFound)
+	e.assertLedger(t)
+}
+
+func TestRoles(t *testing.T) {
+	e := newEnv(t)
+	e.account(t, "acc-1", 1_000)
+	e.payout(t, "po-1", "acc-1", 1)
+	_, err := e.exec.CreatePayout(bg, pc.CreatePayoutRequest{ID: "po-2", AccountID: "acc-1", Amount: 1, Currency: "EUR", BeneficiaryRef: "b"})
+	wantCode(t, err, problem.Forbidden)
+	_, err = e.exec.Cancel(bg, "po-1", 1, "h", "no")
+	wantCode(t, err, problem.Forbidden)
+	_, err = e.exec.Resolve(bg, "po-1", 1, "h", pc.ResolutionAbsent, "x")
+	wantCode(t, err, problem.Forbidden)
+	_, err = e.recon.Claim(bg, "po-1", 1, "h")
+	wantCode(t, err, problem.Forbidden)
+	if a, _ := e.exec.Account(bg, "acc-1"); a.FenceToken != 0 {
+		t.Fatalf("forbidden request moved the fence: %+v", a)
+	}
+}
+
+// TestBadInput: every malformed request is a 4xx problem naming the field,
+// and no row is written anywhere.
+func TestBadInput(t *testing.T) {
+	e := newEnv(t)
+	e.account(t, "acc-1", 1_000)
+	e.payout(t, "po-1", "acc-1", 100)
+	e.drive(t, "po-1", pc.RailSubmitted, 4, "h")
+	payout := func(mut string) string {
+		return strings.Replace(`{"id":"po-2","account_id":"acc-1","amount":100,"currency":"EUR","beneficiary_ref":"b"}`, `"amount":100`, mut, 1)
+	}
+	cases := []struct {
+		name, path, body, field string
+		status                  int
+	}{
+		{"negative amount", "/v1/payouts", payout(`"amount":-5`), "amount", 400},
+		{"zero amount", "/v1/payouts", payout(`"amount":0`), "amount", 400},
+		{"oversized amount", "/v1/payouts", payout(`"amount":1000000000000000`), "amount", 400},
+		{"fractional amount", "/v1/payouts", payout(`"amount":1.5`), "amount", 400},
+		{"amount as string", "/v1/payouts", payout(`"amount":"100"`), "amount", 400},
+		{"wrong currency", "/v1/payouts", strings.Replace(payout(`"amount":100`), "EUR", "USD", 1), "currency", 400},
+		{"unknown account", "/v1/payouts", strings.Replace(payout(`"amount":100`), "acc-1", "acc-9", 1), "account_id", 400},
+		{"system account", "/v1/payouts", strings.Replace(payout(`"amount":100`), `"acc-1"`, `"funding"`, 1), "account_id", 400},
+		{"bad id", "/v1/payouts", strings.Replace(payout(`"amount":100`), "po-2", "po/2", 1), "id", 400},
+		{"unknown field", "/v1/payouts", payout(`"amount":100,"priority":1`), "priority", 400},
+		{"missing beneficiary", "/v1/payouts", strings.Replace(payout(`"amount":100`), `"b"`, `""`, 1), "beneficiary_ref", 400},
+		{"nul in beneficiary", "/v1/payouts", strings.Replace(payout(`"amount":100`), `"b"`, `"a\u0000b"`, 1), "beneficiary_ref", 400},
+		{"account negative opening", "/v1/accounts", `{"id":"acc-2","currency":"EUR","opening_balance":-1}`, "opening_balance", 400},
+		{"account wrong currency", "/v1/accounts", `{"id":"acc-2","currency":"GBP","opening_balance":1}`, "currency", 400},
+		{"missing token", "/v1/payouts/po-1/outcome", `{"holder":"h","outcome":"ACKED"}`, "token", 400},
+		{"zero token", "/v1/payouts/po-1/outcome", `{"token":0,"holder":"h","outcome":"ACKED"}`, "token", 400},
+		{"negative token", "/v1/payouts/po-1/outcome", `{"token":-4,"holder":"h","outcome":"ACKED"}`, "token", 400},
+		{"missing holder", "/v1/payouts/po-1/outcome", `{"token":4,"outcome":"ACKED"}`, "holder", 400},
+		{"bad outcome", "/v1/payouts/po-1/outcome", `{"token":4,"holder":"h","outcome":"MAYBE"}`, "outcome", 400},
+		{"missing evidence", "/v1/payouts/po-1/resolve", `{"token":4,"holder":"h","resolution":"SETTLED"}`, "evidence", 400},
+		{"blank reason", "/v1/payouts/po-1/abandon", `{"token":4,"holder":"h","reason":"  "}`, "reason", 400},
+		{"empty body", "/v1/payouts/po-1/post", ``, "body", 400},
+		{"trailing data", "/v1/payouts/po-1/post", `{"token":4,"holder":"h"}{}`, "after", 400},
+		{"bad limit", "/v1/ledger?limit=0", ``, "limit", 400},
+	}
+	before := e.counts(t)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			method := http.MethodPost
+			if strings.HasPrefix(c.path, "/v1/ledger") {
+				method = http.MethodGet
+			}
+			req, _ := http.NewRequest(method, e.url+c.path, bytes.NewBufferString(c.body))
+			req.Header.Set("Authorization", "Bearer "+operatorBearer)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != c.status || resp.Header.Get("Content-Type") != problem.ContentType {
+				t.Fatalf("status %d (%s), want %d problem: %s", resp.StatusCode, resp.Header.Get("Content-Type"), c.status, body)
+			}
+			if !strings.Contains(string(body), c.field) {
+				t.Fatalf("problem does not name %q: %s", c.field, body)
+			}
+		})
+	}
+	if after := e.counts(t); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("bad input wrote rows: %v -> %v", before, after)
+	}
+	if a, _ := e.exec.Account(bg, "acc-1"); a.FenceToken != 4 {
+		t.Fatalf("bad input moved the fence: %+v", a)
+	}
+}

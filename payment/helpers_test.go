@@ -1,0 +1,272 @@
+package payment
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/pgtest"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/migrations"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+const (
+	executorBearer   = "executor-token-0123456789"
+	reconcilerBearer = "reconciler-token-0123456789"
+	operatorBearer   = "operator-token-0123456789"
+)
+
+// syncBuffer collects log output from many goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// testEnv is a payment resource on a fresh paydb behind a real HTTP server,
+// with a client per caller role.
+type testEnv struct {
+	svc   *Service
+	reg   *prometheus.Registry
+	logs  *syncBuffer
+	url   string
+	exec  *pc.Client
+	recon *pc.Client
+	oper  *pc.Client
+}
+
+func newEnv(t testing.TB) *testEnv {
+	t.Helper()
+	dbURL := pgtest.NewDB(t, migrations.PayDB)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	logs := &syncBuffer{}
+	logger := obs.NewLogger(logs, slog.LevelDebug, Role)
+	reg := obs.NewRegistry()
+	svc, err := New(ctx, Config{DatabaseURL: dbURL, Logger: logger, Registry: reg, MaxConns: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Close)
+	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[
+		{"token":%q,"role":"executor","name":"exec-1"},
+		{"token":%q,"role":"reconciler","name":"recon-1"},
+		{"token":%q,"role":"operator","name":"alice"}]}`, executorBearer, reconcilerBearer, operatorBearer)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httpx.NewServer(httpx.Config{Role: Role, Logger: logger, Registry: reg, Auth: a})
+	svc.Mount(srv.Router())
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	e := &testEnv{svc: svc, reg: reg, logs: logs, url: ts.URL}
+	for _, c := range []struct {
+		dst    **pc.Client
+		bearer string
+	}{{&e.exec, executorBearer}, {&e.recon, reconcilerBearer}, {&e.oper, operatorBearer}} {
+		cl, err := pc.New(ts.URL, c.bearer, httpx.WithTimeout(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		*c.dst = cl
+	}
+	return e
+}
+
+// bg is the context of client calls in tests; every client call carries its
+// own timeout (WithTimeout above).
+var bg = context.Background()
+
+func tctx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func (e *testEnv) account(t testing.TB, id string, opening int64) pc.Account {
+	t.Helper()
+	a, err := e.oper.CreateAccount(tctx(t), pc.CreateAccountRequest{ID: id, Currency: "EUR", OpeningBalance: opening})
+	if err != nil {
+		t.Fatalf("create account %s: %v", id, err)
+	}
+	return a
+}
+
+func (e *testEnv) payout(t testing.TB, id, account string, amount int64) pc.Payout {
+	t.Helper()
+	p, err := e.oper.CreatePayout(tctx(t), pc.CreatePayoutRequest{ID: id, AccountID: account, Amount: amount, Currency: "EUR", BeneficiaryRef: "ben-" + id})
+	if err != nil {
+		t.Fatalf("create payout %s: %v", id, err)
+	}
+	return p
+}
+
+// drive moves a fresh PENDING payout to state along the happy paths, every
+// step under (token, holder).
+func (e *testEnv) drive(t testing.TB, id string, state pc.State, token fencing.Token, holder fencing.Holder) pc.Payout {
+	t.Helper()
+	ctx := tctx(t)
+	must := func(p pc.Payout, err error) pc.Payout {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("drive %s to %s: %v", id, state, err)
+		}
+		return p
+	}
+	p := must(e.exec.Payout(ctx, id))
+	switch state {
+	case pc.Pending:
+		return p
+	case pc.Abandoned:
+		return must(e.oper.Cancel(ctx, id, token, holder, "test: not wanted"))
+	}
+	p = must(e.exec.Claim(ctx, id, token, holder))
+	if state == pc.Claimed {
+		return p
+	}
+	p = must(e.exec.Submitting(ctx, id, token, holder))
+	switch state {
+	case pc.RailSubmitted:
+		return p
+	case pc.Failed:
+		return must(e.exec.ReportOutcome(ctx, id, token, holder, pc.OutcomeRejected, "", "DECLINED"))
+	case pc.RailAmbiguous:
+		return must(e.exec.ReportOutcome(ctx, id, token, holder, pc.OutcomeTimeout, "", ""))
+	}
+	p = must(e.exec.ReportOutcome(ctx, id, token, holder, pc.OutcomeAcked, "rail-"+id, ""))
+	if state == pc.RailAcked {
+		return p
+	}
+	p = must(e.exec.Post(ctx, id, token, holder))
+	if state != pc.Posted {
+		t.Fatalf("drive: unknown state %s", state)
+	}
+	return p
+}
+
+// counts returns the number of rows of every paydb table.
+func (e *testEnv) counts(t testing.TB) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	for _, tbl := range []string{"account", "payout", "ledger_entry", "payout_event", "safety_event"} {
+		var n int64
+		if err := e.svc.pool.QueryRow(tctx(t), "SELECT count(*) FROM "+tbl).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		out[tbl] = n
+	}
+	return out
+}
+
+// safetyKinds returns the kinds of safety events recorded for a payout.
+func (e *testEnv) safetyKinds(t testing.TB, payoutID string) []string {
+	t.Helper()
+	rows, err := e.svc.pool.Query(tctx(t), `SELECT kind FROM safety_event WHERE payout_id = $1 ORDER BY id`, payoutID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, k)
+	}
+	return out
+}
+
+func (e *testEnv) eventCount(t testing.TB, payoutID string) int {
+	t.Helper()
+	var n int
+	if err := e.svc.pool.QueryRow(tctx(t), `SELECT count(*) FROM payout_event WHERE payout_id = $1`, payoutID).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// assertLedger checks INV-03 over the whole database and available >= 0
+// for every customer account.
+func (e *testEnv) assertLedger(t testing.TB) {
+	t.Helper()
+	rep, err := e.svc.CheckLedger(tctx(t), time.Time{}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Clean() {
+		t.Fatalf("ledger drift: %+v", rep)
+	}
+	var n int
+	if err := e.svc.pool.QueryRow(tctx(t), `SELECT count(*) FROM account a WHERE a.id NOT IN ('funding', 'payout-clearing')
+		AND a.balance - COALESCE((SELECT sum(amount) FROM payout p WHERE p.account_id = a.id AND p.state = ANY($1)), 0) < 0`,
+		heldStates).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d accounts have negative available funds", n)
+	}
+}
+
+func wantCode(t testing.TB, err error, code problem.Code) *problem.Error {
+	t.Helper()
+	if !problem.Has(err, code) {
+		t.Fatalf("want %s, got %v", code, err)
+	}
+	var pe *problem.Error
+	_ = errors.As(err, &pe)
+	return pe
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
+
+// counterValue reads a counter or gauge.
+func counterValue(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}
+
+// timeZero makes CheckLedger check everything.
+var timeZero time.Time

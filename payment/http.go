@@ -1,0 +1,309 @@
+package payment
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/problem"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// Page size limits of every list endpoint.
+const (
+	DefaultLimit = 100
+	MaxLimit     = 1000
+)
+
+// Who may call which fenced mutation. The operator may do what the executor
+// does (development stacks run every caller as operator; break-glass).
+var opRoles = map[Op][]auth.Role{
+	OpClaim:      {auth.Executor, auth.Operator},
+	OpSubmitting: {auth.Executor, auth.Operator},
+	OpOutcome:    {auth.Executor, auth.Operator},
+	OpPost:       {auth.Executor, auth.Operator},
+	OpResolve:    {auth.Reconciler, auth.Operator},
+	OpCancel:     {auth.Operator},
+	OpAbandon:    {auth.Operator},
+}
+
+// Mount adds the payment resource's routes (under /v1) to an authenticated router.
+func (s *Service) Mount(r chi.Router) {
+	r.Route("/v1", func(r chi.Router) {
+		r.With(auth.Require(auth.Operator)).Post("/accounts", httpx.Handler(s.handleCreateAccount))
+		r.Get("/accounts", httpx.Handler(s.handleListAccounts))
+		r.Get("/accounts/{id}", httpx.Handler(s.handleGetAccount))
+		r.With(auth.Require(auth.Operator)).Post("/payouts", httpx.Handler(s.handleCreatePayout))
+		r.Get("/payouts", httpx.Handler(s.handleListPayouts))
+		r.Get("/payouts/{id}", httpx.Handler(s.handleGetPayout))
+		r.Get("/payouts/{id}/events", httpx.Handler(s.handlePayoutEvents))
+		for _, op := range Ops {
+			r.With(auth.Require(opRoles[op]...)).Post("/payouts/{id}/"+string(op), httpx.Handler(s.handleMutation(op)))
+		}
+		r.Get("/work", httpx.Handler(s.handleWork))
+		r.Get("/ledger", httpx.Handler(s.handleLedger))
+		r.Get("/safety-events", httpx.Handler(s.handleSafetyEvents))
+		r.Get("/fences/high", httpx.Handler(s.handleHighFence))
+	})
+}
+
+func actor(r *http.Request) string {
+	p, ok := auth.FromContext(r.Context())
+	if !ok {
+		return "unknown"
+	}
+	return string(p.Role) + ":" + p.Name
+}
+
+// pathID reads an id from the path; an id that cannot exist is not found.
+func pathID(r *http.Request, what string) (string, error) {
+	id := chi.URLParam(r, "id")
+	if !idRE.MatchString(id) {
+		return "", problem.New(problem.NotFound, "no %s %q", what, id)
+	}
+	return id, nil
+}
+
+func limitParam(r *http.Request) (int, error) {
+	v := r.URL.Query().Get("limit")
+	if v == "" {
+		return DefaultLimit, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > MaxLimit {
+		return 0, badField("limit", "must be an integer from 1 to %d, got %q", MaxLimit, v)
+	}
+	return n, nil
+}
+
+func afterIDParam(r *http.Request) (int64, error) {
+	v := r.URL.Query().Get("after")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, badField("after", "must be a non-negative integer cursor, got %q", v)
+	}
+	return n, nil
+}
+
+func afterKeyParam(r *http.Request) (string, error) {
+	v := r.URL.Query().Get("after")
+	if v != "" && !idRE.MatchString(v) {
+		return "", badField("after", "is not a cursor this service issued: %q", v)
+	}
+	return v, nil
+}
+
+func writeList[T any](w http.ResponseWriter, items []T, limit int, cursor func(T) string) {
+	next := ""
+	if len(items) == limit && limit > 0 {
+		next = cursor(items[len(items)-1])
+	}
+	httpx.WriteJSON(w, http.StatusOK, pc.List[T]{Items: items, Next: next})
+}
+
+func (s *Service) handleCreateAccount(w http.ResponseWriter, r *http.Request) error {
+	req, err := decodeCreateAccount(r, s.currency)
+	if err != nil {
+		return err
+	}
+	a, created, err := s.CreateAccount(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+		httpx.Log(r.Context()).Info("account created", "account_id", a.ID, "opening_balance", req.OpeningBalance, "actor", actor(r))
+	}
+	httpx.WriteJSON(w, status, a)
+	return nil
+}
+
+func (s *Service) handleListAccounts(w http.ResponseWriter, r *http.Request) error {
+	limit, err := limitParam(r)
+	if err != nil {
+		return err
+	}
+	after, err := afterKeyParam(r)
+	if err != nil {
+		return err
+	}
+	items, err := s.Accounts(r.Context(), after, limit)
+	if err != nil {
+		return err
+	}
+	writeList(w, items, limit, func(a pc.Account) string { return a.ID })
+	return nil
+}
+
+func (s *Service) handleGetAccount(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r, "account")
+	if err != nil {
+		return err
+	}
+	a, err := s.Account(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, a)
+	return nil
+}
+
+func (s *Service) handleCreatePayout(w http.ResponseWriter, r *http.Request) error {
+	req, err := decodeCreatePayout(r, s.currency)
+	if err != nil {
+		return err
+	}
+	p, created, err := s.CreatePayout(r.Context(), req, actor(r))
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	httpx.WriteJSON(w, status, p)
+	return nil
+}
+
+func (s *Service) handleListPayouts(w http.ResponseWriter, r *http.Request) error {
+	limit, err := limitParam(r)
+	if err != nil {
+		return err
+	}
+	after, err := afterKeyParam(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	state := pc.State(q.Get("state"))
+	if state != "" && !state.Valid() {
+		return badField("state", "must be one of PENDING, CLAIMED, RAIL_SUBMITTED, RAIL_ACKED, RAIL_AMBIGUOUS, POSTED, FAILED, ABANDONED; got %q", state)
+	}
+	account := q.Get("account_id")
+	if account != "" && !idRE.MatchString(account) {
+		return badField("account_id", "is not an account id: %q", account)
+	}
+	items, err := s.Payouts(r.Context(), state, account, after, limit)
+	if err != nil {
+		return err
+	}
+	writeList(w, items, limit, func(p pc.Payout) string { return p.ID })
+	return nil
+}
+
+func (s *Service) handleGetPayout(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r, "payout")
+	if err != nil {
+		return err
+	}
+	p, err := s.Payout(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, p)
+	return nil
+}
+
+func (s *Service) handlePayoutEvents(w http.ResponseWriter, r *http.Request) error {
+	id, err := pathID(r, "payout")
+	if err != nil {
+		return err
+	}
+	limit, err := limitParam(r)
+	if err != nil {
+		return err
+	}
+	after, err := afterIDParam(r)
+	if err != nil {
+		return err
+	}
+	items, err := s.PayoutEvents(r.Context(), id, after, limit)
+	if err != nil {
+		return err
+	}
+	writeList(w, items, limit, func(e pc.PayoutEvent) string { return strconv.FormatInt(e.ID, 10) })
+	return nil
+}
+
+func (s *Service) handleMutation(op Op) func(w http.ResponseWriter, r *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		id, err := pathID(r, "payout")
+		if err != nil {
+			return err
+		}
+		cmd, err := decodeCommand(r, op)
+		if err != nil {
+			return err
+		}
+		cmd.Actor = actor(r)
+		p, err := s.Apply(r.Context(), id, cmd)
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, p)
+		return nil
+	}
+}
+
+func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
+	limit, err := limitParam(r)
+	if err != nil {
+		return err
+	}
+	items, err := s.Work(r.Context(), limit)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, pc.List[pc.WorkItem]{Items: items})
+	return nil
+}
+
+func (s *Service) handleLedger(w http.ResponseWriter, r *http.Request) error {
+	limit, err := limitParam(r)
+	if err != nil {
+		return err
+	}
+	after, err := afterIDParam(r)
+	if err != nil {
+		return err
+	}
+	items, err := s.Ledger(r.Context(), after, limit)
+	if err != nil {
+		return err
+	}
+	writeList(w, items, limit, func(e pc.LedgerEntry) string { return strconv.FormatInt(e.ID, 10) })
+	return nil
+}
+
+func (s *Service) handleSafetyEvents(w http.ResponseWriter, r *http.Request) error {
+	limit, err := limitParam(r)
+	if err != nil {
+		return err
+	}
+	after, err := afterIDParam(r)
+	if err != nil {
+		return err
+	}
+	items, err := s.SafetyEvents(r.Context(), after, limit)
+	if err != nil {
+		return err
+	}
+	writeList(w, items, limit, func(e pc.SafetyEvent) string { return strconv.FormatInt(e.ID, 10) })
+	return nil
+}
+
+func (s *Service) handleHighFence(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.HighFence(r.Context())
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, pc.HighFence{Token: t})
+	return nil
+}

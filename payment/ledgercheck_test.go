@@ -1,0 +1,88 @@
+package payment
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestLedgerCheckDetectsDrift: the continuous INV-03 check finds a balance
+// that no longer equals its entries and a group that does not sum to zero,
+// exports both as gauges and logs them at ERROR.
+func TestLedgerCheckDetectsDrift(t *testing.T) {
+	e := newEnv(t)
+	e.account(t, "acc-1", 1_000)
+	e.account(t, "acc-2", 1_000)
+	e.payout(t, "po-1", "acc-1", 100)
+	e.drive(t, "po-1", "POSTED", 1, "h")
+	ctx := tctx(t)
+	rep, err := e.svc.CheckLedger(ctx, time.Time{}, nil, nil)
+	if err != nil || !rep.Clean() {
+		t.Fatalf("clean ledger reported %+v %v", rep, err)
+	}
+	// Break INV-03 behind the service's back: a balance edit, and (with the
+	// commit-time trigger disabled, as only a superuser could) a lone entry.
+	if _, err := e.svc.pool.Exec(ctx, `UPDATE account SET balance = balance + 7 WHERE id = 'acc-1'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.pool.Exec(ctx, `ALTER TABLE ledger_entry DISABLE TRIGGER ledger_entry_group_sums_to_zero`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.pool.Exec(ctx, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id) VALUES ('rogue', 'acc-2', 5, 'funding')`); err != nil {
+		t.Fatal(err)
+	}
+	since := time.Now().Add(-time.Hour)
+	rep, err = e.svc.CheckLedger(ctx, since, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Accounts) != 2 || rep.Accounts[0].AccountID != "acc-1" || rep.Accounts[0].Difference != 7 ||
+		rep.Accounts[1].AccountID != "acc-2" || rep.Accounts[1].Difference != -5 {
+		t.Fatalf("account drift %+v", rep.Accounts)
+	}
+	if len(rep.Groups) != 1 || rep.Groups[0].GroupID != "rogue" || rep.Groups[0].Sum != 5 {
+		t.Fatalf("group drift %+v", rep.Groups)
+	}
+	// A window that excludes them still sees the ones named as drifting.
+	rep2, err := e.svc.CheckLedger(ctx, time.Now().Add(time.Hour), []string{"acc-1"}, []string{"rogue"})
+	if err != nil || len(rep2.Accounts) != 1 || len(rep2.Groups) != 1 {
+		t.Fatalf("named re-check %+v %v", rep2, err)
+	}
+	e.svc.reportLedger(rep)
+	if g := counterValue(e.svc.m.driftAccounts); g != 2 {
+		t.Fatalf("drift gauge %v, want 2", g)
+	}
+	if g := counterValue(e.svc.m.driftGroups); g != 1 {
+		t.Fatalf("unbalanced group gauge %v, want 1", g)
+	}
+	logs := e.logs.String()
+	if !strings.Contains(logs, `"level":"ERROR"`) || !strings.Contains(logs, `"event":"ledger_drift"`) || !strings.Contains(logs, `"account_id":"acc-1"`) {
+		t.Fatalf("no ERROR drift line in the log")
+	}
+}
+
+// TestRunLedgerCheck: the background loop runs, stops with its context,
+// and reports a clean ledger as clean.
+func TestRunLedgerCheck(t *testing.T) {
+	e := newEnv(t)
+	e.svc.interval = 10 * time.Millisecond
+	e.account(t, "acc-1", 1_000)
+	ctx, cancel := context.WithCancel(tctx(t))
+	done := make(chan error, 1)
+	go func() { done <- e.svc.RunLedgerCheck(ctx) }()
+	deadline := time.Now().Add(time.Minute)
+	for counterValue(e.svc.m.driftChecks.WithLabelValues("clean")) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("ledger check did not run three times within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if g := counterValue(e.svc.m.driftAccounts); g != 0 {
+		t.Fatalf("drift gauge %v on a clean ledger", g)
+	}
+}

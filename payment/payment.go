@@ -1,0 +1,149 @@
+// Package payment is the payment resource (`payouts serve payment`): the
+// accounts, payouts and double-entry ledger in paydb, and guard 1 — every
+// mutation advances the account's fence in one conditional statement before
+// it does anything else (DESIGN D-1). Other roles talk to it only through
+// payment/paymentclient.
+package payment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// Role is the role name in logs and metrics.
+const Role = "payment"
+
+// DefaultCurrency is the currency used when none is configured.
+const DefaultCurrency = "EUR"
+
+// Config configures the payment resource.
+type Config struct {
+	Addr        string // listen address (Run only)
+	DatabaseURL string // paydb, migrated
+	Currency    string // the one currency (ISO 4217 code); default EUR
+	Logger      *slog.Logger
+	Registry    *prometheus.Registry
+	Auth        *auth.Authenticator // Run only
+	// LedgerCheckInterval is how often the continuous INV-03 check runs
+	// (default 30s).
+	LedgerCheckInterval time.Duration
+	// MaxConns bounds the database pool (default 16).
+	MaxConns int32
+}
+
+var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
+
+// Service is the payment resource over one paydb.
+type Service struct {
+	pool     *pgxpool.Pool
+	currency string
+	log      *slog.Logger
+	m        *metrics
+	interval time.Duration
+}
+
+// New connects to paydb and creates the system accounts (funding and
+// payout-clearing) if they are absent.
+func New(ctx context.Context, cfg Config) (*Service, error) {
+	if cfg.Currency == "" {
+		cfg.Currency = DefaultCurrency
+	}
+	if !currencyRE.MatchString(cfg.Currency) {
+		return nil, fmt.Errorf("payment: currency %q is not a three-letter upper-case ISO 4217 code", cfg.Currency)
+	}
+	if cfg.DatabaseURL == "" {
+		return nil, errors.New("payment: a database URL is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = obs.NewRegistry()
+	}
+	if cfg.LedgerCheckInterval <= 0 {
+		cfg.LedgerCheckInterval = 30 * time.Second
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("payment: database URL: %w", err)
+	}
+	pcfg.MaxConns = 16
+	if cfg.MaxConns > 0 {
+		pcfg.MaxConns = cfg.MaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("payment: connect: %w", err)
+	}
+	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval}
+	if err := s.ensureSystemAccounts(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if !guardEnabled {
+		s.log.Error("NEGATIVE-CONTROL BUILD: guard 1's fence condition is compiled out; stale tokens are accepted. Never run this build in production.")
+	}
+	return s, nil
+}
+
+// Close releases the database pool.
+func (s *Service) Close() { s.pool.Close() }
+
+// Currency is the configured currency.
+func (s *Service) Currency() string { return s.currency }
+
+// Ping checks the database (readiness).
+func (s *Service) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+func (s *Service) ensureSystemAccounts(ctx context.Context) error {
+	for _, id := range []string{pc.FundingAccount, pc.ClearingAccount} {
+		if _, err := s.pool.Exec(ctx, `INSERT INTO account (id, currency, balance) VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING`, id, s.currency); err != nil {
+			return fmt.Errorf("payment: create system account %s: %w", id, err)
+		}
+		var cur string
+		if err := s.pool.QueryRow(ctx, `SELECT currency FROM account WHERE id = $1`, id).Scan(&cur); err != nil {
+			return fmt.Errorf("payment: read system account %s: %w", id, err)
+		}
+		if cur != s.currency {
+			return fmt.Errorf("payment: this database holds %s accounts but the service is configured for %s (--currency)", cur, s.currency)
+		}
+	}
+	return nil
+}
+
+// Run serves the payment resource on cfg.Addr until ctx is done, with the
+// continuous ledger check running beside it.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Registry == nil {
+		cfg.Registry = obs.NewRegistry()
+	}
+	svc, err := New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+	srv := httpx.NewServer(httpx.Config{
+		Role: Role, Addr: cfg.Addr, Logger: svc.log, Registry: cfg.Registry, Auth: cfg.Auth,
+		Ready: []httpx.Check{svc.Ping},
+	})
+	svc.Mount(srv.Router())
+	if _, err := srv.Listen(); err != nil {
+		return err
+	}
+	var g httpx.Group
+	g.Add(srv.Serve)
+	g.Add(svc.RunLedgerCheck)
+	return g.Run(ctx)
+}

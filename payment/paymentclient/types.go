@@ -1,0 +1,231 @@
+// Package paymentclient is the payment resource's wire contract and its
+// typed HTTP client. Other roles import this package, never payment itself.
+//
+// Every mutating method takes the fencing token and holder of the caller's
+// grant as required parameters (DESIGN D-8): there is no way to change a
+// payout without presenting one.
+package paymentclient
+
+import (
+	"time"
+
+	"github.com/payouts/payouts/lock/fencing"
+)
+
+// State is a payout's state (domain model 2.3).
+type State string
+
+// The payout states.
+const (
+	Pending       State = "PENDING"
+	Claimed       State = "CLAIMED"
+	RailSubmitted State = "RAIL_SUBMITTED"
+	RailAcked     State = "RAIL_ACKED"
+	RailAmbiguous State = "RAIL_AMBIGUOUS"
+	Posted        State = "POSTED"
+	Failed        State = "FAILED"
+	Abandoned     State = "ABANDONED"
+)
+
+// States lists every state, in lifecycle order.
+var States = []State{Pending, Claimed, RailSubmitted, RailAcked, RailAmbiguous, Posted, Failed, Abandoned}
+
+// Valid reports whether s is one of the eight states.
+func (s State) Valid() bool {
+	for _, v := range States {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Terminal reports whether s accepts no further transition.
+func (s State) Terminal() bool { return s == Posted || s == Failed || s == Abandoned }
+
+// Actionable reports whether a worker has something to do for a payout in s
+// (the states GET /work looks for).
+func (s State) Actionable() bool {
+	return s == Pending || s == Claimed || s == RailSubmitted || s == RailAcked
+}
+
+// Outcome is what the rail proxy recorded for a submission, as reported on
+// POST /payouts/{id}/outcome.
+type Outcome string
+
+// Outcomes a caller may report. Timeout covers "no recorded outcome" as
+// well (domain model 2.3: a crash after forwarding is indistinguishable from
+// a timeout).
+const (
+	OutcomeAcked    Outcome = "ACKED"
+	OutcomeRejected Outcome = "REJECTED"
+	OutcomeTimeout  Outcome = "TIMEOUT"
+)
+
+// Resolution is the result of an ambiguity lookup (POST /payouts/{id}/resolve).
+type Resolution string
+
+// Resolutions: the rail settled the payment, or it definitively has none.
+const (
+	ResolutionSettled Resolution = "SETTLED"
+	ResolutionAbsent  Resolution = "ABSENT"
+)
+
+// FailureInsufficientFunds is the failure_reason of a payout whose claim
+// found the account's available funds short (DESIGN D-7).
+const FailureInsufficientFunds = "insufficient_funds"
+
+// ClientRefPrefix is the fixed prefix of every client reference (D-10):
+// client_ref = ClientRefPrefix + payout id.
+const ClientRefPrefix = "po-"
+
+// ClientRef is the client reference the rail sees for a payout.
+func ClientRef(payoutID string) string { return ClientRefPrefix + payoutID }
+
+// System account ids, created by the service at start.
+const (
+	FundingAccount  = "funding"
+	ClearingAccount = "payout-clearing"
+)
+
+// Account is an account as served by GET /accounts/{id}.
+type Account struct {
+	ID          string         `json:"id"`
+	Currency    string         `json:"currency"`
+	Balance     int64          `json:"balance"`
+	Available   int64          `json:"available"`
+	FenceToken  fencing.Token  `json:"fence_token"`
+	FenceHolder fencing.Holder `json:"fence_holder"`
+}
+
+// CreateAccountRequest is the body of POST /accounts (fixture loading).
+type CreateAccountRequest struct {
+	ID             string `json:"id"`
+	Currency       string `json:"currency"`
+	OpeningBalance int64  `json:"opening_balance"`
+}
+
+// Payout is a payout as it stands.
+type Payout struct {
+	ID             string         `json:"id"`
+	AccountID      string         `json:"account_id"`
+	Amount         int64          `json:"amount"`
+	Currency       string         `json:"currency"`
+	BeneficiaryRef string         `json:"beneficiary_ref"`
+	State          State          `json:"state"`
+	ClientRef      string         `json:"client_ref"`
+	ClaimedBy      fencing.Holder `json:"claimed_by"`
+	Token          fencing.Token  `json:"token"`
+	FailureReason  string         `json:"failure_reason"`
+	RailRef        string         `json:"rail_ref"`
+	ErrorCode      string         `json:"error_code"`
+	CreatedAt      time.Time      `json:"created_at"`
+	ClaimedAt      *time.Time     `json:"claimed_at"`
+	SubmittedAt    *time.Time     `json:"submitted_at"`
+	SettledAt      *time.Time     `json:"settled_at"`
+}
+
+// CreatePayoutRequest is the body of POST /payouts.
+type CreatePayoutRequest struct {
+	ID             string `json:"id"`
+	AccountID      string `json:"account_id"`
+	Amount         int64  `json:"amount"`
+	Currency       string `json:"currency"`
+	BeneficiaryRef string `json:"beneficiary_ref"`
+}
+
+// FencedRequest is the body of /claim, /submitting and /post.
+type FencedRequest struct {
+	Token  fencing.Token  `json:"token"`
+	Holder fencing.Holder `json:"holder"`
+}
+
+// OutcomeRequest is the body of /outcome.
+type OutcomeRequest struct {
+	Token     fencing.Token  `json:"token"`
+	Holder    fencing.Holder `json:"holder"`
+	Outcome   Outcome        `json:"outcome"`
+	RailRef   string         `json:"rail_ref,omitempty"`
+	ErrorCode string         `json:"error_code,omitempty"`
+}
+
+// ResolveRequest is the body of /resolve.
+type ResolveRequest struct {
+	Token      fencing.Token  `json:"token"`
+	Holder     fencing.Holder `json:"holder"`
+	Resolution Resolution     `json:"resolution"`
+	Evidence   string         `json:"evidence"`
+}
+
+// ReasonRequest is the body of /cancel and /abandon.
+type ReasonRequest struct {
+	Token  fencing.Token  `json:"token"`
+	Holder fencing.Holder `json:"holder"`
+	Reason string         `json:"reason"`
+}
+
+// PayoutEvent is one accepted state change (the payout_event history).
+type PayoutEvent struct {
+	ID        int64          `json:"id"`
+	PayoutID  string         `json:"payout_id"`
+	FromState State          `json:"from_state"` // "" for the creation event
+	ToState   State          `json:"to_state"`
+	Token     fencing.Token  `json:"token"` // 0 when none (creation)
+	Holder    fencing.Holder `json:"holder"`
+	Actor     string         `json:"actor"`
+	Reason    string         `json:"reason"`
+	At        time.Time      `json:"at"`
+}
+
+// LedgerEntry is one immutable ledger row. Amount is signed: negative
+// debits the account.
+type LedgerEntry struct {
+	ID                    int64         `json:"id"`
+	GroupID               string        `json:"group_id"`
+	AccountID             string        `json:"account_id"`
+	Amount                int64         `json:"amount"`
+	CounterpartyAccountID string        `json:"counterparty_account_id"`
+	PayoutID              string        `json:"payout_id"`
+	Token                 fencing.Token `json:"token"` // 0 when not posted under a grant
+	CreatedAt             time.Time     `json:"created_at"`
+}
+
+// Safety event kinds the payment resource records.
+const (
+	KindFencedOut          = "fenced_out"
+	KindTokenRegression    = "token_regression"
+	KindRejectedTransition = "rejected_transition"
+)
+
+// SafetyEvent is evidence that a safety net fired.
+type SafetyEvent struct {
+	ID             int64          `json:"id"`
+	Kind           string         `json:"kind"`
+	Key            string         `json:"key"`
+	PresentedToken fencing.Token  `json:"presented_token"`
+	StoredToken    fencing.Token  `json:"stored_token"`
+	Holder         fencing.Holder `json:"holder"`
+	StoredHolder   fencing.Holder `json:"stored_holder"`
+	PayoutID       string         `json:"payout_id"`
+	Detail         string         `json:"detail"`
+	At             time.Time      `json:"at"`
+}
+
+// WorkItem is an account with actionable payouts (GET /work).
+type WorkItem struct {
+	AccountID  string        `json:"account_id"`
+	Payouts    int           `json:"payouts"`     // actionable payouts on the account
+	OldestAt   time.Time     `json:"oldest_at"`   // creation time of the oldest of them
+	FenceToken fencing.Token `json:"fence_token"` // the account's fence; informational only
+}
+
+// List is a page of items; Next is the cursor for the following page ("" at the end).
+type List[T any] struct {
+	Items []T    `json:"items"`
+	Next  string `json:"next"`
+}
+
+// HighFence is the body of GET /fences/high.
+type HighFence struct {
+	Token fencing.Token `json:"token"`
+}

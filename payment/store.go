@@ -1,0 +1,306 @@
+package payment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// querier is a pool, a connection or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// heldStates are the states whose amounts are held back from available (D-7).
+var heldStates = []string{string(pc.Claimed), string(pc.RailSubmitted), string(pc.RailAcked), string(pc.RailAmbiguous)}
+
+// actionableStates are the states GET /work looks for.
+var actionableStates = []string{string(pc.Pending), string(pc.Claimed), string(pc.RailSubmitted), string(pc.RailAcked)}
+
+const payoutCols = `id, account_id, amount, currency, beneficiary_ref, state, client_ref,
+	COALESCE(claimed_by, ''), COALESCE(token, 0), COALESCE(failure_reason, ''),
+	COALESCE(rail_ref, ''), COALESCE(rail_error_code, ''),
+	created_at, claimed_at, submitted_at, settled_at`
+
+func scanPayout(row pgx.Row) (pc.Payout, error) {
+	var p pc.Payout
+	var state, claimedBy string
+	var token int64
+	err := row.Scan(&p.ID, &p.AccountID, &p.Amount, &p.Currency, &p.BeneficiaryRef, &state, &p.ClientRef,
+		&claimedBy, &token, &p.FailureReason, &p.RailRef, &p.ErrorCode,
+		&p.CreatedAt, &p.ClaimedAt, &p.SubmittedAt, &p.SettledAt)
+	p.State, p.ClaimedBy, p.Token = pc.State(state), fencing.Holder(claimedBy), fencing.Token(token)
+	p.CreatedAt = p.CreatedAt.UTC()
+	for _, t := range []*time.Time{p.ClaimedAt, p.SubmittedAt, p.SettledAt} {
+		if t != nil {
+			*t = t.UTC()
+		}
+	}
+	return p, err
+}
+
+func getPayout(ctx context.Context, q querier, id string, forUpdate bool) (pc.Payout, error) {
+	sql := `SELECT ` + payoutCols + ` FROM payout WHERE id = $1`
+	if forUpdate {
+		sql += ` FOR UPDATE`
+	}
+	p, err := scanPayout(q.QueryRow(ctx, sql, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, problem.New(problem.NotFound, "no payout %q", id)
+	}
+	return p, err
+}
+
+// heldAmount is the sum of the account's payouts whose money is committed
+// or possibly gone (D-7).
+func heldAmount(ctx context.Context, q querier, accountID string) (int64, error) {
+	var held int64
+	err := q.QueryRow(ctx, `SELECT COALESCE(sum(amount), 0)::bigint FROM payout WHERE account_id = $1 AND state = ANY($2)`,
+		accountID, heldStates).Scan(&held)
+	return held, err
+}
+
+const accountCols = `a.id, a.currency, a.balance,
+	a.balance - COALESCE((SELECT sum(p.amount) FROM payout p WHERE p.account_id = a.id AND p.state = ANY($1)), 0)::bigint,
+	a.fence_token, a.fence_holder`
+
+func scanAccount(row pgx.Row) (pc.Account, error) {
+	var a pc.Account
+	var token int64
+	var holder string
+	err := row.Scan(&a.ID, &a.Currency, &a.Balance, &a.Available, &token, &holder)
+	a.FenceToken, a.FenceHolder = fencing.Token(token), fencing.Holder(holder)
+	return a, err
+}
+
+func getAccount(ctx context.Context, q querier, id string) (pc.Account, error) {
+	a, err := scanAccount(q.QueryRow(ctx, `SELECT `+accountCols+` FROM account a WHERE a.id = $2`, heldStates, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return a, problem.New(problem.NotFound, "no account %q", id)
+	}
+	return a, err
+}
+
+func collect[T any](rows pgx.Rows, err error, scan func(pgx.Row) (T, error)) ([]T, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []T{}
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// Account returns one account with its available funds.
+func (s *Service) Account(ctx context.Context, id string) (pc.Account, error) {
+	return getAccount(ctx, s.pool, id)
+}
+
+// Accounts lists accounts by id after the cursor.
+func (s *Service) Accounts(ctx context.Context, after string, limit int) ([]pc.Account, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+accountCols+` FROM account a WHERE a.id > $2 ORDER BY a.id LIMIT $3`, heldStates, after, limit)
+	return collect(rows, err, scanAccount)
+}
+
+// Payout returns one payout.
+func (s *Service) Payout(ctx context.Context, id string) (pc.Payout, error) {
+	return getPayout(ctx, s.pool, id, false)
+}
+
+// Payouts lists payouts by id after the cursor, optionally by state and account.
+func (s *Service) Payouts(ctx context.Context, state pc.State, accountID, after string, limit int) ([]pc.Payout, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+payoutCols+` FROM payout
+		WHERE ($1 = '' OR state = $1) AND ($2 = '' OR account_id = $2) AND id > $3
+		ORDER BY id LIMIT $4`, string(state), accountID, after, limit)
+	return collect(rows, err, scanPayout)
+}
+
+func scanEvent(row pgx.Row) (pc.PayoutEvent, error) {
+	var e pc.PayoutEvent
+	var from, to, holder string
+	var token int64
+	err := row.Scan(&e.ID, &e.PayoutID, &from, &to, &token, &holder, &e.Actor, &e.Reason, &e.At)
+	e.FromState, e.ToState, e.Token, e.Holder = pc.State(from), pc.State(to), fencing.Token(token), fencing.Holder(holder)
+	e.At = e.At.UTC()
+	return e, err
+}
+
+// PayoutEvents lists a payout's accepted state changes after event id after.
+func (s *Service) PayoutEvents(ctx context.Context, payoutID string, after int64, limit int) ([]pc.PayoutEvent, error) {
+	if _, err := getPayout(ctx, s.pool, payoutID, false); err != nil {
+		return nil, err
+	}
+	rows, err := s.pool.Query(ctx, `SELECT id, payout_id, COALESCE(from_state, ''), to_state, COALESCE(token, 0),
+		COALESCE(holder, ''), actor, COALESCE(reason, ''), at
+		FROM payout_event WHERE payout_id = $1 AND id > $2 ORDER BY id LIMIT $3`, payoutID, after, limit)
+	return collect(rows, err, scanEvent)
+}
+
+// Work lists accounts with actionable payouts, the longest-waiting first.
+func (s *Service) Work(ctx context.Context, limit int) ([]pc.WorkItem, error) {
+	rows, err := s.pool.Query(ctx, `SELECT p.account_id, count(*), min(p.created_at), a.fence_token
+		FROM payout p JOIN account a ON a.id = p.account_id
+		WHERE p.state = ANY($1)
+		GROUP BY p.account_id, a.fence_token
+		ORDER BY min(p.created_at), p.account_id LIMIT $2`, actionableStates, limit)
+	return collect(rows, err, func(row pgx.Row) (pc.WorkItem, error) {
+		var w pc.WorkItem
+		var token int64
+		err := row.Scan(&w.AccountID, &w.Payouts, &w.OldestAt, &token)
+		w.FenceToken, w.OldestAt = fencing.Token(token), w.OldestAt.UTC()
+		return w, err
+	})
+}
+
+// Ledger lists ledger entries after entry id after.
+func (s *Service) Ledger(ctx context.Context, after int64, limit int) ([]pc.LedgerEntry, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, group_id, account_id, amount, counterparty_account_id,
+		COALESCE(payout_id, ''), COALESCE(token, 0), created_at
+		FROM ledger_entry WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+	return collect(rows, err, func(row pgx.Row) (pc.LedgerEntry, error) {
+		var e pc.LedgerEntry
+		var token int64
+		err := row.Scan(&e.ID, &e.GroupID, &e.AccountID, &e.Amount, &e.CounterpartyAccountID, &e.PayoutID, &token, &e.CreatedAt)
+		e.Token, e.CreatedAt = fencing.Token(token), e.CreatedAt.UTC()
+		return e, err
+	})
+}
+
+// SafetyEvents lists safety events after event id after.
+func (s *Service) SafetyEvents(ctx context.Context, after int64, limit int) ([]pc.SafetyEvent, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, kind, COALESCE(key, ''), COALESCE(presented_token, 0),
+		COALESCE(stored_token, 0), COALESCE(holder, ''), COALESCE(stored_holder, ''),
+		COALESCE(payout_id, ''), COALESCE(detail, ''), at
+		FROM safety_event WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
+	return collect(rows, err, func(row pgx.Row) (pc.SafetyEvent, error) {
+		var e pc.SafetyEvent
+		var pt, st int64
+		var h, sh string
+		err := row.Scan(&e.ID, &e.Kind, &e.Key, &pt, &st, &h, &sh, &e.PayoutID, &e.Detail, &e.At)
+		e.PresentedToken, e.StoredToken, e.Holder, e.StoredHolder = fencing.Token(pt), fencing.Token(st), fencing.Holder(h), fencing.Holder(sh)
+		e.At = e.At.UTC()
+		return e, err
+	})
+}
+
+// HighFence is the highest fence any account stores.
+func (s *Service) HighFence(ctx context.Context) (fencing.Token, error) {
+	var t int64
+	err := s.pool.QueryRow(ctx, `SELECT COALESCE(max(fence_token), 0) FROM account`).Scan(&t)
+	return fencing.Token(t), err
+}
+
+// CreateAccount creates a customer account with its opening ledger group
+// (credit the account, debit funding), so balance equals the sum of its
+// entries from the first moment. Idempotent on id; created reports whether
+// this call created it.
+func (s *Service) CreateAccount(ctx context.Context, req pc.CreateAccountRequest) (acct pc.Account, created bool, err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return acct, false, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	tag, err := tx.Exec(ctx, `INSERT INTO account (id, currency, balance) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING`,
+		req.ID, req.Currency, req.OpeningBalance)
+	if err != nil {
+		return acct, false, err
+	}
+	if tag.RowsAffected() == 0 {
+		_ = tx.Rollback(ctx)
+		return s.existingAccount(ctx, req)
+	}
+	if req.OpeningBalance != 0 {
+		group := "open:" + req.ID
+		if _, err := tx.Exec(ctx, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id)
+			VALUES ($1, $2, $3, $4), ($1, $4, -$3::bigint, $2)`, group, req.ID, req.OpeningBalance, pc.FundingAccount); err != nil {
+			return acct, false, err
+		}
+		if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance - $2, version = version + 1, updated_at = now() WHERE id = $1`,
+			pc.FundingAccount, req.OpeningBalance); err != nil {
+			return acct, false, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return acct, false, err
+	}
+	acct, err = getAccount(ctx, s.pool, req.ID)
+	return acct, true, err
+}
+
+func (s *Service) existingAccount(ctx context.Context, req pc.CreateAccountRequest) (pc.Account, bool, error) {
+	var cur string
+	var opening int64
+	err := s.pool.QueryRow(ctx, `SELECT a.currency, COALESCE((SELECT sum(e.amount) FROM ledger_entry e
+		WHERE e.group_id = 'open:' || a.id AND e.account_id = a.id), 0)::bigint FROM account a WHERE a.id = $1`, req.ID).Scan(&cur, &opening)
+	if err != nil {
+		return pc.Account{}, false, err
+	}
+	if cur != req.Currency || opening != req.OpeningBalance {
+		return pc.Account{}, false, problem.New(problem.Conflict,
+			"account %q already exists with currency %s and opening_balance %d", req.ID, cur, opening)
+	}
+	a, err := getAccount(ctx, s.pool, req.ID)
+	return a, false, err
+}
+
+// CreatePayout creates a PENDING payout with its creation event. Idempotent
+// on id: the same body returns the payout as it stands, a different one is
+// a conflict. created reports whether this call created it.
+func (s *Service) CreatePayout(ctx context.Context, req pc.CreatePayoutRequest, actor string) (p pc.Payout, created bool, err error) {
+	var cur string
+	err = s.pool.QueryRow(ctx, `SELECT currency FROM account WHERE id = $1`, req.AccountID).Scan(&cur)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, false, problem.New(problem.InvalidRequest, "account_id: no account %q", req.AccountID).With("field", "account_id")
+	}
+	if err != nil {
+		return p, false, err
+	}
+	if cur != req.Currency {
+		return p, false, problem.New(problem.InvalidRequest, "currency: account %q holds %s, not %s", req.AccountID, cur, req.Currency).With("field", "currency")
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return p, false, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	p, err = scanPayout(tx.QueryRow(ctx, `INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref)
+		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING RETURNING `+payoutCols,
+		req.ID, req.AccountID, req.Amount, req.Currency, req.BeneficiaryRef, pc.ClientRef(req.ID)))
+	if errors.Is(err, pgx.ErrNoRows) {
+		_ = tx.Rollback(ctx)
+		existing, err := getPayout(ctx, s.pool, req.ID, false)
+		if err != nil {
+			return p, false, err
+		}
+		if existing.AccountID != req.AccountID || existing.Amount != req.Amount || existing.Currency != req.Currency || existing.BeneficiaryRef != req.BeneficiaryRef {
+			return p, false, problem.New(problem.Conflict, "payout %q already exists with a different body", req.ID).With("payout", existing)
+		}
+		return existing, false, nil
+	}
+	if err != nil {
+		return p, false, err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO payout_event (payout_id, from_state, to_state, actor, reason) VALUES ($1, NULL, $2, $3, 'created')`,
+		req.ID, string(pc.Pending), actor); err != nil {
+		return p, false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return p, false, fmt.Errorf("commit payout: %w", err)
+	}
+	s.m.transitions.WithLabelValues("", string(pc.Pending)).Inc()
+	return p, true, nil
+}
