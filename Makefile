@@ -1,5 +1,6 @@
 GO ?= go
 BIN := bin/payouts
+DEMO_BIN := bin/payouts-demo
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/payouts/payouts/cmd.Version=$(VERSION)
 
@@ -18,9 +19,13 @@ lint:
 	$(GO) vet -tags negativecontrol ./...
 
 # The guided demo: throwaway PostgreSQL + embedded etcd, every role as a
-# process, a stale holder fenced out, nothing paid twice.
-demo: build
-	./$(BIN) dev demo --dir .dev/demo
+# process, a stale holder fenced out, nothing paid twice. Its binary is built
+# with -tags crashpoints so the executors honour the hold hook the demo uses
+# to freeze a holder between its lease check and its write (never ship it);
+# `payouts dev demo` from an ordinary build freezes a holder by timing.
+demo:
+	$(GO) build -tags crashpoints -ldflags "$(LDFLAGS)" -o $(DEMO_BIN) .
+	./$(DEMO_BIN) dev demo --dir .dev/demo
 
 # Keep the stack running in the foreground (Ctrl-C stops it).
 up: build

@@ -1,0 +1,62 @@
+package cmd
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/payouts/payouts/lock"
+	"github.com/payouts/payouts/lock/etcdbackend"
+	"github.com/payouts/payouts/migrations"
+)
+
+func init() {
+	register(func(root, serve, run, dev *cobra.Command) { serve.AddCommand(newServeLockCmd()) })
+}
+
+func newServeLockCmd() *cobra.Command {
+	var (
+		f         serverFlags
+		backend   string
+		endpoints string
+		embedDir  string
+		prefix    string
+	)
+	c := &cobra.Command{
+		Use:   "lock",
+		Short: "Run the lock service (sessions, leases, fencing tokens) on etcd or PostgreSQL",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var db migrations.DB
+			switch backend {
+			case "postgres":
+				db = migrations.LockDB
+			case "etcd":
+			default:
+				return &ExitError{Code: 2, Err: fmt.Errorf("--backend must be etcd or postgres, got %q", backend)}
+			}
+			env, err := f.setup(cmd, "lock", db)
+			if err != nil {
+				return err
+			}
+			var eps []string
+			for _, e := range strings.Split(endpoints, ",") {
+				if e = strings.TrimSpace(e); e != "" {
+					eps = append(eps, e)
+				}
+			}
+			return lock.Run(cmd.Context(), lock.Config{
+				Backend: backend, Listen: f.listen, DatabaseURL: f.databaseURL,
+				EtcdEndpoints: eps, EtcdEmbedDir: embedDir, EtcdPrefix: prefix,
+				Logger: env.Logger, Registry: env.Registry, Auth: env.Auth,
+			})
+		},
+	}
+	f.register(c, "127.0.0.1:7101", true)
+	c.Flags().StringVar(&backend, "backend", "", "lock store: etcd or postgres")
+	c.Flags().StringVar(&endpoints, "etcd-endpoints", "", "etcd client URLs, comma-separated (--backend etcd)")
+	c.Flags().StringVar(&embedDir, "etcd-embed-dir", "", "run a single-node embedded etcd with data in DIR (development; --backend etcd)")
+	c.Flags().StringVar(&prefix, "etcd-prefix", etcdbackend.DefaultPrefix, "etcd key prefix of the lock service")
+	return c
+}

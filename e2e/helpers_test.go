@@ -1,0 +1,275 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/devstack"
+	"github.com/payouts/payouts/internal/proctest"
+	"github.com/payouts/payouts/lock/lockclient"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/rail/railclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+// Shared helpers for whole-system tests. Names are generic on purpose:
+// every role's e2e file uses them.
+
+// system is a running devstack with clients for every service.
+type system struct {
+	st    *devstack.Stack
+	pay   *pc.Client // operator token
+	proxy *proxyclient.Client
+	rail  *railclient.Client // operator token (faults, settlement report)
+	lock  *lockclient.Client // operator token
+}
+
+// startSystem brings up a stack in a temp dir and stops it at test end.
+func startSystem(t *testing.T, opts devstack.Options) *system {
+	t.Helper()
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	opts.Binary = proctest.Binary(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	st, err := devstack.Start(ctx, opts)
+	if err != nil {
+		t.Fatalf("start stack: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for name, path := range st.Ready.Logs {
+				b, _ := os.ReadFile(path)
+				t.Logf("--- %s log (%s), tail ---\n%s", name, path, tailLines(string(b), 25))
+			}
+		}
+		_ = st.Stop()
+	})
+	s := &system{st: st}
+	op := st.Ready.Tokens.Operator
+	if s.pay, err = pc.New(st.Ready.PaymentURL, op); err != nil {
+		t.Fatal(err)
+	}
+	if s.proxy, err = proxyclient.New(st.Ready.ProxyURL, op); err != nil {
+		t.Fatal(err)
+	}
+	if s.rail, err = railclient.New(st.Ready.RailURL, op); err != nil {
+		t.Fatal(err)
+	}
+	if s.lock, err = lockclient.New(st.Ready.LockURL, lockclient.WithToken(op)); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// ctxT is a context for one test operation.
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitUntil polls cond every 100ms until it is true or timeout passes.
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	for {
+		ok, err := cond()
+		if ok && err == nil {
+			return
+		}
+		lastErr = err
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, lastErr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// createAccount makes an account with an opening balance.
+func (s *system) createAccount(t *testing.T, id string, balance int64) {
+	t.Helper()
+	if _, err := s.pay.CreateAccount(ctxT(t, 30*time.Second), pc.CreateAccountRequest{ID: id, Currency: "EUR", OpeningBalance: balance}); err != nil {
+		t.Fatalf("create account %s: %v", id, err)
+	}
+}
+
+// createPayout makes a PENDING payout.
+func (s *system) createPayout(t *testing.T, id, account string, amount int64, beneficiary string) pc.Payout {
+	t.Helper()
+	p, err := s.pay.CreatePayout(ctxT(t, 30*time.Second), pc.CreatePayoutRequest{
+		ID: id, AccountID: account, Amount: amount, Currency: "EUR", BeneficiaryRef: beneficiary})
+	if err != nil {
+		t.Fatalf("create payout %s: %v", id, err)
+	}
+	return p
+}
+
+// payouts lists every payout (optionally of one account).
+func (s *system) payouts(t *testing.T, account string) []pc.Payout {
+	t.Helper()
+	var out []pc.Payout
+	f := pc.PayoutFilter{AccountID: account, Limit: 1000}
+	for {
+		page, err := s.pay.Payouts(ctxT(t, 30*time.Second), f)
+		if err != nil {
+			t.Fatalf("list payouts: %v", err)
+		}
+		out = append(out, page.Items...)
+		if page.Next == "" || len(page.Items) == 0 {
+			return out
+		}
+		f.After = page.Next
+	}
+}
+
+// payout reads one payout.
+func (s *system) payout(t *testing.T, id string) pc.Payout {
+	t.Helper()
+	p, err := s.pay.Payout(ctxT(t, 30*time.Second), id)
+	if err != nil {
+		t.Fatalf("get payout %s: %v", id, err)
+	}
+	return p
+}
+
+// waitPayoutState waits until payout id is in one of states and returns it.
+func (s *system) waitPayoutState(t *testing.T, id string, timeout time.Duration, states ...pc.State) pc.Payout {
+	t.Helper()
+	var p pc.Payout
+	waitUntil(t, timeout, fmt.Sprintf("payout %s to reach %v", id, states), func() (bool, error) {
+		var err error
+		p, err = s.pay.Payout(context.Background(), id)
+		if err != nil {
+			return false, err
+		}
+		for _, st := range states {
+			if p.State == st {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("payout %s is %s", id, p.State)
+	})
+	return p
+}
+
+// railPayments returns the rail's settlement report by client reference.
+func (s *system) railPayments(t *testing.T) map[string][]railclient.Payment {
+	t.Helper()
+	items, err := s.rail.SettlementReport(ctxT(t, 30*time.Second))
+	if err != nil {
+		t.Fatalf("settlement report: %v", err)
+	}
+	out := map[string][]railclient.Payment{}
+	for _, p := range items {
+		out[p.ClientRef] = append(out[p.ClientRef], p)
+	}
+	return out
+}
+
+// paySafetyEvents and proxySafetyEvents read every safety event.
+func (s *system) paySafetyEvents(t *testing.T) []pc.SafetyEvent {
+	t.Helper()
+	var out []pc.SafetyEvent
+	var after int64
+	for {
+		page, err := s.pay.SafetyEvents(ctxT(t, 30*time.Second), after, 1000)
+		if err != nil {
+			t.Fatalf("payment safety events: %v", err)
+		}
+		out = append(out, page.Items...)
+		if page.Next == "" || len(page.Items) == 0 {
+			return out
+		}
+		after = page.Items[len(page.Items)-1].ID
+	}
+}
+
+func (s *system) proxySafetyEvents(t *testing.T) []proxyclient.SafetyEvent {
+	t.Helper()
+	var out []proxyclient.SafetyEvent
+	after := ""
+	for {
+		page, err := s.proxy.SafetyEvents(ctxT(t, 30*time.Second), after, 1000)
+		if err != nil {
+			t.Fatalf("proxy safety events: %v", err)
+		}
+		out = append(out, page.Items...)
+		if page.Next == "" || len(page.Items) == 0 {
+			return out
+		}
+		after = page.Next
+	}
+}
+
+// hostPort is the host:port of a service URL.
+func hostPort(t *testing.T, u string) string {
+	t.Helper()
+	pu, err := url.Parse(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pu.Host
+}
+
+// restartLock starts a lock service on the stack's lock address again
+// (after st.StopRole("lock", ...)), as a child of the test.
+func (s *system) restartLock(t *testing.T, name string) *proctest.Proc {
+	t.Helper()
+	r := s.st.Ready
+	p := proctest.Start(t, name, nil, "serve", "lock", "--listen", hostPort(t, r.LockURL),
+		"--auth-file", filepath.Join(r.Dir, "auth.json"), "--backend", "etcd", "--etcd-endpoints", strings.Join(r.Etcd, ","))
+	if err := proctest.WaitReady(ctxT(t, time.Minute), r.LockURL); err != nil {
+		t.Fatalf("%v\n%s", err, p.Log())
+	}
+	return p
+}
+
+// startProxy starts a rail proxy on the stack's proxy address (after
+// st.StopRole("proxy", ...)) with extra environment (e.g. a crash point).
+func (s *system) startProxy(t *testing.T, name string, env []string, railTimeout time.Duration) *proctest.Proc {
+	t.Helper()
+	r := s.st.Ready
+	p := proctest.Start(t, name, env, "serve", "proxy", "--listen", hostPort(t, r.ProxyURL),
+		"--auth-file", filepath.Join(r.Dir, "auth.json"), "--database-url", r.DatabaseURLs.ProxyDB,
+		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Executor, "--rail-timeout", railTimeout.String())
+	if err := proctest.WaitReady(ctxT(t, time.Minute), r.ProxyURL); err != nil {
+		t.Fatalf("%v\n%s", err, p.Log())
+	}
+	return p
+}
+
+// logLines decodes a JSON log and returns the lines whose msg contains substr.
+func logLines(log, substr string) []map[string]any {
+	var out []map[string]any
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, substr) {
+			continue
+		}
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil {
+			if msg, _ := m["msg"].(string); strings.Contains(msg, substr) {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,301 @@
+package executor
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// Why a worker stops working on an account. None of them is an error of
+// the executor: each ends the grant's work and releases the lock.
+var (
+	errStop       = errors.New("stop requested")
+	errGrantLost  = errors.New("grant no longer valid")
+	errFenced     = errors.New("fenced out: a later holder owns the account")
+	errLeave      = errors.New("account left for a later pass")
+	errTransient  = errors.New("transient failure")
+	errStepBudget = errors.New("too many steps for one payout")
+)
+
+// maxStepsPerPayout bounds the steps (including retries) spent on one
+// payout under one grant; reaching it is a defect worth a log line.
+const maxStepsPerPayout = 200
+
+// inFlight are the states a worker finishes before claiming anything new,
+// in the order they are looked for.
+var inFlight = []pc.State{pc.RailAcked, pc.RailSubmitted, pc.Claimed}
+
+// run is one grant's work on one account.
+type run struct {
+	e       *Executor
+	g       grant
+	account string
+	log     *slog.Logger
+	// stale is set by the hold test hook: the grant check is skipped so the
+	// writes of a process paused past its lease reach the guards.
+	stale bool
+}
+
+// workAccount takes the account's lock without waiting and drives its
+// payouts; it reports whether any payout moved.
+func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (progressed bool) {
+	key := fencing.Key(account)
+	ctx, cancel := e.callCtx()
+	g, err := sess.TryAcquire(ctx, key)
+	cancel()
+	if err != nil {
+		if problem.Has(err, problem.LockHeld) {
+			// Another executor is on it: normal.
+			e.m.acquires.WithLabelValues("held").Inc()
+			log.Debug("account locked by another holder; skipping", obs.KeyKey, key, obs.KeyAccountID, account)
+			return false
+		}
+		e.m.acquires.WithLabelValues("error").Inc()
+		log.Warn("could not take the account's lock; skipping it (fail closed)", obs.KeyKey, key, obs.KeyAccountID, account, obs.KeyError, err.Error())
+		return false
+	}
+	e.m.acquires.WithLabelValues("acquired").Inc()
+	e.m.activeGrants.Inc()
+	r := &run{e: e, g: g, account: account, log: e.log.With(obs.KeyKey, key, obs.KeyAccountID, account,
+		obs.KeyToken, int64(g.Token()), obs.KeyHolder, string(g.Holder()))}
+	r.log.Info("lock acquired")
+	defer func() {
+		e.m.activeGrants.Dec()
+		ctx, cancel := e.callCtx()
+		defer cancel()
+		if err := g.Release(ctx); err != nil {
+			// After a loss the key is no longer ours; the release is moot.
+			r.log.Info("lock release refused or failed; it ends with the session", obs.KeyError, err.Error())
+			return
+		}
+		r.log.Info("lock released")
+	}()
+	for n := 0; n < maxPayoutsPerGrant; n++ {
+		p, ok, err := r.next()
+		if err != nil {
+			r.log.Warn("could not list the account's payouts; leaving it for a later pass", obs.KeyError, err.Error())
+			return progressed
+		}
+		if !ok {
+			return progressed
+		}
+		err = r.drive(p)
+		progressed = true
+		if err != nil {
+			lvl := slog.LevelInfo
+			if errors.Is(err, errFenced) || errors.Is(err, errStepBudget) {
+				lvl = slog.LevelWarn
+			}
+			r.log.Log(e.base, lvl, "stopping work on the account", obs.KeyPayoutID, p.ID, "reason", err.Error())
+			return progressed
+		}
+	}
+	return progressed
+}
+
+// next finds the payout to work on: an in-flight one first, then the
+// oldest PENDING one. RAIL_AMBIGUOUS payouts wait for evidence and do not
+// block the account (their money is held back from the funds check, D-7).
+func (r *run) next() (pc.Payout, bool, error) {
+	for _, st := range append(inFlight, pc.Pending) {
+		ctx, cancel := r.e.callCtx()
+		page, err := r.e.pay.Payouts(ctx, pc.PayoutFilter{State: st, AccountID: r.account, Limit: 1})
+		cancel()
+		if err != nil {
+			return pc.Payout{}, false, err
+		}
+		if len(page.Items) > 0 {
+			return page.Items[0], true, nil
+		}
+	}
+	return pc.Payout{}, false, nil
+}
+
+// check is the client-side check before every step (liveness, not safety).
+func (r *run) check() error {
+	if r.e.stopping.Load() {
+		return errStop
+	}
+	if !r.stale && !r.g.Valid() {
+		return errGrantLost
+	}
+	return nil
+}
+
+// drive moves one payout as far as this grant can take it: to POSTED,
+// FAILED or RAIL_AMBIGUOUS, or until the grant or the guards say stop.
+func (r *run) drive(p pc.Payout) error {
+	bo := backoff{min: 100 * time.Millisecond, max: 3 * time.Second}
+	// marked is true right after this grant recorded RAIL_SUBMITTED itself:
+	// nobody can have forwarded the payout, so it is submitted at once. A
+	// RAIL_SUBMITTED payout found any other way asks the proxy first (D-4).
+	marked := false
+	for steps := 0; ; steps++ {
+		if p.State.Terminal() || p.State == pc.RailAmbiguous {
+			return nil
+		}
+		if err := r.check(); err != nil {
+			return err
+		}
+		if steps >= maxStepsPerPayout {
+			r.log.Error("payout did not settle within the step budget; leaving it", obs.KeyPayoutID, p.ID, "state", string(p.State))
+			return errStepBudget
+		}
+		var (
+			next pc.Payout
+			err  error
+		)
+		if p.State == pc.RailSubmitted && marked {
+			next, err = r.submit(p)
+		} else {
+			next, err = r.step(p)
+		}
+		marked = err == nil && p.State == pc.Claimed && next.State == pc.RailSubmitted
+		if err == nil {
+			p = next
+			bo.reset()
+			continue
+		}
+		if !errors.Is(err, errTransient) {
+			return err
+		}
+		// Safe to retry (claim, submitting, outcome, post are guarded and
+		// have no outside effect; a lost submit is never re-sent here): wait,
+		// then re-read the payout and act on the state it is really in.
+		if !r.e.sleep(bo.next()) {
+			return errStop
+		}
+		ctx, cancel := r.e.callCtx()
+		fresh, gerr := r.e.pay.Payout(ctx, p.ID)
+		cancel()
+		if gerr != nil {
+			r.log.Warn("could not re-read the payout; retrying", obs.KeyPayoutID, p.ID, obs.KeyError, gerr.Error())
+			continue
+		}
+		p = fresh
+	}
+}
+
+// step does the one action the payout's state calls for (the recovery
+// table of docs/executor.md).
+func (r *run) step(p pc.Payout) (pc.Payout, error) {
+	tok, holder := r.g.Token(), r.g.Holder()
+	switch p.State {
+	case pc.Pending:
+		return r.mutate("claim", p, AfterClaimed, func() (pc.Payout, error) {
+			ctx, cancel := r.e.callCtx()
+			defer cancel()
+			return r.e.pay.Claim(ctx, p.ID, tok, holder)
+		})
+	case pc.Claimed:
+		if p.ClaimedBy != holder || p.Token != tok {
+			// A previous holder's claim: take it over under our token.
+			return r.mutate("reclaim", p, AfterClaimed, func() (pc.Payout, error) {
+				ctx, cancel := r.e.callCtx()
+				defer cancel()
+				return r.e.pay.Claim(ctx, p.ID, tok, holder)
+			})
+		}
+		// D-4: RAIL_SUBMITTED is recorded before the proxy is called.
+		return r.mutate("submitting", p, AfterSubmitting, func() (pc.Payout, error) {
+			ctx, cancel := r.e.callCtx()
+			defer cancel()
+			return r.e.pay.Submitting(ctx, p.ID, tok, holder)
+		})
+	case pc.RailSubmitted:
+		return r.submitted(p)
+	case pc.RailAcked:
+		// Money has left; completing the ledger is safe to retry forever.
+		return r.mutate("post", p, AfterPosted, func() (pc.Payout, error) {
+			ctx, cancel := r.e.callCtx()
+			defer cancel()
+			return r.e.pay.Post(ctx, p.ID, tok, holder)
+		})
+	}
+	return p, nil
+}
+
+// mutate runs one guarded payment-resource call and classifies its answer.
+func (r *run) mutate(step string, p pc.Payout, after Point, call func() (pc.Payout, error)) (pc.Payout, error) {
+	start := time.Now()
+	next, err := call()
+	r.e.m.stepLatency.WithLabelValues(step).Observe(time.Since(start).Seconds())
+	if err == nil {
+		r.e.m.steps.WithLabelValues(step, resultOK).Inc()
+		r.transition(step, p, next)
+		if (p.State != next.State || step == "reclaim") && (after != AfterClaimed || next.State == pc.Claimed) {
+			r.hook(after, next)
+		}
+		return next, nil
+	}
+	return p, r.failed(step, "payment", p, err)
+}
+
+// failed classifies a failed call to a guard.
+func (r *run) failed(step, guard string, p pc.Payout, err error) error {
+	log := r.log.With("step", step, obs.KeyPayoutID, p.ID, "state", string(p.State))
+	var pe *problem.Error
+	switch {
+	case problem.Has(err, problem.FencedOut):
+		errors.As(err, &pe)
+		r.e.m.steps.WithLabelValues(step, resultFencedOut).Inc()
+		r.e.m.fencedOut.WithLabelValues(guard).Inc()
+		log.Warn("fenced out: the "+guard+" guard refused our token; a later holder owns the account",
+			obs.KeyEvent, "fenced_out", "guard", guard, "presented_token", pe.PresentedToken, "stored_token", pe.StoredToken)
+		return errFenced
+	case problem.Has(err, problem.InvalidTransition):
+		// The payout moved under us (an earlier attempt landed after all).
+		r.e.m.steps.WithLabelValues(step, resultRejected).Inc()
+		log.Warn("transition rejected: the payout is not in the state we saw; re-reading it", obs.KeyError, err.Error())
+		return errTransient
+	case errors.As(err, &pe) && pe.Code != problem.Unavailable && pe.Code != problem.Internal && pe.Status() < 500:
+		// invalid_request, not_found, forbidden, unauthorized...: retrying
+		// cannot help; leave the account and say so loudly.
+		r.e.m.steps.WithLabelValues(step, resultClientFail).Inc()
+		log.Error("request refused; leaving the account", obs.KeyError, err.Error(), "code", string(pe.Code))
+		return errLeave
+	default:
+		r.e.m.steps.WithLabelValues(step, resultTransient).Inc()
+		log.Warn("no usable answer; will re-read and retry", obs.KeyError, err.Error(), "transport", errors.Is(err, httpx.ErrTransport))
+		return errTransient
+	}
+}
+
+// transition logs one state change and counts final outcomes.
+func (r *run) transition(step string, from, to pc.Payout) {
+	r.log.Info("payout transition", obs.KeyPayoutID, to.ID, "step", step,
+		"from", string(from.State), "to", string(to.State), "failure_reason", to.FailureReason)
+	if from.State != to.State {
+		switch to.State {
+		case pc.Posted, pc.Failed, pc.RailAmbiguous:
+			r.e.m.outcomes.WithLabelValues(string(to.State)).Inc()
+		}
+	}
+}
+
+// hook runs the test hook armed for point, if any.
+func (r *run) hook(point Point, p pc.Payout) {
+	h := r.e.cfg.Hooks
+	if h.CrashAfter == point {
+		r.e.m.hooks.WithLabelValues("crash", string(point)).Inc()
+		r.log.Error("test hook: crashing", "point", string(point), obs.KeyPayoutID, p.ID, "state", string(p.State))
+		os.Exit(CrashExitCode)
+	}
+	if h.HoldAfter == point && !r.stale {
+		r.e.m.hooks.WithLabelValues("hold", string(point)).Inc()
+		r.log.Warn("test hook: holding", "point", string(point), obs.KeyPayoutID, p.ID, "state", string(p.State))
+		select {
+		case <-r.g.Done():
+			r.stale = true
+			r.log.Warn("test hook: grant lost while holding; resuming WITHOUT the grant check", "point", string(point), obs.KeyPayoutID, p.ID)
+		case <-r.e.stopCh:
+		}
+	}
+}

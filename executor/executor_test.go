@@ -1,0 +1,311 @@
+package executor
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/devstack"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/proctest"
+	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/lock/lockclient"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/rail/railclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	proctest.Cleanup()
+	os.Exit(code)
+}
+
+func TestConfigDefaultsAndLimits(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  Config
+		want string // substring of the error; "" = valid
+	}{
+		{"defaults", Config{Owner: "x"}, ""},
+		{"no owner", Config{}, "owner is required"},
+		{"concurrency too high", Config{Owner: "x", Concurrency: 1000}, "concurrency"},
+		{"negative concurrency", Config{Owner: "x", Concurrency: -1}, "concurrency"},
+		{"ttl too short", Config{Owner: "x", SessionTTL: 500 * time.Millisecond}, "session TTL"},
+		{"ttl too long", Config{Owner: "x", SessionTTL: time.Hour}, "session TTL"},
+		{"poll too fast", Config{Owner: "x", PollInterval: time.Millisecond}, "poll interval"},
+		{"unknown hook point", Config{Owner: "x", Hooks: Hooks{CrashAfter: "lunch"}}, CrashAfterEnv},
+		{"known hook point", Config{Owner: "x", Hooks: Hooks{HoldAfter: AfterSubmitting}}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.cfg.defaults()
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+				t.Fatalf("error %v, want one mentioning %q", err, c.want)
+			}
+			if c.want == "" && (c.cfg.Concurrency < 1 || c.cfg.SessionTTL == 0 || c.cfg.PollInterval == 0 || c.cfg.CallTimeout == 0) {
+				t.Fatalf("defaults not applied: %+v", c.cfg)
+			}
+		})
+	}
+}
+
+func TestBackoffIsCappedAndResets(t *testing.T) {
+	b := backoff{min: 100 * time.Millisecond, max: time.Second}
+	for i := 0; i < 20; i++ {
+		if d := b.next(); d < 50*time.Millisecond || d > time.Second {
+			t.Fatalf("step %d: backoff %s outside [50ms, 1s]", i, d)
+		}
+	}
+	b.reset()
+	if d := b.next(); d > 100*time.Millisecond {
+		t.Fatalf("after reset: %s, want at most the minimum", d)
+	}
+}
+
+// stack is a devstack with the clients these tests use.
+type stack struct {
+	st   *devstack.Stack
+	pay  *pc.Client
+	rail *railclient.Client
+	prx  *proxyclient.Client
+	lock *lockclient.Client
+}
+
+func startStack(t *testing.T) *stack {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs PostgreSQL, etcd and the payouts binary")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	st, err := devstack.Start(ctx, devstack.Options{Dir: t.TempDir(), Binary: proctest.Binary(t),
+		Logger: slog.New(slog.DiscardHandler), SettlementWindow: 2 * time.Second, RailTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("start stack: %v", err)
+	}
+	t.Cleanup(func() { _ = st.Stop() })
+	s := &stack{st: st}
+	op := st.Ready.Tokens.Operator
+	if s.pay, err = pc.New(st.Ready.PaymentURL, op); err != nil {
+		t.Fatal(err)
+	}
+	if s.rail, err = railclient.New(st.Ready.RailURL, op); err != nil {
+		t.Fatal(err)
+	}
+	if s.prx, err = proxyclient.New(st.Ready.ProxyURL, op); err != nil {
+		t.Fatal(err)
+	}
+	if s.lock, err = lockclient.New(st.Ready.LockURL, lockclient.WithToken(op)); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (s *stack) config(t *testing.T, owner string, w io.Writer) Config {
+	r := s.st.Ready
+	return Config{Owner: owner, Concurrency: 2, SessionTTL: 3 * time.Second, PollInterval: 100 * time.Millisecond,
+		LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, Token: r.Tokens.Executor,
+		Logger: obs.NewLogger(w, slog.LevelDebug, Role), Registry: obs.NewRegistry()}
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (s *stack) state(t *testing.T, id string) pc.State {
+	t.Helper()
+	p, err := s.pay.Payout(context.Background(), id)
+	if err != nil {
+		t.Fatalf("payout %s: %v", id, err)
+	}
+	return p.State
+}
+
+// syncBuf is a goroutine-safe log sink.
+type syncBuf struct {
+	ch chan struct{}
+	b  strings.Builder
+}
+
+func newSyncBuf() *syncBuf { return &syncBuf{ch: make(chan struct{}, 1)} }
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.ch <- struct{}{}
+	defer func() { <-s.ch }()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.ch <- struct{}{}
+	defer func() { <-s.ch }()
+	return s.b.String()
+}
+
+// TestExecutorInProcess runs the executor in this process against real
+// services: it pays, stops gracefully in the middle of a rail call
+// (finishing that call, releasing its lock, closing its session), and the
+// operator's cancel goes through the lock like any other writer.
+func TestExecutorInProcess(t *testing.T) {
+	s := startStack(t)
+	ctx := context.Background()
+	for _, acc := range []string{"ip-a", "ip-b", "ip-c"} {
+		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: acc, Currency: "EUR", OpeningBalance: 10_000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk := func(id, acc string, amount int64, ben string) {
+		t.Helper()
+		if _, err := s.pay.CreatePayout(ctx, pc.CreatePayoutRequest{ID: id, AccountID: acc, Amount: amount, Currency: "EUR", BeneficiaryRef: ben}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("pays, declines and fails on funds", func(t *testing.T) {
+		mk("ip-1", "ip-a", 4000, "BEN-1")
+		mk("ip-2", "ip-a", 4000, "DECLINE-2")
+		mk("ip-3", "ip-a", 7000, "BEN-3") // 10000 - 4000 posted: too little
+		log := newSyncBuf()
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- Run(rctx, s.config(t, "ip-exec-1", log)) }()
+		waitFor(t, time.Minute, "all three payouts to settle", func() bool {
+			return s.state(t, "ip-1").Terminal() && s.state(t, "ip-2").Terminal() && s.state(t, "ip-3").Terminal()
+		})
+		stop()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		for id, want := range map[string]pc.State{"ip-1": pc.Posted, "ip-2": pc.Failed, "ip-3": pc.Failed} {
+			if got := s.state(t, id); got != want {
+				t.Errorf("%s is %s, want %s", id, got, want)
+			}
+		}
+		p, _ := s.pay.Payout(ctx, "ip-3")
+		if p.FailureReason != pc.FailureInsufficientFunds {
+			t.Errorf("ip-3 failure reason %q, want %s", p.FailureReason, pc.FailureInsufficientFunds)
+		}
+		if _, err := s.prx.Get(ctx, "ip-3"); !problem.Has(err, problem.NotFound) {
+			t.Errorf("ip-3 failed on funds but reached the proxy (%v)", err)
+		}
+		out := log.String()
+		for _, want := range []string{`"msg":"payout transition"`, `"payout_id":"ip-1"`, `"to":"POSTED"`, `"msg":"lock session closed: every lock released"`} {
+			if !strings.Contains(out, want) {
+				t.Errorf("executor log lacks %s", want)
+			}
+		}
+	})
+
+	t.Run("stop mid-step finishes the step and releases", func(t *testing.T) {
+		lat := int64(3000)
+		if _, err := s.rail.SetFaults(ctx, railclient.FaultsUpdate{LatencyMS: &lat}); err != nil {
+			t.Fatal(err)
+		}
+		mk("ip-4", "ip-b", 100, "BEN-4")
+		log := newSyncBuf()
+		cfg := s.config(t, "ip-exec-2", log)
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- Run(rctx, cfg) }()
+		waitFor(t, time.Minute, "ip-4 to be RAIL_SUBMITTED", func() bool { return s.state(t, "ip-4") == pc.RailSubmitted })
+		stop() // the rail is still thinking
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		case <-time.After(2 * time.Minute):
+			t.Fatal("Run did not return after the stop request")
+		}
+		zero := int64(0)
+		if _, err := s.rail.SetFaults(ctx, railclient.FaultsUpdate{LatencyMS: &zero}); err != nil {
+			t.Fatal(err)
+		}
+		// The submission was not cut off: the proxy recorded the rail's answer.
+		rec, err := s.prx.Get(ctx, "ip-4")
+		if err != nil || rec.Outcome != proxyclient.OutcomeAcked {
+			t.Fatalf("proxy record after a graceful stop: %+v, %v (want ACKED: the step finished)", rec, err)
+		}
+		l, err := s.lock.Lock(ctx, fencing.Key("ip-b"))
+		if err != nil || l.Held {
+			t.Fatalf("payout:ip-b after a graceful stop: %+v, %v; want free", l, err)
+		}
+		if !strings.Contains(log.String(), "lock session closed") {
+			t.Fatalf("no session close in the log:\n%s", log.String())
+		}
+		// The next executor applies the recorded outcome; nothing is resent.
+		rctx, stop = context.WithCancel(ctx)
+		go func() { done <- Run(rctx, s.config(t, "ip-exec-3", io.Discard)) }()
+		waitFor(t, time.Minute, "ip-4 to be POSTED", func() bool { return s.state(t, "ip-4") == pc.Posted })
+		stop()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		report, err := s.rail.SettlementReport(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, p := range report {
+			if p.ClientRef == pc.ClientRef("ip-4") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("the rail holds %d payments for ip-4, want 1", n)
+		}
+	})
+
+	t.Run("operator cancel presents a grant", func(t *testing.T) {
+		mk("ip-5", "ip-c", 100, "BEN-5")
+		r := s.st.Ready
+		op, err := NewOperator(OperatorConfig{Owner: "operator:test", LockURL: r.LockURL, PaymentURL: r.PaymentURL,
+			Token: r.Tokens.Operator, Wait: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := op.Cancel(ctx, "ip-5", "  "); !problem.Has(err, problem.InvalidRequest) {
+			t.Fatalf("cancel with a blank reason: %v, want invalid_request", err)
+		}
+		p, err := op.Cancel(ctx, "ip-5", "duplicate request")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.State != pc.Abandoned || !p.Token.Valid() {
+			t.Fatalf("cancelled payout %+v", p)
+		}
+		acc, err := s.pay.Account(ctx, "ip-c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if acc.FenceToken != p.Token || acc.FenceHolder == "" {
+			t.Fatalf("account fence %d/%q, want the operator's grant %d", acc.FenceToken, acc.FenceHolder, p.Token)
+		}
+		// The operator's session is closed: the key is free again.
+		l, err := s.lock.Lock(ctx, fencing.Key("ip-c"))
+		if err != nil || l.Held {
+			t.Fatalf("payout:ip-c after cancel: %+v, %v; want free", l, err)
+		}
+		if _, err := op.Abandon(ctx, "ip-5", "not ambiguous"); !problem.Has(err, problem.InvalidTransition) {
+			t.Fatalf("abandon of an ABANDONED payout: %v, want invalid_transition", err)
+		}
+		if _, err := op.Cancel(ctx, "no-such", "x"); !problem.Has(err, problem.NotFound) {
+			t.Fatalf("cancel of a missing payout: %v, want not_found", err)
+		}
+	})
+}

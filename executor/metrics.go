@@ -1,0 +1,69 @@
+package executor
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Step results (the result label of payouts_executor_steps_total).
+const (
+	resultOK         = "ok"
+	resultFencedOut  = "fenced_out"
+	resultTransient  = "transient"    // no answer or 5xx: retried (claim, post, outcome) or looked up (submit)
+	resultRejected   = "rejected"     // invalid_transition: the payout moved under us; re-read
+	resultExists     = "exists"       // submission_exists: resolved from the existing record
+	resultClientFail = "client_error" // invalid_request, not_found, forbidden: a defect, the account is left alone
+)
+
+type metrics struct {
+	outcomes     *prometheus.CounterVec
+	steps        *prometheus.CounterVec
+	stepLatency  *prometheus.HistogramVec
+	fencedOut    *prometheus.CounterVec
+	acquires     *prometheus.CounterVec
+	sessions     *prometheus.CounterVec
+	lockDown     prometheus.Gauge
+	activeGrants prometheus.Gauge
+	hooks        *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_executor_payouts_total",
+			Help: "Payouts this executor brought to where it stops: POSTED, FAILED or RAIL_AMBIGUOUS (ambiguous ones wait for evidence).",
+		}, []string{"outcome"}),
+		steps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_executor_steps_total",
+			Help: "Steps attempted, by step (claim, reclaim, submitting, submit, lookup, outcome, post) and result.",
+		}, []string{"step", "result"}),
+		stepLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "payouts_executor_step_duration_seconds",
+			Help:    "Latency of each step's call to a guard or the proxy.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"step"}),
+		fencedOut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_executor_fenced_out_total",
+			Help: "Writes a guard refused because this executor's token was stale (guard: payment or proxy). Any occurrence means a grant was lost mid-flight; investigate pauses and lock-service health.",
+		}, []string{"guard"}),
+		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_executor_lock_acquires_total",
+			Help: "Attempts to take payout:{account}: acquired, held (another executor has it; normal) or error (lock service unreachable: fail closed).",
+		}, []string{"result"}),
+		sessions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_executor_sessions_total",
+			Help: "Lock sessions: opened, open_failed (lock service unreachable), lost (client deadline passed), closed.",
+		}, []string{"event"}),
+		lockDown: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "payouts_executor_lock_unavailable",
+			Help: "1 while the executor has no healthy lock session and therefore does nothing (fail closed).",
+		}),
+		activeGrants: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "payouts_executor_active_grants",
+			Help: "Accounts this executor currently holds the lock of.",
+		}),
+		hooks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_executor_test_hooks_total",
+			Help: "Test hooks that fired (test builds only; must stay 0 in production).",
+		}, []string{"hook", "point"}),
+	}
+	reg.MustRegister(m.outcomes, m.steps, m.stepLatency, m.fencedOut, m.acquires, m.sessions, m.lockDown, m.activeGrants, m.hooks)
+	return m
+}

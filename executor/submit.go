@@ -1,0 +1,177 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+// unknownSubmitWait bounds how long the proxy's record is polled after a
+// submission got no usable answer, waiting for the rail's outcome.
+const unknownSubmitWait = 10 * time.Second
+
+// submitted handles a RAIL_SUBMITTED payout (D-4): ask the proxy first.
+// No forwarded submission -> submit now; a recorded outcome -> apply it;
+// no outcome or TIMEOUT -> RAIL_AMBIGUOUS. Never resubmit a forwarded one.
+func (r *run) submitted(p pc.Payout) (pc.Payout, error) {
+	rec, found, err := r.lookup(p)
+	if err != nil {
+		return p, err
+	}
+	if !found {
+		return r.submit(p)
+	}
+	r.log.Info("the proxy already holds the payout's submission; applying its outcome",
+		obs.KeyPayoutID, p.ID, "outcome", outcomeText(rec.Outcome), "submission_token", int64(rec.FenceToken))
+	return r.apply(p, rec)
+}
+
+// lookup asks the proxy for the payout's forwarded submission. found is
+// false when there is none (404, or only FENCED attempts).
+func (r *run) lookup(p pc.Payout) (proxyclient.Record, bool, error) {
+	ctx, cancel := r.e.callCtx()
+	defer cancel()
+	start := time.Now()
+	rec, err := r.e.proxy.Get(ctx, p.ID)
+	r.e.m.stepLatency.WithLabelValues("lookup").Observe(time.Since(start).Seconds())
+	switch {
+	case err == nil && rec.Forwarded():
+		r.e.m.steps.WithLabelValues("lookup", resultOK).Inc()
+		return rec, true, nil
+	case err == nil || problem.Has(err, problem.NotFound):
+		r.e.m.steps.WithLabelValues("lookup", resultOK).Inc()
+		return proxyclient.Record{}, false, nil
+	default:
+		r.e.m.steps.WithLabelValues("lookup", resultTransient).Inc()
+		r.log.Warn("could not ask the proxy for the payout's submission; will retry", obs.KeyPayoutID, p.ID, obs.KeyError, err.Error())
+		return proxyclient.Record{}, false, errTransient
+	}
+}
+
+// submit makes the payout's one submission. It is never retried: an
+// unclear answer is settled from the proxy's record.
+func (r *run) submit(p pc.Payout) (pc.Payout, error) {
+	clientRef := p.ClientRef
+	if clientRef == "" {
+		clientRef = pc.ClientRef(p.ID)
+	}
+	sub := proxyclient.Submission{
+		PayoutID: p.ID, AccountID: p.AccountID, ClientRef: clientRef,
+		Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef,
+	}
+	// The proxy waits for the rail; its client has its own, longer timeout.
+	ctx, cancel := context.WithTimeout(r.e.base, proxyclient.DefaultTimeout)
+	start := time.Now()
+	rec, err := r.e.proxy.Submit(ctx, sub, r.g.Token(), r.g.Holder())
+	cancel()
+	r.e.m.stepLatency.WithLabelValues("submit").Observe(time.Since(start).Seconds())
+	log := r.log.With("step", "submit", obs.KeyPayoutID, p.ID)
+	switch {
+	case err == nil:
+		r.e.m.steps.WithLabelValues("submit", resultOK).Inc()
+		log.Info("the proxy answered", "outcome", outcomeText(rec.Outcome), "rail_ref", rec.RailRef, "error_code", rec.ErrorCode)
+		r.hook(AfterSubmitted, p)
+		return r.apply(p, rec)
+	case problem.Has(err, problem.SubmissionExists):
+		// Someone forwarded it already: resolve from that record, never resend.
+		r.e.m.steps.WithLabelValues("submit", resultExists).Inc()
+		existing, ok := proxyclient.ExistingRecord(err)
+		if !ok {
+			found := false
+			existing, found, err = r.lookup(p)
+			if err != nil {
+				return p, err
+			}
+			if !found {
+				log.Error("the proxy said the submission exists but shows none; leaving the payout")
+				return p, errLeave
+			}
+		}
+		log.Warn("the proxy already forwarded this payout; resolving from the existing record",
+			"outcome", outcomeText(existing.Outcome), "submission_token", int64(existing.FenceToken))
+		return r.apply(p, existing)
+	case problem.Has(err, problem.FencedOut):
+		return p, r.failed("submit", "proxy", p, err)
+	}
+	var pe *problem.Error
+	if errors.As(err, &pe) && pe.Status() < 500 && pe.Code != problem.Unavailable {
+		return p, r.failed("submit", "proxy", p, err)
+	}
+	// No usable answer: the submission may or may not have been forwarded.
+	// Ask, never resend.
+	r.e.m.steps.WithLabelValues("submit", resultTransient).Inc()
+	log.Warn("the submission got no usable answer; asking the proxy what happened (never resent)", obs.KeyError, err.Error())
+	return r.afterUnknownSubmit(p)
+}
+
+// afterUnknownSubmit settles an unclear submission from the proxy's record,
+// waiting a while for the rail's outcome to be recorded.
+func (r *run) afterUnknownSubmit(p pc.Payout) (pc.Payout, error) {
+	deadline := time.Now().Add(unknownSubmitWait)
+	bo := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
+	for {
+		rec, found, err := r.lookup(p)
+		switch {
+		case err == nil && found && rec.Outcome != proxyclient.OutcomeNone:
+			return r.apply(p, rec)
+		case err == nil && found && time.Now().After(deadline):
+			// Forwarded, no outcome recorded: as ambiguous as a timeout.
+			return r.apply(p, rec)
+		case err == nil && !found && time.Now().After(deadline):
+			// Intent is written before forwarding: no record, not forwarded.
+			// The payout stays RAIL_SUBMITTED; the next pass applies D-4.
+			r.log.Warn("the proxy has no forwarded submission for the payout: it was not sent; leaving it RAIL_SUBMITTED for the next pass",
+				obs.KeyPayoutID, p.ID)
+			return p, errLeave
+		case err != nil && time.Now().After(deadline):
+			return p, errLeave
+		}
+		if !r.e.sleep(bo.next()) {
+			return p, errStop
+		}
+	}
+}
+
+// apply reports a forwarded submission's outcome to the payment resource:
+// ACKED -> RAIL_ACKED, REJECTED -> FAILED, anything else -> RAIL_AMBIGUOUS.
+func (r *run) apply(p pc.Payout, rec proxyclient.Record) (pc.Payout, error) {
+	if err := r.check(); err != nil {
+		return p, err
+	}
+	outcome, railRef, code := pc.OutcomeTimeout, "", rec.ErrorCode
+	switch rec.Outcome {
+	case proxyclient.OutcomeAcked:
+		outcome, railRef = pc.OutcomeAcked, rec.RailRef
+	case proxyclient.OutcomeRejected:
+		outcome, railRef = pc.OutcomeRejected, rec.RailRef
+	case proxyclient.OutcomeNone:
+		code = "no_recorded_outcome"
+	}
+	if rec.PayoutID != p.ID || rec.Amount != p.Amount || rec.Currency != p.Currency ||
+		(p.ClientRef != "" && rec.ClientRef != p.ClientRef) {
+		// Never seen in a healthy system: do not trust it either way.
+		r.log.Error("the proxy's submission does not match the payout; recording it as ambiguous for a human",
+			obs.KeyPayoutID, p.ID, "submission_payout", rec.PayoutID, "submission_amount", rec.Amount, "submission_client_ref", rec.ClientRef)
+		outcome, railRef, code = pc.OutcomeTimeout, "", "submission_mismatch"
+	}
+	if code == "" && outcome == pc.OutcomeTimeout {
+		code = "rail_timeout"
+	}
+	return r.mutate("outcome", p, AfterOutcome, func() (pc.Payout, error) {
+		ctx, cancel := r.e.callCtx()
+		defer cancel()
+		return r.e.pay.ReportOutcome(ctx, p.ID, r.g.Token(), r.g.Holder(), outcome, railRef, code)
+	})
+}
+
+func outcomeText(o proxyclient.Outcome) string {
+	if o == proxyclient.OutcomeNone {
+		return "none"
+	}
+	return string(o)
+}

@@ -1,0 +1,232 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/lock/lockclient"
+)
+
+func forEachBackend(t *testing.T, fn func(t *testing.T, kind string)) {
+	for _, kind := range backends {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			fn(t, kind)
+		})
+	}
+}
+
+func rawPost(t *testing.T, url, token, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := httpClient().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestClientFlow(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, kind string) {
+		svc := startService(t, newStore(t, kind))
+		ctx := testCtx(t)
+		a, err := lockclient.Open(ctx, svc.URL, "worker-a", lockclient.WithToken(executorToken), lockclient.WithTTL(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close(ctx)
+		b, err := lockclient.Open(ctx, svc.URL, "worker-b", lockclient.WithToken(executorToken), lockclient.WithTTL(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close(ctx)
+		key := fencing.Key("acc-1")
+		g, err := a.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !g.Valid() || g.Holder() != fencing.Holder(a.ID()) || g.Owner != "worker-a" || g.Deadline.IsZero() || g.ServerExpiry.IsZero() {
+			t.Fatalf("grant: %+v", g)
+		}
+		again, err := a.TryAcquire(ctx, key)
+		if err != nil || again.Token != g.Token {
+			t.Fatalf("re-acquire: %+v %v", again, err)
+		}
+		_, err = b.TryAcquire(ctx, key)
+		if !errors.Is(err, lockclient.ErrLockHeld) {
+			t.Fatalf("other session: want ErrLockHeld, got %v", err)
+		}
+		if err := b.Release(ctx, g2(b, g)); !errors.Is(err, lockclient.ErrNotHeld) {
+			t.Fatalf("release by a non-holder: want ErrNotHeld, got %v", err)
+		}
+		// A waiting acquire is granted when the holder releases.
+		got := make(chan *lockclient.Grant, 1)
+		errc := make(chan error, 1)
+		go func() {
+			wg, err := b.Acquire(ctx, key, 30*time.Second)
+			got <- wg
+			errc <- err
+		}()
+		eventually(t, "the waiter to be counted", func() bool {
+			l, err := a.Client().Lock(ctx, key)
+			return err == nil && l.Waiters == 1
+		})
+		if err := a.Release(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		if g.Valid() || g.Context().Err() == nil {
+			t.Fatal("a released grant is still valid")
+		}
+		bg := <-got
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		if bg.Token <= g.Token {
+			t.Fatalf("waiter's token %d <= %d", bg.Token, g.Token)
+		}
+		hi, err := a.Client().HighToken(ctx)
+		if err != nil || hi < bg.Token {
+			t.Fatalf("high token %d < %d (%v)", hi, bg.Token, err)
+		}
+		if err := b.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if bg.Valid() || b.State() != lockclient.Lost {
+			t.Fatal("grant valid after close")
+		}
+		recs, err := a.Client().AllGrants(ctx, 0)
+		// a's grant, the unrelated grant g2 made for b, and b's waited-for grant.
+		if err != nil || len(recs) != 3 {
+			t.Fatalf("grant log: %+v %v", recs, err)
+		}
+		if recs[0].Token != g.Token || *recs[0].EndReason != "released" || recs[0].Actor != "worker-a" {
+			t.Fatalf("released grant: %+v", recs[0])
+		}
+		if recs[2].Token != bg.Token || *recs[2].EndReason != "released" || recs[2].Actor != "session closed" {
+			t.Fatalf("grant ended by close: %+v", recs[2])
+		}
+	})
+}
+
+// g2 is g as if b held it: a release that names someone else's grant.
+func g2(b *lockclient.Session, g *lockclient.Grant) *lockclient.Grant {
+	fake, _ := b.TryAcquire(testCtxNoT(), "payout:unrelated-"+b.ID())
+	fake.Key, fake.Token = g.Key, g.Token
+	return fake
+}
+
+func testCtxNoT() context.Context { return context.Background() }
+
+func TestAuth(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, kind string) {
+		svc := startService(t, newStore(t, kind))
+		ctx := testCtx(t)
+		code, _ := rawPost(t, svc.URL+"/v1/sessions", "", `{"owner":"x","ttl_ms":5000}`)
+		if code != http.StatusUnauthorized {
+			t.Fatalf("no token: %d", code)
+		}
+		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		g, err := s.TryAcquire(ctx, "payout:acc-7")
+		if err != nil {
+			t.Fatal(err)
+		}
+		exec, _ := lockclient.New(svc.URL, lockclient.WithToken(executorToken))
+		if _, err := exec.Revoke(ctx, "payout:acc-7", "because"); !problem.Has(err, problem.Forbidden) {
+			t.Fatalf("executor revoke: want forbidden, got %v", err)
+		}
+		op, _ := lockclient.New(svc.URL, lockclient.WithToken(operatorToken))
+		if _, err := op.Revoke(ctx, "payout:acc-7", ""); !problem.Has(err, problem.InvalidRequest) {
+			t.Fatalf("revoke without reason: want invalid_request, got %v", err)
+		}
+		if l, _ := op.Lock(ctx, "payout:acc-7"); !l.Held || l.Token != g.Token {
+			t.Fatalf("refused revokes changed the lock: %+v", l)
+		}
+		rec, err := op.Revoke(ctx, "payout:acc-7", "worker stuck")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Token != g.Token || *rec.EndReason != "revoked" || rec.Actor != "alice" || rec.Reason != "worker stuck" {
+			t.Fatalf("revoke record: %+v", rec)
+		}
+		if err := s.Release(ctx, g); !errors.Is(err, lockclient.ErrNotHeld) {
+			t.Fatalf("release after revoke: want not_held, got %v", err)
+		}
+		g3, err := s.TryAcquire(ctx, "payout:acc-7")
+		if err != nil || g3.Token <= g.Token {
+			t.Fatalf("acquire after revoke: %+v %v", g3, err)
+		}
+	})
+}
+
+func TestBadInput(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, kind string) {
+		svc := startService(t, newStore(t, kind))
+		ctx := testCtx(t)
+		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		sid := s.ID()
+		cases := []struct {
+			name, path, body string
+			status           int
+			code             problem.Code
+			mention          string
+		}{
+			{"ttl zero", "/v1/sessions", `{"owner":"x","ttl_ms":0}`, 400, problem.InvalidRequest, "ttl_ms"},
+			{"ttl negative", "/v1/sessions", `{"owner":"x","ttl_ms":-5}`, 400, problem.InvalidRequest, "ttl_ms"},
+			{"ttl absurd", "/v1/sessions", `{"owner":"x","ttl_ms":86400000}`, 400, problem.InvalidRequest, "ttl_ms"},
+			{"ttl string", "/v1/sessions", `{"owner":"x","ttl_ms":"5000"}`, 400, problem.InvalidRequest, "ttl_ms"},
+			{"no owner", "/v1/sessions", `{"ttl_ms":5000}`, 400, problem.InvalidRequest, "owner"},
+			{"unknown field", "/v1/sessions", `{"owner":"x","ttl_ms":5000,"colour":"red"}`, 400, problem.InvalidRequest, "colour"},
+			{"not json", "/v1/sessions", `owner=x`, 400, problem.InvalidRequest, "JSON"},
+			{"unknown session keepalive", "/v1/sessions/999999/keepalive", ``, 404, problem.SessionExpired, "999999"},
+			{"malformed session keepalive", "/v1/sessions/a%20b/keepalive", ``, 400, problem.InvalidRequest, "session_id"},
+			{"malformed key", "/v1/locks/%20bad/acquire", `{"session_id":"` + sid + `"}`, 400, problem.InvalidRequest, "key"},
+			{"key too long", "/v1/locks/" + strings.Repeat("k", 300) + "/acquire", `{"session_id":"` + sid + `"}`, 400, problem.InvalidRequest, "key"},
+			{"no session", "/v1/locks/payout:a/acquire", `{}`, 400, problem.InvalidRequest, "session_id"},
+			{"unknown session acquire", "/v1/locks/payout:a/acquire", `{"session_id":"12345"}`, 404, problem.SessionExpired, "12345"},
+			{"negative wait", "/v1/locks/payout:a/acquire", `{"session_id":"` + sid + `","wait_ms":-1}`, 400, problem.InvalidRequest, "wait_ms"},
+			{"absurd wait", "/v1/locks/payout:a/acquire", `{"session_id":"` + sid + `","wait_ms":999999999}`, 400, problem.InvalidRequest, "wait_ms"},
+			{"token string", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":"7"}`, 400, problem.InvalidRequest, "token"},
+			{"token float", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":1.5}`, 400, problem.InvalidRequest, "token"},
+			{"token zero", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":0}`, 400, problem.InvalidRequest, "token"},
+			{"token huge", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":9007199254740993}`, 400, problem.InvalidRequest, "token"},
+			{"release free key", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":5}`, 409, problem.NotHeld, "payout:a"},
+		}
+		for _, tc := range cases {
+			status, body := rawPost(t, svc.URL+tc.path, executorToken, tc.body)
+			if status != tc.status || !strings.Contains(body, `"code":"`+string(tc.code)+`"`) || !strings.Contains(body, tc.mention) {
+				t.Errorf("%s: got %d %s; want %d %s mentioning %q", tc.name, status, body, tc.status, tc.code, tc.mention)
+			}
+		}
+		cl := s.Client()
+		if recs, err := cl.AllGrants(ctx, 0); err != nil || len(recs) != 0 {
+			t.Fatalf("bad input wrote grants: %+v %v", recs, err)
+		}
+		if locks, err := cl.Locks(ctx, ""); err != nil || len(locks) != 0 {
+			t.Fatalf("bad input took locks: %+v %v", locks, err)
+		}
+		if hi, err := cl.HighToken(ctx); err != nil || hi != 0 {
+			t.Fatalf("bad input minted tokens: %d %v", hi, err)
+		}
+	})
+}

@@ -1,0 +1,266 @@
+// Package backend defines what the lock service needs from its store: one
+// interface, implemented on PostgreSQL (lock/pgbackend) and on etcd
+// (lock/etcdbackend), and held to one behavioural suite (backendtest).
+//
+// Every decision about expiry and ordering is the store's: the service
+// keeps no state of its own, so two service processes on one store behave
+// as one service.
+package backend
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
+)
+
+// Limits on caller input (DESIGN §4, issue "Bad input").
+const (
+	MinTTL      = time.Second
+	MaxTTL      = 5 * time.Minute
+	MaxWait     = 5 * time.Minute
+	MaxOwnerLen = 200
+	MaxKeyLen   = 256
+	MaxReason   = 1000
+)
+
+// Session states (DESIGN §4). SUSPECT is computed: a heartbeat is overdue
+// (more than half the TTL since the last one) but the session has not expired.
+const (
+	StateActive  = "ACTIVE"
+	StateSuspect = "SUSPECT"
+	StateExpired = "EXPIRED"
+	StateClosed  = "CLOSED"
+)
+
+// How a grant ended (D-9).
+const (
+	EndReleased = "released"
+	EndExpired  = "expired"
+	EndRevoked  = "revoked"
+)
+
+// Session is one client's liveness relationship with the service.
+type Session struct {
+	ID              string
+	Owner           string
+	TTL             time.Duration
+	State           string
+	CreatedAt       time.Time
+	LastHeartbeatAt time.Time
+	ExpiresAt       time.Time
+}
+
+// Grant is a held lock as returned to the acquirer.
+type Grant struct {
+	Key          string
+	Owner        string
+	Token        fencing.Token
+	SessionID    string
+	ServerExpiry time.Time
+	// Existing is true for an idempotent re-acquire (nothing was minted).
+	Existing bool
+}
+
+// Lock is the introspection view of one key (never a correctness input).
+type Lock struct {
+	Key          string
+	Held         bool
+	Owner        string
+	SessionID    string
+	Token        fencing.Token
+	AcquiredAt   time.Time
+	ServerExpiry time.Time
+}
+
+// GrantRecord is one entry of the grant log (D-9).
+type GrantRecord struct {
+	Token     fencing.Token
+	Key       string
+	Owner     string
+	SessionID string
+	GrantedAt time.Time
+	EndedAt   *time.Time
+	EndReason string
+	Actor     string
+	Reason    string
+}
+
+// Backend is a lock store. Errors are *problem.Error with these codes:
+// session_expired (unknown, expired or closed session), lock_held, not_held,
+// not_found, unavailable (store unreachable); anything else is internal.
+type Backend interface {
+	// Name is "postgres" or "etcd" (the metrics label).
+	Name() string
+	// CreateSession starts a session; the store may round ttl up (etcd
+	// leases are whole seconds) and reports the TTL it applies.
+	CreateSession(ctx context.Context, owner string, ttl time.Duration) (Session, error)
+	// KeepAlive extends a live session from the store's now. It never
+	// brings back an expired or closed session (session_expired).
+	KeepAlive(ctx context.Context, id string) (Session, error)
+	// CloseSession ends a session and releases all its locks (their grants
+	// end as released). Closing a closed session is a no-op;
+	// an expired or unknown one is session_expired.
+	CloseSession(ctx context.Context, id string) (Session, error)
+	// Session reads a session, in whatever state (not_found when unknown).
+	Session(ctx context.Context, id string) (Session, error)
+	// Acquire grants key to the session if it is free, in one atomic step
+	// that also writes the grant record; re-acquire by the holding session
+	// returns the same token. lock_held (with the holder as the "holder"
+	// extension) when another live session holds it.
+	Acquire(ctx context.Context, key, sessionID string) (Grant, error)
+	// Release is compare-and-delete on (key, session, token): not_held
+	// unless that exact grant is current.
+	Release(ctx context.Context, key, sessionID string, token fencing.Token) (GrantRecord, error)
+	// Revoke frees key whoever holds it and ends the grant as revoked by
+	// actor with reason (not_held when the key is free).
+	Revoke(ctx context.Context, key, actor, reason string) (GrantRecord, error)
+	// Lock and Locks are introspection.
+	Lock(ctx context.Context, key string) (Lock, error)
+	Locks(ctx context.Context, prefix string, limit int) ([]Lock, error)
+	// Grants pages the grant log in token order, tokens > after.
+	Grants(ctx context.Context, after fencing.Token, limit int) ([]GrantRecord, error)
+	// HighToken is the highest token ever issued (0 before the first).
+	HighToken(ctx context.Context) (fencing.Token, error)
+	// Changed returns a channel that is signalled (best effort) when key may
+	// have become free, until cancel is called. Waiting acquires also retry
+	// on a timer, so a lost signal only costs latency.
+	Changed(key string) (ch <-chan struct{}, cancel func())
+	// Run does the store's background work (reaping expired sessions,
+	// recording grants ended by expiry, failover detection) until ctx ends.
+	Run(ctx context.Context) error
+	// Events delivers what Run observed, for metrics and logs.
+	SetObserver(o Observer)
+	// Ping checks the store is reachable (readiness).
+	Ping(ctx context.Context) error
+	Close() error
+}
+
+// Observer is told about things the backend did in the background.
+type Observer interface {
+	// Expired reports grants ended because their session expired.
+	Expired(grants []GrantRecord)
+	// Grace reports that a grace period started (D-12) and why.
+	Grace(until time.Time, why string)
+	// ActiveSessions reports the current number of live sessions.
+	ActiveSessions(n int)
+}
+
+// NopObserver ignores everything.
+type NopObserver struct{}
+
+func (NopObserver) Expired([]GrantRecord)   {}
+func (NopObserver) Grace(time.Time, string) {}
+func (NopObserver) ActiveSessions(int)      {}
+
+var keyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9:._@+=-]*$`)
+
+// CheckKey validates a lock key: 1..256 characters, starting with a letter
+// or digit, then letters, digits and : . _ @ + = -.
+func CheckKey(key string) error {
+	if key == "" {
+		return problem.New(problem.InvalidRequest, "lock key is empty")
+	}
+	if len(key) > MaxKeyLen {
+		return problem.New(problem.InvalidRequest, "lock key is longer than %d characters", MaxKeyLen)
+	}
+	if !keyRE.MatchString(key) {
+		return problem.New(problem.InvalidRequest, "lock key %q is malformed: want a letter or digit, then letters, digits and : . _ @ + = - (e.g. payout:acc-1)", key)
+	}
+	return nil
+}
+
+// CheckPrefix validates a key prefix for listing (may be empty).
+func CheckPrefix(prefix string) error {
+	if prefix == "" {
+		return nil
+	}
+	if len(prefix) > MaxKeyLen || !keyRE.MatchString(prefix) {
+		return problem.New(problem.InvalidRequest, "prefix %q is not the beginning of a valid lock key", prefix)
+	}
+	return nil
+}
+
+// CheckTTL validates a session TTL.
+func CheckTTL(ttl time.Duration) error {
+	if ttl < MinTTL || ttl > MaxTTL {
+		return problem.New(problem.InvalidRequest, "ttl_ms must be between %d and %d, got %d", MinTTL.Milliseconds(), MaxTTL.Milliseconds(), ttl.Milliseconds())
+	}
+	return nil
+}
+
+// CheckOwner validates a session owner.
+func CheckOwner(owner string) error {
+	if owner == "" {
+		return problem.New(problem.InvalidRequest, "owner is required")
+	}
+	if len(owner) > MaxOwnerLen {
+		return problem.New(problem.InvalidRequest, "owner is longer than %d characters", MaxOwnerLen)
+	}
+	for _, r := range owner {
+		if r < 0x20 || r == 0x7f {
+			return problem.New(problem.InvalidRequest, "owner contains a control character")
+		}
+	}
+	return nil
+}
+
+// CheckSessionID validates the shape of a session id (it is then looked up).
+func CheckSessionID(id string) error {
+	if id == "" {
+		return problem.New(problem.InvalidRequest, "session_id is required")
+	}
+	if len(id) > 64 || !keyRE.MatchString(id) {
+		return problem.New(problem.InvalidRequest, "session_id %q is malformed", id)
+	}
+	return nil
+}
+
+// ErrSessionGone is the session_expired error for id.
+func ErrSessionGone(id string) error {
+	return problem.New(problem.SessionExpired, "session %s does not exist, has expired or was closed; open a new session", id)
+}
+
+// ErrHeld is the lock_held error for key held by holder.
+func ErrHeld(key string, holder Lock) error {
+	e := problem.New(problem.LockHeld, "lock %s is held by another session", key)
+	e.Key = key
+	if holder.Held {
+		e = e.With("holder", holder.Owner).With("holder_session_id", holder.SessionID).
+			With("server_expiry", holder.ServerExpiry.UTC())
+	}
+	return e
+}
+
+// ErrNotHeld is the not_held error for key.
+func ErrNotHeld(key string, sessionID string, token fencing.Token) error {
+	e := problem.New(problem.NotHeld, "lock %s is not held by session %s with token %d", key, sessionID, token)
+	e.Key = key
+	return e
+}
+
+// ErrFree is the not_held error for revoking a free key.
+func ErrFree(key string) error {
+	e := problem.New(problem.NotHeld, "lock %s is not held by anyone", key)
+	e.Key = key
+	return e
+}
+
+// Unavailable wraps a store error as unavailable.
+func Unavailable(what string, err error) error {
+	return problem.Wrap(problem.Unavailable, err, "%s: the lock store is not reachable", what)
+}
+
+// SessionState computes the state shown to callers for a live session.
+func SessionState(lastHeartbeat, now time.Time, ttl time.Duration) string {
+	if now.Sub(lastHeartbeat) > ttl/2 {
+		return StateSuspect
+	}
+	return StateActive
+}
+
+// Stringer helpers for logs.
+func (g Grant) String() string { return fmt.Sprintf("%s@%d(%s)", g.Key, g.Token, g.SessionID) }

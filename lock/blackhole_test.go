@@ -1,0 +1,105 @@
+package lock_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/lockclient"
+)
+
+// TestBlackholedClient cuts the network between a client and the service
+// without closing anything: the session must go JEOPARDY, then LOST, before
+// the service frees the lock, and its grant contexts must be cancelled.
+func TestBlackholedClient(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, kind string) {
+		svc := startService(t, newStore(t, kind))
+		ctx := testCtx(t)
+		proxy := newBlackhole(t, svc.URL[len("http://"):])
+		s, err := lockclient.Open(ctx, proxy.URL(), "partitioned", lockclient.WithToken(executorToken),
+			lockclient.WithTTL(2*time.Second), lockclient.WithHTTPClient(httpClient()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := s.TryAcquire(ctx, "payout:acc-bh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		observer, _ := lockclient.New(svc.URL, lockclient.WithToken(executorToken))
+
+		// Record every state the session passes through.
+		var (
+			mu     sync.Mutex
+			states []lockclient.State
+		)
+		stopRec := make(chan struct{})
+		recDone := make(chan struct{})
+		go func() {
+			defer close(recDone)
+			for {
+				st := s.State()
+				mu.Lock()
+				if len(states) == 0 || states[len(states)-1] != st {
+					states = append(states, st)
+				}
+				mu.Unlock()
+				if st == lockclient.Lost {
+					return
+				}
+				select {
+				case <-stopRec:
+					return
+				case <-time.After(2 * time.Millisecond):
+				}
+			}
+		}()
+		t.Cleanup(func() { close(stopRec); <-recDone })
+
+		proxy.holed.Store(true)
+		eventually(t, "the service to free the lock", func() bool {
+			l, err := observer.Lock(ctx, "payout:acc-bh")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Held {
+				return false
+			}
+			// The moment the service shows the key free, the client must
+			// already have given up.
+			if st := s.State(); st != lockclient.Lost {
+				t.Fatalf("service freed the lock while the client was %s", st)
+			}
+			return true
+		})
+		<-recDone
+		mu.Lock()
+		got := append([]lockclient.State(nil), states...)
+		mu.Unlock()
+		if len(got) != 3 || got[0] != lockclient.Healthy || got[1] != lockclient.Jeopardy || got[2] != lockclient.Lost {
+			t.Fatalf("states: want HEALTHY JEOPARDY LOST, got %v", got)
+		}
+		select {
+		case <-s.Done():
+		default:
+			t.Fatal("Done not closed after LOST")
+		}
+		eventually(t, "the grant context to be cancelled", func() bool { return g.Context().Err() != nil })
+		if g.Valid() {
+			t.Fatal("grant valid after LOST")
+		}
+		if _, err := s.TryAcquire(ctx, "payout:other"); err == nil {
+			t.Fatal("a LOST session acquired")
+		}
+		// The network comes back: a LOST session's keepalive is refused by
+		// the service, and the session stays LOST.
+		proxy.holed.Store(false)
+		// The lock was freed by expiry, so the session is already gone.
+		if _, err := observer.KeepAlive(ctx, s.ID()); !problem.Has(err, problem.SessionExpired) {
+			t.Fatalf("keepalive of a LOST, expired session: want session_expired, got %v", err)
+		}
+		if s.State() != lockclient.Lost {
+			t.Fatal("session left LOST")
+		}
+	})
+}

@@ -1,0 +1,68 @@
+package etcdbackend_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/payouts/payouts/internal/localinfra"
+	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/backend/backendtest"
+	"github.com/payouts/payouts/lock/etcdbackend"
+)
+
+var (
+	cluster *localinfra.EtcdCluster
+	seq     atomic.Int64
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "etcdbackend-test-")
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	cluster, err = localinfra.StartEtcd(ctx, dir, 1)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	cluster.Close()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type store struct{ prefix string }
+
+func (s store) Open(t *testing.T) backend.Backend {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: s.prefix, Logger: slog.New(slog.DiscardHandler), SweepInterval: time.Second})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = b.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; b.Close(); cli.Close() })
+	return b
+}
+
+func TestBehaviour(t *testing.T) {
+	backendtest.Run(t, func(t *testing.T) backendtest.Store {
+		return store{prefix: fmt.Sprintf("/test/%d", seq.Add(1))}
+	})
+}

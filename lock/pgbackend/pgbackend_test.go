@@ -1,0 +1,41 @@
+package pgbackend_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/pgtest"
+	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/backend/backendtest"
+	"github.com/payouts/payouts/lock/pgbackend"
+	"github.com/payouts/payouts/migrations"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+type store struct{ url string }
+
+func (s store) Open(t *testing.T) backend.Backend { return open(t, s.url) }
+
+func open(t *testing.T, url string) *pgbackend.Backend {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	b, err := pgbackend.Open(ctx, pgbackend.Config{DatabaseURL: url, Logger: slog.New(slog.DiscardHandler), ReapInterval: 100 * time.Millisecond})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = b.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; b.Close() })
+	return b
+}
+
+func TestBehaviour(t *testing.T) {
+	backendtest.Run(t, func(t *testing.T) backendtest.Store {
+		return store{url: pgtest.NewDB(t, migrations.LockDB)}
+	})
+}

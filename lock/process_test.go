@@ -1,0 +1,144 @@
+package lock_test
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/localinfra"
+)
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// payoutsBinary builds the payouts command once per test binary.
+func payoutsBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "lock-test-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "payouts")
+		cmd := exec.Command("go", "build", "-o", binPath, "github.com/payouts/payouts")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// startProcess runs `payouts serve lock` as a child process on s.
+func startProcess(t *testing.T, s store) *service {
+	t.Helper()
+	dir := t.TempDir()
+	authFile := filepath.Join(dir, "auth.json")
+	if err := os.WriteFile(authFile, []byte(`{"tokens":[{"token":"`+executorToken+`","role":"executor","name":"exec-1"},`+
+		`{"token":"`+operatorToken+`","role":"operator","name":"alice"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port, err := localinfra.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"serve", "lock", "--backend", s.kind, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--auth-file", authFile, "--log-level", "warn"}
+	if s.kind == "postgres" {
+		args = append(args, "--database-url", s.url)
+	} else {
+		args = append(args, "--etcd-endpoints", strings.Join(s.endpoints, ","), "--etcd-prefix", s.prefix)
+	}
+	cmd := exec.Command(payoutsBinary(t), args...)
+	logf, err := os.Create(filepath.Join(dir, "lock.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	stop := func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		logf.Close()
+	}
+	t.Cleanup(stop)
+	url := fmt.Sprintf("http://127.0.0.1:%d", port)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := http.Get(url + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case err := <-done:
+			b, _ := os.ReadFile(filepath.Join(dir, "lock.log"))
+			t.Fatalf("lock service exited: %v\n%s", err, b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("lock service process never became ready")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return &service{URL: url, stop: stop}
+}
+
+// TestTwoProcesses runs two `payouts serve lock` processes on one backend,
+// with clients sending each request to either at random: mutual exclusion
+// and token order hold (checked as in the linearizability test).
+func TestTwoProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the payouts binary")
+	}
+	payoutsBinary(t)
+	forEachBackend(t, func(t *testing.T, kind string) {
+		st := newStore(t, kind)
+		svcs := []*service{startProcess(t, st), startProcess(t, st)}
+		keys := []string{"payout:proc-1", "payout:proc-2"}
+		rec := &recorder{start: time.Now()}
+		const clients = 8
+		var wg sync.WaitGroup
+		errc := make(chan error, clients)
+		for c := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := runClient(t, c, svcs, keys, rec, 16); err != nil {
+					errc <- fmt.Errorf("client %d: %w", c, err)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errc)
+		for err := range errc {
+			t.Fatal(err)
+		}
+		checkHistory(t, "two-processes-"+kind, rec)
+		checkGrantLog(t, kind, svcs[1].URL, countGrants(rec))
+	})
+}

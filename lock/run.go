@@ -1,0 +1,139 @@
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/localinfra"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/etcdbackend"
+	"github.com/payouts/payouts/lock/pgbackend"
+)
+
+// Config is `payouts serve lock`.
+type Config struct {
+	Backend       string // "etcd" or "postgres"
+	Listen        string
+	DatabaseURL   string   // postgres
+	EtcdEndpoints []string // etcd
+	EtcdEmbedDir  string   // etcd: run a single-node embedded etcd here
+	EtcdPrefix    string
+	Logger        *slog.Logger
+	Registry      *prometheus.Registry
+	Auth          *auth.Authenticator
+	// OnListen is told the bound address before serving (tests, dev up).
+	OnListen func(net.Addr)
+}
+
+// OpenBackend opens the configured backend; the returned cleanup stops an
+// embedded etcd.
+func OpenBackend(ctx context.Context, cfg Config) (backend.Backend, func(), error) {
+	switch cfg.Backend {
+	case "postgres":
+		if cfg.DatabaseURL == "" {
+			return nil, nil, errors.New("--backend postgres needs --database-url")
+		}
+		b, err := pgbackend.Open(ctx, pgbackend.Config{DatabaseURL: cfg.DatabaseURL, Logger: cfg.Logger})
+		return b, func() {}, err
+	case "etcd":
+		endpoints := cfg.EtcdEndpoints
+		cleanup := func() {}
+		if cfg.EtcdEmbedDir != "" {
+			if len(endpoints) > 0 {
+				return nil, nil, errors.New("--etcd-endpoints and --etcd-embed-dir are mutually exclusive")
+			}
+			dir, err := filepath.Abs(cfg.EtcdEmbedDir)
+			if err != nil {
+				return nil, nil, err
+			}
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return nil, nil, fmt.Errorf("etcd embed dir: %w", err)
+			}
+			c, err := startEmbedded(ctx, dir)
+			if err != nil {
+				return nil, nil, err
+			}
+			cfg.Logger.Warn("running an embedded single-node etcd (development only)", "dir", dir, "endpoints", strings.Join(c.Endpoints(), ","))
+			endpoints, cleanup = c.Endpoints(), c.Close
+		}
+		if len(endpoints) == 0 {
+			return nil, nil, errors.New("--backend etcd needs --etcd-endpoints or --etcd-embed-dir")
+		}
+		b, err := etcdbackend.Open(ctx, etcdbackend.Config{Endpoints: endpoints, Prefix: cfg.EtcdPrefix, Logger: cfg.Logger})
+		if err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+		return b, cleanup, nil
+	}
+	return nil, nil, errBackend(cfg.Backend)
+}
+
+// startEmbedded starts (or restarts, reusing its ports from the data dir's
+// port file) a single-node etcd under dir.
+func startEmbedded(ctx context.Context, dir string) (*localinfra.EtcdCluster, error) {
+	portFile := filepath.Join(dir, "ports")
+	var ports []int
+	if b, err := os.ReadFile(portFile); err == nil {
+		var cp, pp int
+		if _, err := fmt.Sscanf(string(b), "%d %d", &cp, &pp); err == nil && localinfra.PortFree(cp) && localinfra.PortFree(pp) {
+			ports = []int{cp, pp}
+		}
+	}
+	c, err := localinfra.StartEtcd(ctx, dir, 1, ports...)
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd: %w", err)
+	}
+	n := c.Nodes[0]
+	var cp, pp int
+	fmt.Sscanf(n.ClientURL[strings.LastIndex(n.ClientURL, ":")+1:], "%d", &cp)
+	fmt.Sscanf(n.PeerURL[strings.LastIndex(n.PeerURL, ":")+1:], "%d", &pp)
+	_ = os.WriteFile(portFile, fmt.Appendf(nil, "%d %d\n", cp, pp), 0o600)
+	return c, nil
+}
+
+// Run serves the lock service until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = obs.NewRegistry()
+	}
+	b, cleanup, err := OpenBackend(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	defer b.Close()
+	srv := httpx.NewServer(httpx.Config{
+		Role: "lock", Addr: cfg.Listen, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,
+		RequestTimeout: backend.MaxWait + opTimeout + 5*time.Second,
+		Ready:          []httpx.Check{b.Ping},
+	})
+	NewService(b, cfg.Registry, cfg.Logger).Mount(srv.Router())
+	addr, err := srv.Listen()
+	if err != nil {
+		return err
+	}
+	cfg.Logger.Info("lock service starting", "backend", b.Name(), "addr", addr.String())
+	if cfg.OnListen != nil {
+		cfg.OnListen(addr)
+	}
+	var g httpx.Group
+	g.Add(srv.Serve)
+	g.Add(b.Run)
+	return g.Run(ctx)
+}

@@ -1,0 +1,313 @@
+package reconcile_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/rail/railclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+	"github.com/payouts/payouts/reconcile"
+)
+
+// slowStack has a rail whose answers are not final for an hour. It starts
+// clean; the tests using it run in this order: clean, not final, and last
+// the one that removes the proxy's uniqueness index.
+var slow *env
+
+func slowStack(t *testing.T) *env {
+	t.Helper()
+	if slow == nil {
+		slow = startStack(t, time.Hour)
+	}
+	return slow
+}
+
+func TestCleanSystemReportsNothing(t *testing.T) {
+	e := slowStack(t)
+	acc := e.newAccount(t, 10_000)
+	for i := 0; i < 3; i++ {
+		e.payOut(t, e.newPayout(t, acc, 100))
+	}
+	e.newPayout(t, acc, 50) // pending work is not a finding
+	r := e.reconciler(t, reconcile.Options{Resolve: true, PageSize: 2}, e.st.Ready.Tokens.Operator)
+	rep := pass(t, r)
+	if !rep.Clean() || len(rep.Findings) != 0 {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		t.Fatalf("clean system has findings:\n%s", b)
+	}
+	if rep.Scanned.Payouts != 4 || rep.Scanned.RailPayments != 3 || rep.Scanned.LedgerEntries < 8 {
+		t.Fatalf("scanned %+v: paging missed something", rep.Scanned)
+	}
+	if rep.HighestFence == 0 || rep.LockHighToken < rep.HighestFence {
+		t.Fatalf("highest fence %d, lock high token %d", rep.HighestFence, rep.LockHighToken)
+	}
+	var buf bytes.Buffer
+	if err := rep.WriteTable(&buf); err != nil || !strings.Contains(buf.String(), "No findings.") {
+		t.Fatalf("table: %v\n%s", err, buf.String())
+	}
+	// With the reconciler's own token the rail refuses its settlement
+	// report: the pass still completes, checking per payout, and says so.
+	rep = pass(t, e.reconciler(t, reconcile.Options{Resolve: true}, ""))
+	if !rep.Clean() || len(rep.Notes) == 0 {
+		t.Fatalf("clean: %v, notes %v", rep.Clean(), rep.Notes)
+	}
+}
+
+func TestAmbiguousNotFinalIsLeft(t *testing.T) {
+	e := slowStack(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.ambiguous(t, e.newPayout(t, acc, 300), railclient.Faults{TimeoutAfterAccept: 1})
+	r := e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator)
+	rep := pass(t, r)
+	if len(rep.Resolved) != 0 {
+		t.Fatalf("resolved %+v though the rail is not final", rep.Resolved)
+	}
+	left := false
+	for _, u := range rep.Unresolved {
+		if u.PayoutID == p.ID {
+			left = strings.Contains(u.Reason, "not final")
+		}
+	}
+	if !left {
+		t.Fatalf("payout %s not reported as left for a non-final answer: %+v", p.ID, rep.Unresolved)
+	}
+	got, err := e.pay.Payout(ctxT(t), p.ID)
+	if err != nil || got.State != pc.RailAmbiguous {
+		t.Fatalf("payout %s: %v %s, want still RAIL_AMBIGUOUS", p.ID, err, got.State)
+	}
+	// Young ambiguity is not a finding; past the SLA it is.
+	mustNotFind(t, rep, reconcile.CheckAmbiguousOverSLA, map[string]any{"payout_id": p.ID})
+	rep = pass(t, e.reconciler(t, reconcile.Options{AmbiguitySLA: time.Nanosecond}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV02, reconcile.CheckAmbiguousOverSLA, map[string]any{"payout_id": p.ID})
+}
+
+func TestForwardedSubmissionsMoreThanOne(t *testing.T) {
+	e := slowStack(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.payOut(t, e.newPayout(t, acc, 100))
+	// Remove the primary (the partial unique index) and forward again.
+	e.exec(t, "proxydb", false, `DROP INDEX rail_submission_one_forwarded_per_payout`)
+	e.exec(t, "proxydb", true, `INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, outcome, outcome_at)
+		SELECT payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, 'TIMEOUT', now() FROM rail_submission WHERE payout_id = $1`, p.ID)
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV02, reconcile.CheckForwardedSubmissions, map[string]any{"payout_id": p.ID})
+}
+
+func TestInFlightPerAccount(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	a, b := e.newPayout(t, acc, 10), e.newPayout(t, acc, 20)
+	e.exec(t, "paydb", false, `UPDATE payout SET state = 'CLAIMED', claimed_at = now() WHERE id IN ($1, $2)`, a.ID, b.ID)
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	f := mustFind(t, rep, reconcile.INV01, reconcile.CheckInFlightPerAccount, map[string]any{"account_id": acc})
+	if !strings.Contains(f.Evidence, a.ID) || !strings.Contains(f.Evidence, b.ID) {
+		t.Fatalf("evidence does not name both payouts: %s", f.Evidence)
+	}
+}
+
+func TestClaimTokenOrder(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.newPayout(t, acc, 10)
+	e.exec(t, "paydb", false, `INSERT INTO payout_event (payout_id, from_state, to_state, token, holder, actor) VALUES
+		($1, 'PENDING', 'CLAIMED', 900, 'h-new', 'planted'), ($1, 'CLAIMED', 'CLAIMED', 800, 'h-old', 'planted')`, p.ID)
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV01, reconcile.CheckClaimTokenOrder, map[string]any{"payout_id": p.ID, "token": 800, "previous_token": 900})
+}
+
+func TestRailDuplicatePayment(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.payOut(t, e.newPayout(t, acc, 250))
+	// Pay the same client reference again at the rail, around the system.
+	if _, err := e.rail.Pay(ctxT(t), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
+		t.Fatal(err)
+	}
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV02, reconcile.CheckSettledPerClientRef, map[string]any{"payout_id": p.ID})
+}
+
+func TestRailPaymentWithoutSubmission(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.newPayout(t, acc, 75)
+	ctx := ctxT(t)
+	// A known payout's reference, a wrong amount, never submitted...
+	if _, err := e.rail.Pay(ctx, railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount + 1, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
+		t.Fatal(err)
+	}
+	// ... and a reference that belongs to no payout at all.
+	orphan := pc.ClientRef(uniq("ghost"))
+	if _, err := e.rail.Pay(ctx, railclient.PaymentRequest{ClientRef: orphan, Amount: 5, Currency: "EUR", BeneficiaryRef: "BEN-x"}); err != nil {
+		t.Fatal(err)
+	}
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV02, reconcile.CheckRailWithoutSubmission, map[string]any{"payout_id": p.ID})
+	mustFind(t, rep, reconcile.INV02, reconcile.CheckRailWithoutSubmission, map[string]any{"client_ref": orphan})
+	mustFind(t, rep, reconcile.INV03, reconcile.CheckSettledNotPosted, map[string]any{"payout_id": p.ID, "state": "PENDING"})
+	mustFind(t, rep, reconcile.INV03, reconcile.CheckAmountMismatch, map[string]any{"payout_id": p.ID, "rail_amount": p.Amount + 1})
+
+	// Without the settlement report the known payout is still caught.
+	rep = pass(t, e.reconciler(t, reconcile.Options{}, ""))
+	mustFind(t, rep, reconcile.INV02, reconcile.CheckRailWithoutSubmission, map[string]any{"payout_id": p.ID})
+}
+
+func TestDuplicateAttemptEvent(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.payOut(t, e.newPayout(t, acc, 40))
+	g := e.grant(t, acc)
+	defer e.release(t, g)
+	_, err := e.proxy.Submit(ctxT(t), proxyclient.Submission{PayoutID: p.ID, AccountID: acc, ClientRef: p.ClientRef, Amount: p.Amount,
+		Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}, g.Token, g.Holder())
+	if !problem.Has(err, problem.SubmissionExists) {
+		t.Fatalf("second submission: %v, want submission_exists", err)
+	}
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV02, reconcile.CheckDuplicateAttempt, map[string]any{"payout_id": p.ID, "guard": "proxy"})
+}
+
+func TestLedgerGroupAndBalance(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	group := uniq("planted-group")
+	// One leg only: the group cannot sum to zero, and the balance no
+	// longer equals the entries (the deferred trigger is off as replica).
+	e.exec(t, "paydb", true, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id) VALUES ($1, $2, 7, 'funding')`, group, acc)
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV03, reconcile.CheckLedgerGroupSum, map[string]any{"group_id": group, "sum": 7})
+	mustFind(t, rep, reconcile.INV03, reconcile.CheckBalanceDrift, map[string]any{"account_id": acc, "drift": -7})
+
+	acc2 := e.newAccount(t, 500)
+	e.exec(t, "paydb", false, `UPDATE account SET balance = balance + 100 WHERE id = $1`, acc2)
+	rep = pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV03, reconcile.CheckBalanceDrift, map[string]any{"account_id": acc2, "balance": 600, "ledger_sum": 500})
+}
+
+func TestPostedNotSettledAndFailedButSettled(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	posted := e.newPayout(t, acc, 60)
+	e.exec(t, "paydb", false, `UPDATE payout SET state = 'POSTED' WHERE id = $1`, posted.ID)
+	failed := e.newPayout(t, acc, 70)
+	if _, err := e.rail.Pay(ctxT(t), railclient.PaymentRequest{ClientRef: failed.ClientRef, Amount: failed.Amount, Currency: failed.Currency, BeneficiaryRef: failed.BeneficiaryRef}); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(t, "paydb", false, `UPDATE payout SET state = 'FAILED', failure_reason = 'planted' WHERE id = $1`, failed.ID)
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV03, reconcile.CheckPostedNotSettled, map[string]any{"payout_id": posted.ID})
+	mustFind(t, rep, reconcile.INV03, reconcile.CheckSubmissionStateMismatch, map[string]any{"payout_id": posted.ID})
+	mustFind(t, rep, reconcile.INV03, reconcile.CheckSettledNotPosted, map[string]any{"payout_id": failed.ID, "state": "FAILED"})
+}
+
+func TestAmbiguousWithoutSubmission(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.newPayout(t, acc, 10)
+	e.exec(t, "paydb", false, `UPDATE payout SET state = 'RAIL_AMBIGUOUS', submitted_at = now() - interval '1 hour' WHERE id = $1`, p.ID)
+	rep := pass(t, e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV02, reconcile.CheckAmbiguousNoSubmission, map[string]any{"payout_id": p.ID})
+	got, err := e.pay.Payout(ctxT(t), p.ID)
+	if err != nil || got.State != pc.RailAmbiguous {
+		t.Fatalf("payout %s: %v %s: resolved without evidence", p.ID, err, got.State)
+	}
+}
+
+func TestHighWaterAboveFence(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	e.payOut(t, e.newPayout(t, acc, 10))
+	// As if paydb had been restored from a backup older than the proxy.
+	e.exec(t, "proxydb", false, `UPDATE account_high_water SET token = token + 5 WHERE account_id = $1`, acc)
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV04, reconcile.CheckHighWaterAboveFence, map[string]any{"account_id": acc})
+}
+
+func TestFencedOutAndTokenRegressionEvents(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	done := e.payOut(t, e.newPayout(t, acc, 10))
+	stale := done.Token
+	p := e.newPayout(t, acc, 10)
+	g := e.grant(t, acc)
+	ctx := ctxT(t)
+	// A newer holder claims; the old token comes back at both guards.
+	if _, err := e.pay.Claim(ctx, p.ID, g.Token, g.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pay.Claim(ctx, p.ID, stale, "stale-holder"); !problem.Has(err, problem.FencedOut) {
+		t.Fatalf("stale claim: %v, want fenced_out", err)
+	}
+	if _, err := e.pay.Submitting(ctx, p.ID, g.Token, g.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	sub := proxyclient.Submission{PayoutID: p.ID, AccountID: acc, ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}
+	if _, err := e.proxy.Submit(ctx, sub, g.Token, g.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	// The same token from another holder: a re-issued token.
+	if _, err := e.pay.Claim(ctx, p.ID, g.Token, "impostor"); !problem.Has(err, problem.FencedOut) {
+		t.Fatalf("impostor claim: %v, want fenced_out", err)
+	}
+	e.release(t, g)
+	other := e.newPayout(t, acc, 10)
+	sub2 := proxyclient.Submission{PayoutID: other.ID, AccountID: acc, ClientRef: other.ClientRef, Amount: other.Amount, Currency: other.Currency, BeneficiaryRef: other.BeneficiaryRef}
+	if _, err := e.proxy.Submit(ctx, sub2, stale, "stale-holder"); !problem.Has(err, problem.FencedOut) {
+		t.Fatalf("stale submit: %v, want fenced_out", err)
+	}
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	key := fencing.Key(acc)
+	mustFind(t, rep, reconcile.INV05, reconcile.CheckFencedOut, map[string]any{"guard": "payment", "key": key, "presented_token": stale})
+	mustFind(t, rep, reconcile.INV05, reconcile.CheckFencedOut, map[string]any{"guard": "proxy", "key": key, "presented_token": stale})
+	mustFind(t, rep, reconcile.INV04, reconcile.CheckTokenRegression, map[string]any{"guard": "payment", "key": key, "holder": "impostor"})
+}
+
+func TestRejectedTransitionEvent(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.payOut(t, e.newPayout(t, acc, 10))
+	g := e.grant(t, acc)
+	defer e.release(t, g)
+	if _, err := e.pay.Claim(ctxT(t), p.ID, g.Token, g.Holder()); !problem.Has(err, problem.InvalidTransition) {
+		t.Fatalf("claim of a POSTED payout: %v, want invalid_transition", err)
+	}
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV08, reconcile.CheckRejectedTransition, map[string]any{"payout_id": p.ID})
+}
+
+func TestWritesWithoutGrant(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.newPayout(t, acc, 10)
+	const never = 4_000_000_000_000 // far above anything the lock service issued
+	e.exec(t, "proxydb", false, `INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
+		VALUES ($1, $2, $3, 'nobody', $4, $5, 'EUR', 'BEN-x')`, p.ID, acc, never, p.ClientRef, p.Amount)
+	group := uniq("nogrant")
+	e.exec(t, "paydb", false, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id, payout_id, token) VALUES
+		($1, $2, -10, 'payout-clearing', $3, $4), ($1, 'payout-clearing', 10, $2, $3, $4)`, group, acc, p.ID, never)
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV07, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID, "token": never})
+	mustFind(t, rep, reconcile.INV07, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID, "account_id": acc, "token": never})
+	mustFind(t, rep, reconcile.INV07, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID, "account_id": "payout-clearing", "token": never})
+}
+
+// TestZLockServiceRewound leaves a fence far above anything the lock
+// service has issued (on an account of its own), so every later pass on the
+// shared stack reports it too.
+func TestZLockServiceRewound(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	const restored = 3_000_000_000_000
+	e.exec(t, "paydb", false, `UPDATE account SET fence_token = $2, fence_holder = 'from-the-future' WHERE id = $1`, acc, restored)
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV04, reconcile.CheckLockRewound, map[string]any{"highest_fence": restored})
+	if rep.HighestFence != restored || rep.PayDBFence != restored || rep.LockHighToken >= restored {
+		t.Fatalf("fences: highest %d paydb %d lock %d", rep.HighestFence, rep.PayDBFence, rep.LockHighToken)
+	}
+}

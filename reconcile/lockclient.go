@@ -1,0 +1,115 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/lock/lockclient"
+)
+
+// lockService implements LockService over lockclient. Its session is
+// opened on the first TryAcquire (a pass with nothing to resolve holds no
+// session) and opened again if it is lost.
+type lockService struct {
+	c     *lockclient.Client
+	url   string
+	owner string
+	opts  []lockclient.Option
+
+	mu     sync.Mutex
+	sess   *lockclient.Session
+	grants map[string]*lockclient.Grant // key -> held grant
+}
+
+// NewLockService returns the lock service at url as the reconciler uses
+// it: bearer token, session owner and TTL, and per-request timeout.
+func NewLockService(url, token, owner string, ttl, requestTimeout time.Duration) (LockService, error) {
+	opts := []lockclient.Option{lockclient.WithToken(token), lockclient.WithTTL(ttl), lockclient.WithRequestTimeout(requestTimeout)}
+	c, err := lockclient.New(url, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &lockService{c: c, url: url, owner: owner, opts: opts, grants: map[string]*lockclient.Grant{}}, nil
+}
+
+func (l *lockService) Grants(ctx context.Context, after fencing.Token, limit int) ([]GrantRecord, fencing.Token, error) {
+	p, err := l.c.Grants(ctx, after, limit)
+	if err != nil {
+		return nil, 0, err
+	}
+	out := make([]GrantRecord, 0, len(p.Items))
+	for _, g := range p.Items {
+		out = append(out, GrantRecord{Token: g.Token, Key: g.Key})
+	}
+	var next fencing.Token
+	if p.Next != "" {
+		n, err := strconv.ParseInt(p.Next, 10, 64)
+		if err != nil {
+			return nil, 0, errors.New("lock service answered a grant-log cursor that is not a token: " + p.Next)
+		}
+		next = fencing.Token(n)
+	}
+	return out, next, nil
+}
+
+func (l *lockService) HighToken(ctx context.Context) (fencing.Token, error) {
+	return l.c.HighToken(ctx)
+}
+
+func (l *lockService) session(ctx context.Context) (*lockclient.Session, error) {
+	if l.sess != nil && l.sess.State() != lockclient.Lost {
+		return l.sess, nil
+	}
+	s, err := l.c.Open(ctx, l.owner)
+	if err != nil {
+		return nil, err
+	}
+	l.sess = s
+	l.grants = map[string]*lockclient.Grant{}
+	return s, nil
+}
+
+func (l *lockService) TryAcquire(ctx context.Context, key string) (Lease, bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, err := l.session(ctx)
+	if err != nil {
+		return Lease{}, false, err
+	}
+	g, err := s.TryAcquire(ctx, key)
+	if problem.Has(err, problem.LockHeld) {
+		return Lease{}, true, nil
+	}
+	if err != nil {
+		return Lease{}, false, err
+	}
+	l.grants[key] = g
+	return Lease{Token: g.Token, Holder: g.Holder()}, false, nil
+}
+
+func (l *lockService) Release(ctx context.Context, key string, lease Lease) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g := l.grants[key]
+	if g == nil || g.Token != lease.Token || l.sess == nil {
+		return errors.New("reconcile: release of a lease this reconciler does not hold: " + key)
+	}
+	delete(l.grants, key)
+	return l.sess.Release(ctx, g)
+}
+
+func (l *lockService) Close(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sess == nil {
+		return nil
+	}
+	err := l.sess.Close(ctx)
+	l.sess = nil
+	return err
+}

@@ -1,0 +1,38 @@
+package reconcile
+
+import (
+	"context"
+
+	"github.com/payouts/payouts/lock/fencing"
+)
+
+// GrantRecord is one entry of the lock service's grant log (DESIGN D-9).
+type GrantRecord struct {
+	Token fencing.Token
+	Key   string
+}
+
+// Lease is a grant the reconciler holds while it resolves one payout.
+type Lease struct {
+	Token  fencing.Token
+	Holder fencing.Holder
+}
+
+// LockService is what the reconciler needs from the lock service: the
+// grant log and the highest issued token (read), and grants to act under
+// (ambiguity resolution, D-8). NewLockService implements it over
+// lockclient.
+type LockService interface {
+	// Grants returns the grant log in token order after the given token
+	// (0: from the start), and the cursor of the next page (0 at the end).
+	Grants(ctx context.Context, after fencing.Token, limit int) ([]GrantRecord, fencing.Token, error)
+	// HighToken is the highest token the service has issued.
+	HighToken(ctx context.Context) (fencing.Token, error)
+	// TryAcquire takes key at once; held is true (and err nil) when
+	// another session holds it.
+	TryAcquire(ctx context.Context, key string) (lease Lease, held bool, err error)
+	// Release gives back a lease taken with TryAcquire.
+	Release(ctx context.Context, key string, lease Lease) error
+	// Close ends the reconciler's lock session, if one was opened.
+	Close(ctx context.Context) error
+}

@@ -1,0 +1,156 @@
+// Package reconcile is the detective half of the design (`payouts
+// reconcile`): it asserts after the fact, across the lock service, the
+// payment resource, the rail proxy and the rail, what the guards are meant
+// to make impossible (domain model 2.5), and resolves RAIL_AMBIGUOUS payouts
+// from rail evidence, never from elapsed time (DESIGN D-6, D-8).
+//
+// It reads the other services only through their client packages, page by
+// page. What it keeps in memory grows with the number of accounts, grants,
+// in-flight payouts and findings, never with the number of payouts or
+// ledger entries (the rail's settlement report, which the rail serves in one
+// piece, is the one exception).
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/rail/railclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+// Defaults of Options.
+const (
+	DefaultPageSize         = 500
+	DefaultMaxFindings      = 1000
+	DefaultSettlementWindow = 5 * time.Minute
+	DefaultAmbiguitySLA     = 24 * time.Hour
+	DefaultSessionTTL       = 15 * time.Second
+)
+
+// Options tune a Reconciler.
+type Options struct {
+	// SettlementWindow: an ambiguous payout is looked up at the rail only
+	// once it has been ambiguous this long. The rail's own "final" flag
+	// still decides; this only saves lookups that cannot be final yet.
+	SettlementWindow time.Duration
+	// AmbiguitySLA: an ambiguous payout older than this is reported for an
+	// operator (ambiguous_over_sla).
+	AmbiguitySLA time.Duration
+	// Resolve turns ambiguity resolution on (the default in Run).
+	Resolve bool
+	// PageSize is the page size of every list read.
+	PageSize int
+	// MaxFindings caps how many findings a report lists (all are counted).
+	MaxFindings int
+	// Owner names the reconciler's lock session (logs, grant log).
+	Owner string
+	// SessionTTL is the lock session's TTL while resolving.
+	SessionTTL time.Duration
+	// Logger receives the structured log; slog.Default when nil.
+	Logger *slog.Logger
+	// Now is the clock for ages (tests); time.Now when nil.
+	Now func() time.Time
+}
+
+func (o *Options) defaults() {
+	if o.SettlementWindow < 0 {
+		o.SettlementWindow = 0
+	}
+	if o.AmbiguitySLA <= 0 {
+		o.AmbiguitySLA = DefaultAmbiguitySLA
+	}
+	if o.PageSize <= 0 {
+		o.PageSize = DefaultPageSize
+	}
+	if o.PageSize > 1000 {
+		o.PageSize = 1000
+	}
+	if o.MaxFindings <= 0 {
+		o.MaxFindings = DefaultMaxFindings
+	}
+	if o.Owner == "" {
+		o.Owner = "reconciler"
+	}
+	if o.SessionTTL <= 0 {
+		o.SessionTTL = DefaultSessionTTL
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Clients are the services a Reconciler reads, each through its client
+// package.
+type Clients struct {
+	Lock    LockService
+	Payment *paymentclient.Client
+	Proxy   *proxyclient.Client
+	Rail    *railclient.Client
+}
+
+// Reconciler runs reconciliation passes.
+type Reconciler struct {
+	c    Clients
+	opts Options
+	log  *slog.Logger
+}
+
+// New returns a Reconciler over the given clients.
+func New(c Clients, opts Options) (*Reconciler, error) {
+	if c.Lock == nil || c.Payment == nil || c.Proxy == nil || c.Rail == nil {
+		return nil, errors.New("reconcile: every client (lock, payment, proxy, rail) is required")
+	}
+	opts.defaults()
+	return &Reconciler{c: c, opts: opts, log: opts.Logger}, nil
+}
+
+// ErrCannotRun wraps every error that stopped a pass before it could
+// reach a verdict (exit code 2).
+var ErrCannotRun = errors.New("reconcile: could not run")
+
+func cannotRun(what string, err error) error {
+	return fmt.Errorf("%w: %s: %w", ErrCannotRun, what, err)
+}
+
+// Pass runs one reconciliation: ambiguity resolution first (when enabled),
+// then every check. A nil error means the report is complete; an error
+// wraps ErrCannotRun and the report must not be trusted as clean.
+func (r *Reconciler) Pass(ctx context.Context) (*Report, error) {
+	rep := newReport(r.opts.MaxFindings)
+	if r.opts.Resolve {
+		if err := r.resolveAmbiguous(ctx, rep); err != nil {
+			return rep, err
+		}
+	}
+	if err := r.check(ctx, rep); err != nil {
+		return rep, err
+	}
+	rep.sort()
+	return rep, nil
+}
+
+// isNotFound reports a not_found problem answer.
+func isNotFound(err error) bool { return problem.Has(err, problem.NotFound) }
+
+// isForbidden reports a forbidden problem answer.
+func isForbidden(err error) bool { return problem.Has(err, problem.Forbidden) }
+
+// transportOrServer reports whether err is a failure to talk to a service
+// (as opposed to a problem answer about the request).
+func transportOrServer(err error) bool {
+	return errors.Is(err, httpx.ErrTransport) || problem.Has(err, problem.Unavailable) || problem.Has(err, problem.Internal)
+}
+
+// Key of an account's lock (DESIGN D-3).
+func lockKey(accountID string) string { return fencing.Key(accountID) }

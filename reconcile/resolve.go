@@ -1,0 +1,152 @@
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+// resolveAmbiguous looks every RAIL_AMBIGUOUS payout up at the rail
+// (through the proxy, by its client reference) and resolves the ones the
+// rail gives a final answer for: settled -> RAIL_ACKED (the executor then
+// posts it), absent -> FAILED. Each resolution is made under a grant of
+// the payout's account, with its token (D-8). Time alone never resolves
+// anything: a payout the rail has no final answer for is left.
+func (r *Reconciler) resolveAmbiguous(ctx context.Context, rep *Report) error {
+	after := ""
+	for {
+		page, err := r.c.Payment.Payouts(ctx, pc.PayoutFilter{State: pc.RailAmbiguous, After: after, Limit: r.opts.PageSize})
+		if err != nil {
+			return cannotRun("list the ambiguous payouts", err)
+		}
+		for _, p := range page.Items {
+			after = p.ID
+			if err := ctx.Err(); err != nil {
+				return cannotRun("resolve ambiguous payouts", err)
+			}
+			r.resolveOne(ctx, rep, p)
+		}
+		if page.Next == "" || len(page.Items) == 0 {
+			return nil
+		}
+		after = page.Next
+	}
+}
+
+// lookupEvidence is the evidence recorded with a resolution.
+type lookupEvidence struct {
+	Source       string                    `json:"source"`
+	ClientRef    string                    `json:"client_ref"`
+	Final        bool                      `json:"final"`
+	Resolution   proxyclient.Resolution    `json:"resolution"`
+	SubmissionID int64                     `json:"submission_id"`
+	Outcome      proxyclient.Outcome       `json:"submission_outcome"`
+	RailItems    []proxyclient.RailPayment `json:"rail_items"`
+	AskedAt      time.Time                 `json:"asked_at"`
+}
+
+func (r *Reconciler) leave(rep *Report, p pc.Payout, format string, args ...any) {
+	reason := fmt.Sprintf(format, args...)
+	rep.Unresolved = append(rep.Unresolved, Pending{PayoutID: p.ID, AccountID: p.AccountID, Reason: reason})
+	r.log.Info("ambiguous payout left unresolved", obs.KeyPayoutID, p.ID, obs.KeyAccountID, p.AccountID, "reason", reason)
+}
+
+func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
+	log := r.log.With(obs.KeyPayoutID, p.ID, obs.KeyAccountID, p.AccountID)
+	since := ambiguousSince(p)
+	if age := r.opts.Now().Sub(since); age < r.opts.SettlementWindow {
+		r.leave(rep, p, "ambiguous for %s, less than the settlement window %s; looked up later", age.Round(time.Second), r.opts.SettlementWindow)
+		return
+	}
+	key := lockKey(p.AccountID)
+	lease, held, err := r.c.Lock.TryAcquire(ctx, key)
+	if err != nil {
+		log.Warn("could not acquire the account's lock to resolve an ambiguous payout", obs.KeyKey, key, obs.KeyError, err.Error())
+		r.leave(rep, p, "could not acquire %s: %v", key, err)
+		return
+	}
+	if held {
+		r.leave(rep, p, "%s is held by another session; resolved on a later pass", key)
+		return
+	}
+	log = log.With(obs.KeyKey, key, obs.KeyToken, int64(lease.Token), obs.KeyHolder, string(lease.Holder))
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := r.c.Lock.Release(rctx, key, lease); err != nil {
+			log.Warn("could not release the account's lock; it ends with the session", obs.KeyError, err.Error())
+		}
+	}()
+
+	// Under the grant, the payout's state is what it is: read it again.
+	cur, err := r.c.Payment.Payout(ctx, p.ID)
+	if err != nil {
+		r.leave(rep, p, "could not read the payout under the grant: %v", err)
+		return
+	}
+	if cur.State != pc.RailAmbiguous {
+		log.Info("payout no longer ambiguous; nothing to resolve", "state", string(cur.State))
+		return
+	}
+	lk, err := r.c.Proxy.Lookup(ctx, p.ID)
+	switch {
+	case isNotFound(err):
+		r.leave(rep, p, "the proxy has no forwarded submission for it; see %s", CheckAmbiguousNoSubmission)
+		return
+	case err != nil:
+		r.leave(rep, p, "the rail could not be asked: %v", err)
+		return
+	case !lk.Final || lk.Resolution == proxyclient.ResolutionNone:
+		detail := lk.Detail
+		if detail == "" {
+			detail = "the rail's answer is not final yet"
+		}
+		r.leave(rep, p, "%s", detail)
+		return
+	}
+	var res pc.Resolution
+	switch lk.Resolution {
+	case proxyclient.ResolutionSettled:
+		res = pc.ResolutionSettled
+	case proxyclient.ResolutionAbsent:
+		res = pc.ResolutionAbsent
+	default:
+		r.leave(rep, p, "the proxy answered an unknown resolution %q", lk.Resolution)
+		return
+	}
+	ev := lookupEvidence{
+		Source: "rail lookup by client reference through the rail proxy", ClientRef: lk.Submission.ClientRef,
+		Final: lk.Final, Resolution: lk.Resolution, SubmissionID: lk.Submission.ID, Outcome: lk.Submission.Outcome,
+		RailItems: lk.RailItems, AskedAt: r.opts.Now().UTC(),
+	}
+	if ev.RailItems == nil {
+		ev.RailItems = []proxyclient.RailPayment{}
+	}
+	raw, err := json.Marshal(ev)
+	if err != nil {
+		r.leave(rep, p, "could not encode the evidence: %v", err)
+		return
+	}
+	out, err := r.c.Payment.Resolve(ctx, p.ID, lease.Token, lease.Holder, res, string(raw))
+	switch {
+	case problem.Has(err, problem.FencedOut):
+		log.Warn("resolution fenced out at the payment resource: a newer holder owns the account", obs.KeyEvent, "fenced_out", obs.KeyError, err.Error())
+		r.leave(rep, p, "fenced out at the payment resource (a newer holder owns the account)")
+		return
+	case err != nil:
+		log.Warn("resolution refused", obs.KeyError, err.Error())
+		r.leave(rep, p, "the payment resource refused the resolution: %v", err)
+		return
+	}
+	log.Info("ambiguous payout resolved from rail evidence", "resolution", string(res), "state", string(out.State), "rail_payments", len(lk.RailItems))
+	rep.Resolved = append(rep.Resolved, Resolved{
+		PayoutID: p.ID, AccountID: p.AccountID, ClientRef: p.ClientRef, Resolution: string(res),
+		State: string(out.State), Token: lease.Token, Evidence: string(raw),
+	})
+}

@@ -1,0 +1,117 @@
+package reconcile_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/rail/railclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+	"github.com/payouts/payouts/reconcile"
+)
+
+// resolveUntil runs passes until the payout is resolved (the rail's answer
+// becomes final one settlement window after the attempt), failing after a
+// generous timeout.
+func resolveUntil(t *testing.T, r *reconcile.Reconciler, payoutID string) reconcile.Resolved {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		rep := pass(t, r)
+		for _, x := range rep.Resolved {
+			if x.PayoutID == payoutID {
+				return x
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("payout %s not resolved; left: %+v", payoutID, rep.Unresolved)
+		}
+		time.Sleep(200 * time.Millisecond) // poll interval, not synchronisation
+	}
+}
+
+func TestResolveSettled(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	// The rail takes the payment and never answers.
+	p := e.ambiguous(t, e.newPayout(t, acc, 321), railclient.Faults{TimeoutAfterAccept: 1})
+	r := e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator)
+	x := resolveUntil(t, r, p.ID)
+	if x.Resolution != string(pc.ResolutionSettled) || x.State != string(pc.RailAcked) || !x.Token.Valid() {
+		t.Fatalf("resolved %+v, want SETTLED -> RAIL_ACKED under a token", x)
+	}
+	var ev struct {
+		ClientRef string                    `json:"client_ref"`
+		Final     bool                      `json:"final"`
+		RailItems []proxyclient.RailPayment `json:"rail_items"`
+	}
+	if err := json.Unmarshal([]byte(x.Evidence), &ev); err != nil || !ev.Final || ev.ClientRef != p.ClientRef || len(ev.RailItems) != 1 {
+		t.Fatalf("evidence %s (%v)", x.Evidence, err)
+	}
+	got, err := e.pay.Payout(ctxT(t), p.ID)
+	if err != nil || got.State != pc.RailAcked {
+		t.Fatalf("payout %s: %v %s", p.ID, err, got.State)
+	}
+	sub, err := e.proxy.Get(ctxT(t), p.ID)
+	if err != nil || sub.Resolution != proxyclient.ResolutionSettled {
+		t.Fatalf("proxy record: %v %+v", err, sub)
+	}
+	// The holder posts it; nothing is then out of place for this payout.
+	g := e.grant(t, acc)
+	if _, err := e.pay.Post(ctxT(t), p.ID, g.Token, g.Holder()); err != nil {
+		t.Fatalf("post after resolution: %v", err)
+	}
+	e.release(t, g)
+	rep := pass(t, r)
+	for _, f := range rep.Findings {
+		if f.Objects["payout_id"] == p.ID || f.Objects["account_id"] == acc {
+			t.Fatalf("finding about the resolved payout: %+v", f)
+		}
+	}
+}
+
+func TestResolveAbsent(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	// The connection drops before the rail accepts: nothing was paid.
+	p := e.ambiguous(t, e.newPayout(t, acc, 123), railclient.Faults{DropBeforeAccept: 1})
+	r := e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator)
+	x := resolveUntil(t, r, p.ID)
+	if x.Resolution != string(pc.ResolutionAbsent) || x.State != string(pc.Failed) {
+		t.Fatalf("resolved %+v, want ABSENT -> FAILED", x)
+	}
+	a, err := e.pay.Account(ctxT(t), acc)
+	if err != nil || a.Available != 10_000 {
+		t.Fatalf("account after failure: %v %+v", err, a)
+	}
+}
+
+func TestResolveWaitsForSettlementWindowAndLock(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.ambiguous(t, e.newPayout(t, acc, 55), railclient.Faults{TimeoutAfterAccept: 1})
+	// Younger than the reconciler's settlement window: not even looked up.
+	rep := pass(t, e.reconciler(t, reconcile.Options{Resolve: true, SettlementWindow: time.Hour}, e.st.Ready.Tokens.Operator))
+	if !leftWith(rep, p.ID, "settlement window") {
+		t.Fatalf("payout %s not left for the settlement window: %+v", p.ID, rep.Unresolved)
+	}
+	// Someone else holds the account: left for a later pass.
+	g := e.grant(t, acc)
+	rep = pass(t, e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator))
+	if !leftWith(rep, p.ID, "held by another session") {
+		t.Fatalf("payout %s not left while the lock is held: %+v", p.ID, rep.Unresolved)
+	}
+	e.release(t, g)
+	resolveUntil(t, e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator), p.ID)
+}
+
+func leftWith(rep *reconcile.Report, payoutID, reason string) bool {
+	for _, u := range rep.Unresolved {
+		if u.PayoutID == payoutID && strings.Contains(u.Reason, reason) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,239 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/rail/railclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+// Exit codes of `payouts reconcile` (DESIGN §4b).
+const (
+	ExitClean     = 0
+	ExitFindings  = 1
+	ExitCannotRun = 2
+)
+
+// Config is `payouts reconcile`.
+type Config struct {
+	LockURL, PaymentURL, ProxyURL, RailURL string
+	// Token is the bearer sent to every service (the reconciler role).
+	Token string
+	// RailToken, when set, is sent to the rail instead of Token (the rail's
+	// settlement report may need a different credential).
+	RailToken string
+	// Once runs one pass and returns its exit code.
+	Once bool
+	// Interval is the pause between passes in continuous mode.
+	Interval time.Duration
+	// Listen is the address of /metrics and /healthz in continuous mode.
+	Listen string
+	// JSON prints reports as JSON instead of a table.
+	JSON bool
+	// MetricsFile, when set, receives the metrics after every pass
+	// (Prometheus text format, written atomically).
+	MetricsFile string
+	// RequestTimeout bounds each call to a service.
+	RequestTimeout time.Duration
+	Options
+	// Out receives the reports (stdout).
+	Out      io.Writer
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+}
+
+// Run runs the reconciler. With Once it makes one pass, prints the
+// report and returns ExitClean, ExitFindings or ExitCannotRun. Otherwise it
+// serves /metrics and /healthz on Listen and makes a pass every Interval
+// until ctx ends, then returns ExitClean (or ExitCannotRun when it could
+// not start).
+func Run(ctx context.Context, cfg Config) (int, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.Options.Logger = cfg.Logger
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 30 * time.Second
+	}
+	opts := []httpx.ClientOption{httpx.WithTimeout(cfg.RequestTimeout)}
+	payment, err := paymentclient.New(cfg.PaymentURL, cfg.Token, opts...)
+	if err != nil {
+		return ExitCannotRun, fmt.Errorf("--payment-url: %w", err)
+	}
+	proxy, err := proxyclient.New(cfg.ProxyURL, cfg.Token, opts...)
+	if err != nil {
+		return ExitCannotRun, fmt.Errorf("--proxy-url: %w", err)
+	}
+	railToken := cfg.RailToken
+	if railToken == "" {
+		railToken = cfg.Token
+	}
+	rail, err := railclient.New(cfg.RailURL, railToken, opts...)
+	if err != nil {
+		return ExitCannotRun, fmt.Errorf("--rail-url: %w", err)
+	}
+	if cfg.Options.SessionTTL <= 0 {
+		cfg.Options.SessionTTL = DefaultSessionTTL
+	}
+	lock, err := NewLockService(cfg.LockURL, cfg.Token, cfg.Options.Owner, cfg.Options.SessionTTL, cfg.RequestTimeout)
+	if err != nil {
+		return ExitCannotRun, fmt.Errorf("--lock-url: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = lock.Close(cctx)
+	}()
+	rec, err := New(Clients{Lock: lock, Payment: payment, Proxy: proxy, Rail: rail}, cfg.Options)
+	if err != nil {
+		return ExitCannotRun, err
+	}
+	if cfg.Once {
+		return rec.once(ctx, cfg)
+	}
+	return rec.continuous(ctx, cfg)
+}
+
+// fileMetrics writes the metrics file from a registry holding only the
+// reconciler's series (node_exporter has its own process metrics).
+type fileMetrics struct {
+	path string
+	reg  *prometheus.Registry
+	m    *Metrics
+}
+
+func newFileMetrics(path string) *fileMetrics {
+	if path == "" {
+		return nil
+	}
+	reg := prometheus.NewRegistry()
+	return &fileMetrics{path: path, reg: reg, m: NewMetrics(reg)}
+}
+
+func (f *fileMetrics) write(rep *Report, err error, took time.Duration, end time.Time) error {
+	if f == nil {
+		return nil
+	}
+	f.m.Observe(rep, err, took, end)
+	if werr := prometheus.WriteToTextfile(f.path, f.reg); werr != nil {
+		return fmt.Errorf("write --metrics-file %s: %w", f.path, werr)
+	}
+	return nil
+}
+
+func (r *Reconciler) timedPass(ctx context.Context) (*Report, error, time.Duration, time.Time) {
+	start := time.Now()
+	rep, err := r.Pass(ctx)
+	end := time.Now()
+	return rep, err, end.Sub(start), end
+}
+
+func (r *Reconciler) print(cfg Config, rep *Report) error {
+	if cfg.Out == nil {
+		return nil
+	}
+	if cfg.JSON {
+		return rep.WriteJSON(cfg.Out)
+	}
+	return rep.WriteTable(cfg.Out)
+}
+
+func (r *Reconciler) once(ctx context.Context, cfg Config) (int, error) {
+	fm := newFileMetrics(cfg.MetricsFile)
+	rep, err, took, end := r.timedPass(ctx)
+	if werr := fm.write(rep, err, took, end); werr != nil && err == nil {
+		err = cannotRun("write the metrics file", werr)
+	}
+	if err != nil {
+		return ExitCannotRun, err
+	}
+	r.logFindings(rep)
+	if perr := r.print(cfg, rep); perr != nil {
+		return ExitCannotRun, perr
+	}
+	if !rep.Clean() {
+		return ExitFindings, nil
+	}
+	return ExitClean, nil
+}
+
+func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
+	if cfg.Interval <= 0 {
+		return ExitCannotRun, errors.New("--interval must be positive in continuous mode (or use --once)")
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = obs.NewRegistry()
+	}
+	metrics := NewMetrics(cfg.Registry)
+	fm := newFileMetrics(cfg.MetricsFile)
+	srv := httpx.NewServer(httpx.Config{Role: "reconcile", Addr: cfg.Listen, Logger: cfg.Logger, Registry: cfg.Registry})
+	addr, err := srv.Listen()
+	if err != nil {
+		return ExitCannotRun, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	r.log.Info("reconciler running", "listen", addr.String(), "interval", cfg.Interval.String())
+	var g httpx.Group
+	g.Add(srv.Serve)
+	g.Add(func(ctx context.Context) error {
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
+			rep, err, took, end := r.timedPass(ctx)
+			if ctx.Err() != nil {
+				return nil
+			}
+			metrics.Observe(rep, err, took, end)
+			if werr := fm.write(rep, err, took, end); werr != nil {
+				r.log.Error("could not write the metrics file", obs.KeyError, werr.Error())
+			}
+			if err != nil {
+				r.log.Error("reconciliation pass could not run", obs.KeyError, err.Error(), "took", took.String())
+			} else {
+				r.logFindings(rep)
+				if cfg.JSON {
+					_ = r.print(cfg, rep)
+				}
+			}
+			t.Reset(cfg.Interval)
+		}
+	})
+	if err := g.Run(ctx); err != nil {
+		return ExitCannotRun, err
+	}
+	return ExitClean, nil
+}
+
+// logFindings logs a pass's summary and each listed finding, at the level
+// its kind deserves (duplicate payments and attempts: ERROR).
+func (r *Reconciler) logFindings(rep *Report) {
+	for _, f := range rep.Findings {
+		level := slog.LevelWarn
+		switch f.Check {
+		case CheckDuplicateAttempt, CheckSettledPerClientRef, CheckForwardedSubmissions, CheckRailWithoutSubmission,
+			CheckSettledNotPosted, CheckLockRewound, CheckLedgerGroupSum, CheckBalanceDrift:
+			level = slog.LevelError
+		}
+		r.log.Log(context.Background(), level, "reconcile finding", obs.KeyEvent, f.Check, "invariant", f.Invariant, "objects", f.Objects, "evidence", f.Evidence)
+	}
+	total := 0
+	for _, n := range rep.Counts {
+		total += n
+	}
+	r.log.Info("reconciliation pass done", "findings", total, "resolved", len(rep.Resolved), "unresolved", len(rep.Unresolved),
+		"highest_fence", int64(rep.HighestFence), "lock_high_token", int64(rep.LockHighToken), "payouts", rep.Scanned.Payouts)
+}
