@@ -1,0 +1,72 @@
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/localinfra"
+)
+
+// TestMigrateCLI runs `payouts migrate` against a PostgreSQL server started
+// outside the binary, twice for each database (idempotent), and checks the
+// clear errors for a wrong --db and a missing --database-url.
+func TestMigrateCLI(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pg, err := localinfra.NewPGCluster(localinfra.PGOptions{Dir: filepath.Join(t.TempDir(), "pg")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Stop()
+	for _, db := range []string{"paydb", "proxydb", "lockdb"} {
+		if err := pg.CreateDatabase(ctx, db, ""); err != nil {
+			t.Fatal(err)
+		}
+		for run := 1; run <= 2; run++ {
+			out, errOut, code := runCLI(t, nil, "migrate", "--db", db, "--database-url", pg.URL(db))
+			if code != 0 || !strings.Contains(out, db+" migrated to version") {
+				t.Fatalf("migrate %s (run %d): exit %d\nstdout: %s\nstderr: %s", db, run, code, out, errOut)
+			}
+		}
+	}
+	// The environment variable form of the flag works too.
+	out, errOut, code := runCLI(t, []string{"PAYOUTS_DATABASE_URL=" + pg.URL("paydb")}, "migrate", "--db", "paydb")
+	if code != 0 {
+		t.Fatalf("migrate with PAYOUTS_DATABASE_URL: exit %d\n%s%s", code, out, errOut)
+	}
+	// A database holding another role's schema is refused.
+	if _, errOut, code := runCLI(t, nil, "migrate", "--db", "proxydb", "--database-url", pg.URL("paydb")); code == 0 {
+		t.Fatal("migrating paydb's database as proxydb succeeded")
+	} else if errOut == "" {
+		t.Fatal("refusal printed no reason")
+	}
+	if _, errOut, code := runCLI(t, nil, "migrate", "--db", "ledger", "--database-url", pg.URL("paydb")); code != 2 || !strings.Contains(errOut, "paydb, proxydb, lockdb") {
+		t.Fatalf("unknown --db: exit %d, stderr %q", code, errOut)
+	}
+	if _, errOut, code := runCLI(t, []string{"PAYOUTS_DATABASE_URL="}, "migrate", "--db", "paydb"); code != 2 || !strings.Contains(errOut, "--database-url") {
+		t.Fatalf("missing --database-url: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestServersRefuseToStartWithoutAuth: neither --auth-file nor
+// --insecure-no-auth is a start-up error, for every server role.
+func TestServersRefuseToStartWithoutAuth(t *testing.T) {
+	for _, role := range [][]string{
+		{"serve", "rail"},
+		{"serve", "lock", "--backend", "etcd", "--etcd-endpoints", "http://127.0.0.1:1"},
+		{"serve", "payment", "--database-url", "postgres://127.0.0.1:1/x"},
+		{"serve", "proxy", "--database-url", "postgres://127.0.0.1:1/x"},
+	} {
+		args := append(append([]string{}, role...), "--listen", "127.0.0.1:0")
+		_, errOut, code := runCLI(t, nil, args...)
+		if code == 0 || !strings.Contains(errOut, "--auth-file") {
+			t.Errorf("%v without auth: exit %d, stderr %q", role, code, errOut)
+		}
+	}
+}
