@@ -60,7 +60,7 @@ type Backend struct {
 
 	mu       sync.Mutex
 	observer backend.Observer
-	waiters  map[string]map[chan struct{}]struct{}
+	waiters  backend.Waiters
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -77,7 +77,7 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 		cfg.SweepInterval = 5 * time.Second
 	}
 	b := &Backend{cli: cfg.Client, prefix: strings.TrimRight(cfg.Prefix, "/"), log: cfg.Logger, sweepIv: cfg.SweepInterval,
-		observer: backend.NopObserver{}, waiters: map[string]map[chan struct{}]struct{}{}}
+		observer: backend.NopObserver{}}
 	if b.cli == nil {
 		if len(cfg.Endpoints) == 0 {
 			return nil, errors.New("etcdbackend: no etcd endpoints")
@@ -557,34 +557,9 @@ func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
 }
 
 // Changed implements backend.Backend: signalled from the watch.
-func (b *Backend) Changed(key string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
-	b.mu.Lock()
-	if b.waiters[key] == nil {
-		b.waiters[key] = map[chan struct{}]struct{}{}
-	}
-	b.waiters[key][ch] = struct{}{}
-	b.mu.Unlock()
-	return ch, func() {
-		b.mu.Lock()
-		delete(b.waiters[key], ch)
-		if len(b.waiters[key]) == 0 {
-			delete(b.waiters, key)
-		}
-		b.mu.Unlock()
-	}
-}
+func (b *Backend) Changed(key string) (<-chan struct{}, func()) { return b.waiters.Changed(key) }
 
-func (b *Backend) signal(key string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for ch := range b.waiters[key] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
-}
+func (b *Backend) signal(key string) { b.waiters.Signal(key) }
 
 func (b *Backend) startWatch(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))

@@ -47,7 +47,7 @@ type Backend struct {
 
 	mu       sync.Mutex
 	observer backend.Observer
-	waiters  map[string]map[chan struct{}]struct{}
+	waiters  backend.Waiters
 	listener *pgx.Conn // handed to Run's listen loop
 }
 
@@ -80,7 +80,7 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgbackend: connect: %w", err)
 	}
-	b := &Backend{pool: pool, cfg: cfg, log: cfg.Logger, observer: backend.NopObserver{}, waiters: map[string]map[chan struct{}]struct{}{}}
+	b := &Backend{pool: pool, cfg: cfg, log: cfg.Logger, observer: backend.NopObserver{}}
 	if err := b.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("pgbackend: %w", err)
@@ -569,34 +569,9 @@ func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
 }
 
 // Changed implements backend.Backend: signalled by LISTEN/NOTIFY (Run).
-func (b *Backend) Changed(key string) (<-chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
-	b.mu.Lock()
-	if b.waiters[key] == nil {
-		b.waiters[key] = map[chan struct{}]struct{}{}
-	}
-	b.waiters[key][ch] = struct{}{}
-	b.mu.Unlock()
-	return ch, func() {
-		b.mu.Lock()
-		delete(b.waiters[key], ch)
-		if len(b.waiters[key]) == 0 {
-			delete(b.waiters, key)
-		}
-		b.mu.Unlock()
-	}
-}
+func (b *Backend) Changed(key string) (<-chan struct{}, func()) { return b.waiters.Changed(key) }
 
-func (b *Backend) signal(key string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for ch := range b.waiters[key] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
-}
+func (b *Backend) signal(key string) { b.waiters.Signal(key) }
 
 // Run implements backend.Backend: the reaper, failover detection and the
 // LISTEN loop, until ctx ends.
