@@ -6,7 +6,7 @@ import "sync"
 // backends keep: Changed subscribes, Signal wakes every subscriber of a key
 // (a best-effort hint; waiters also retry on a timer).
 type Waiters struct {
-	mu   sync.Mutex
+	mu    sync.Mutex
 	byKey map[string]map[chan struct{}]struct{}
 }
 
