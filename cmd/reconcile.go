@@ -75,5 +75,6 @@ on --listen. docs/operations.md explains every finding.`,
 	fl.IntVar(&cfg.PageSize, "page-size", reconcile.DefaultPageSize, "page size of every list read (1..1000)")
 	fl.IntVar(&cfg.MaxFindings, "max-findings", reconcile.DefaultMaxFindings, "list at most this many findings (all are counted)")
 	fl.DurationVar(&cfg.RequestTimeout, "request-timeout", 30*time.Second, "timeout of each call to a service")
+	fl.StringVar(&cfg.StateFile, "state-file", "", "remember which safety events were reported, so each fenced_out, token_regression, rejected_transition or duplicate_attempt event is reported (exit 1) by one pass only; without it every pass reports every event ever recorded")
 	return c
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/payouts/payouts/internal/devstack"
 	"github.com/payouts/payouts/internal/localinfra"
+	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/proctest"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
@@ -121,6 +122,25 @@ func TestReconcileCLI(t *testing.T) {
 	stopExecutor(t, ex)
 	if out, log, code := s.reconcileOnce(t, "--json"); code != 0 {
 		t.Fatalf("after resolution and posting: exit %d, findings %+v\n%s", code, out.Findings, log)
+	}
+
+	// A stale holder is fenced out: with --state-file the event is reported
+	// (exit 1) by one run, and the next run is clean again.
+	stale := s.payout(t, "rc-ok-0").Token
+	s.createPayout(t, "rc-stale", "rc-1", 10, "BEN-rc")
+	if _, err := s.pay.Claim(ctxT(t, 30*time.Second), "rc-stale", stale, "stale-holder"); !problem.Has(err, problem.FencedOut) {
+		t.Fatalf("stale claim: %v, want fenced_out", err)
+	}
+	stateFile := filepath.Join(t.TempDir(), "reconcile-state.json")
+	out, log, code = s.reconcileOnce(t, "--json", "--state-file", stateFile)
+	if code != 1 || len(out.Findings) != 1 || out.Findings[0].Check != "fenced_out" || out.Findings[0].Objects["holder"] != "stale-holder" {
+		t.Fatalf("fenced-out event, first run with a state file: exit %d, findings %+v\n%s", code, out.Findings, log)
+	}
+	if out, log, code := s.reconcileOnce(t, "--json", "--state-file", stateFile); code != 0 || len(out.Findings) != 0 {
+		t.Fatalf("second run with the same state file: exit %d, findings %+v\n%s", code, out.Findings, log)
+	}
+	if _, _, code := s.reconcileOnce(t, "--json"); code != 1 {
+		t.Fatalf("without a state file every event is reported: exit %d, want 1", code)
 	}
 
 	// Paid twice at the rail, behind the system's back: exit 1, INV-02.

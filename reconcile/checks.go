@@ -792,7 +792,8 @@ func (r *Reconciler) reportSafetyEvent(rep *Report, e safetyEvent) {
 }
 
 func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
-	var after int64
+	after := r.opts.SafetyEventsAfter.Payment
+	rep.SafetyEventsSeen = r.opts.SafetyEventsAfter
 	for {
 		page, err := r.c.Payment.SafetyEvents(ctx, after, r.opts.PageSize)
 		if err != nil {
@@ -800,6 +801,7 @@ func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
 		}
 		for _, e := range page.Items {
 			after = max(after, e.ID)
+			rep.SafetyEventsSeen.Payment = max(rep.SafetyEventsSeen.Payment, e.ID)
 			r.reportSafetyEvent(rep, safetyEvent{guard: "payment", id: e.ID, kind: e.Kind, key: e.Key, presented: e.PresentedToken, stored: e.StoredToken,
 				holder: e.Holder, storedHolder: e.StoredHolder, payoutID: e.PayoutID, detail: e.Detail, at: e.At})
 		}
@@ -811,12 +813,16 @@ func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
 		}
 	}
 	cursor := ""
+	if n := r.opts.SafetyEventsAfter.Proxy; n > 0 {
+		cursor = strconv.FormatInt(n, 10)
+	}
 	for {
 		page, err := r.c.Proxy.SafetyEvents(ctx, cursor, r.opts.PageSize)
 		if err != nil {
 			return cannotRun("read the rail proxy's safety events", err)
 		}
 		for _, e := range page.Items {
+			rep.SafetyEventsSeen.Proxy = max(rep.SafetyEventsSeen.Proxy, e.ID)
 			r.reportSafetyEvent(rep, safetyEvent{guard: "proxy", id: e.ID, kind: e.Kind, key: e.Key, presented: e.PresentedToken, stored: e.StoredToken,
 				holder: e.Holder, storedHolder: e.StoredHolder, payoutID: e.PayoutID, detail: e.Detail, at: e.At})
 			cursor = strconv.FormatInt(e.ID, 10)

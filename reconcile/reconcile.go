@@ -58,6 +58,16 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock for ages (tests); time.Now when nil.
 	Now func() time.Time
+	// SafetyEventsAfter skips the safety events an earlier pass already
+	// reported (ids at or below the cursor, per guard). The zero value
+	// reports every event ever recorded.
+	SafetyEventsAfter EventCursor
+}
+
+// EventCursor is a position in each guard's safety-event log.
+type EventCursor struct {
+	Payment int64 `json:"payment"`
+	Proxy   int64 `json:"proxy"`
 }
 
 func (o *Options) defaults() {

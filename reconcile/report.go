@@ -138,6 +138,9 @@ type Report struct {
 	// Notes are limits of this pass an operator should know about
 	// (e.g. a check that could not run in full).
 	Notes []string `json:"notes"`
+	// SafetyEventsSeen is the highest safety-event id read at each guard;
+	// with --state-file the next pass reports only events after it.
+	SafetyEventsSeen EventCursor `json:"safety_events_seen"`
 
 	maxFindings int
 }

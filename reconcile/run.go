@@ -45,6 +45,9 @@ type Config struct {
 	MetricsFile string
 	// RequestTimeout bounds each call to a service.
 	RequestTimeout time.Duration
+	// StateFile, when set, remembers which safety events were already
+	// reported, so each is reported by one pass only (see State).
+	StateFile string
 	Options
 	// Out receives the reports (stdout).
 	Out      io.Writer
@@ -94,6 +97,13 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		defer cancel()
 		_ = lock.Close(cctx)
 	}()
+	if cfg.StateFile != "" {
+		st, err := LoadState(cfg.StateFile)
+		if err != nil {
+			return ExitCannotRun, err
+		}
+		cfg.Options.SafetyEventsAfter = st.SafetyEventsAfter
+	}
 	rec, err := New(Clients{Lock: lock, Payment: payment, Proxy: proxy, Rail: rail}, cfg.Options)
 	if err != nil {
 		return ExitCannotRun, err
@@ -161,6 +171,9 @@ func (r *Reconciler) once(ctx context.Context, cfg Config) (int, error) {
 	if perr := r.print(cfg, rep); perr != nil {
 		return ExitCannotRun, perr
 	}
+	if err := r.saveState(cfg, rep); err != nil {
+		return ExitCannotRun, err
+	}
 	if !rep.Clean() {
 		return ExitFindings, nil
 	}
@@ -208,6 +221,9 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 				if cfg.JSON {
 					_ = r.print(cfg, rep)
 				}
+				if err := r.saveState(cfg, rep); err != nil {
+					r.log.Error("could not write the state file", obs.KeyError, err.Error())
+				}
 			}
 			t.Reset(cfg.Interval)
 		}
@@ -216,6 +232,20 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 		return ExitCannotRun, err
 	}
 	return ExitClean, nil
+}
+
+// saveState records how far the safety-event logs were reported, after the
+// report is out; the next pass (this process's or the next cron run's)
+// starts after it. Without a state file every pass reports every event.
+func (r *Reconciler) saveState(cfg Config, rep *Report) error {
+	if cfg.StateFile == "" {
+		return nil
+	}
+	if err := SaveState(cfg.StateFile, State{SafetyEventsAfter: rep.SafetyEventsSeen}); err != nil {
+		return cannotRun("save the state file", err)
+	}
+	r.opts.SafetyEventsAfter = rep.SafetyEventsSeen
+	return nil
 }
 
 // logFindings logs a pass's summary and each listed finding, at the level
