@@ -39,6 +39,9 @@ type Options struct {
 	SettlementWindow time.Duration
 	// RailTimeout is the proxy's timeout for a rail call.
 	RailTimeout time.Duration
+	// EtcdNodes is the size of the embedded etcd cluster (default 1). With
+	// more than one, only the first member's ports follow PortBase.
+	EtcdNodes int
 }
 
 // Ready is the ready line of DESIGN §4b.
@@ -176,6 +179,9 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	if opts.RailTimeout == 0 {
 		opts.RailTimeout = 2 * time.Second
 	}
+	if opts.EtcdNodes == 0 {
+		opts.EtcdNodes = 1
+	}
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
 		return nil, err
 	}
@@ -214,8 +220,8 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 		}
 	}
 
-	opts.Logger.Info("starting embedded etcd", "dir", filepath.Join(dir, "etcd"))
-	s.etcd, err = localinfra.StartEtcd(ctx, filepath.Join(dir, "etcd"), 1, p.etcdClient, p.etcdPeer)
+	opts.Logger.Info("starting embedded etcd", "dir", filepath.Join(dir, "etcd"), "members", opts.EtcdNodes)
+	s.etcd, err = localinfra.StartEtcd(ctx, filepath.Join(dir, "etcd"), opts.EtcdNodes, p.etcdClient, p.etcdPeer)
 	if err != nil {
 		return nil, err
 	}
@@ -397,3 +403,7 @@ func (s *Stack) Stop() error {
 
 // PG is the stack's PostgreSQL cluster.
 func (s *Stack) PG() *localinfra.PGCluster { return s.pg }
+
+// Etcd is the stack's embedded etcd cluster (members can be stopped and
+// restarted, e.g. to make the cluster lose its leader).
+func (s *Stack) Etcd() *localinfra.EtcdCluster { return s.etcd }
