@@ -10,8 +10,14 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) .
 
 # The whole suite: real PostgreSQL and embedded etcd, race detector on.
+# The primaries are then compiled out (build tag negativecontrol) to show
+# each invariant's detective control fire; only the negative-control tests
+# run there, since the ordinary guard tests are meant to fail without them.
+NEGATIVE_PKGS := ./negativecontrol/ ./payment/ ./railproxy/ ./lock/
+
 test:
 	$(GO) test -race -count=1 -timeout 60m ./...
+	$(GO) test -race -count=1 -timeout 30m -tags negativecontrol -run NegativeControl $(NEGATIVE_PKGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -80,6 +80,15 @@ func alive(pid int) bool {
 func TestDevUpReadyStopRestart(t *testing.T) {
 	dir := t.TempDir()
 	cmd, ready, stderr := startDevUp(t, dir, 0)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("dev up stderr:\n%s", stderr.String())
+			for role, path := range ready.Logs {
+				b, _ := os.ReadFile(path)
+				t.Logf("--- %s log ---\n%s", role, tailLines(string(b), 20))
+			}
+		}
+	})
 	// Every role answers, and the generated tokens authenticate.
 	for _, u := range []string{ready.LockURL, ready.PaymentURL, ready.ProxyURL, ready.RailURL} {
 		resp, err := http.Get(u + "/readyz")

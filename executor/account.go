@@ -44,8 +44,9 @@ type run struct {
 }
 
 // workAccount takes the account's lock without waiting and drives its
-// payouts; it reports whether any payout moved.
-func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (progressed bool) {
+// payouts; it reports whether any payout moved, and whether a guard fenced
+// the grant out.
+func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (progressed, fenced bool) {
 	key := fencing.Key(account)
 	ctx, cancel := e.callCtx()
 	g, err := sess.TryAcquire(ctx, key)
@@ -55,11 +56,11 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 			// Another executor is on it: normal.
 			e.m.acquires.WithLabelValues("held").Inc()
 			log.Debug("account locked by another holder; skipping", obs.KeyKey, key, obs.KeyAccountID, account)
-			return false
+			return false, false
 		}
 		e.m.acquires.WithLabelValues("error").Inc()
 		log.Warn("could not take the account's lock; skipping it (fail closed)", obs.KeyKey, key, obs.KeyAccountID, account, obs.KeyError, err.Error())
-		return false
+		return false, false
 	}
 	e.m.acquires.WithLabelValues("acquired").Inc()
 	e.m.activeGrants.Inc()
@@ -81,23 +82,27 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 		p, ok, err := r.next()
 		if err != nil {
 			r.log.Warn("could not list the account's payouts; leaving it for a later pass", obs.KeyError, err.Error())
-			return progressed
+			return progressed, false
 		}
 		if !ok {
-			return progressed
+			return progressed, false
 		}
 		err = r.drive(p)
+		if errors.Is(err, errFenced) {
+			r.log.Warn("stopping work on the account", obs.KeyPayoutID, p.ID, "reason", err.Error())
+			return progressed, true
+		}
 		progressed = true
 		if err != nil {
 			lvl := slog.LevelInfo
-			if errors.Is(err, errFenced) || errors.Is(err, errStepBudget) {
+			if errors.Is(err, errStepBudget) {
 				lvl = slog.LevelWarn
 			}
 			r.log.Log(e.base, lvl, "stopping work on the account", obs.KeyPayoutID, p.ID, "reason", err.Error())
-			return progressed
+			return progressed, false
 		}
 	}
-	return progressed
+	return progressed, false
 }
 
 // next finds the payout to work on: an in-flight one first, then the

@@ -127,6 +127,11 @@ type Executor struct {
 
 	mu     sync.Mutex
 	active map[string]bool // accounts a worker is on
+	// fencedOff holds accounts whose last grant was fenced out: a guard
+	// stores a fence above the tokens the lock service now issues (a later
+	// holder, or a rewound lock service). Retrying at once would only mint
+	// tokens and fenced_out events, so the account waits, longer each time.
+	fencedOff map[string]*cooldown
 }
 
 // New builds an executor from cfg.
@@ -150,7 +155,7 @@ func New(cfg Config) (*Executor, error) {
 	}
 	e := &Executor{
 		cfg: cfg, log: cfg.Logger, pay: pay, proxy: proxy, lock: lk,
-		m: newMetrics(cfg.Registry), stopCh: make(chan struct{}), active: map[string]bool{},
+		m: newMetrics(cfg.Registry), stopCh: make(chan struct{}), active: map[string]bool{}, fencedOff: map[string]*cooldown{},
 	}
 	return e, nil
 }
@@ -345,6 +350,9 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 		}
 		e.mu.Lock()
 		busy := e.active[it.AccountID]
+		if c := e.fencedOff[it.AccountID]; c != nil && time.Now().Before(c.until) {
+			busy = true
+		}
 		if !busy {
 			e.active[it.AccountID] = true
 		}
@@ -356,9 +364,21 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 		wg.Add(1)
 		go func(account string) {
 			defer wg.Done()
-			did := e.workAccount(sess, log, account)
+			did, fenced := e.workAccount(sess, log, account)
 			e.mu.Lock()
 			delete(e.active, account)
+			if fenced {
+				c := e.fencedOff[account]
+				if c == nil {
+					c = &cooldown{b: backoff{min: time.Second, max: 30 * time.Second}}
+					e.fencedOff[account] = c
+				}
+				wait := c.b.next()
+				c.until = time.Now().Add(wait)
+				log.Warn("account fenced out: leaving it alone for a while", obs.KeyAccountID, account, "retry_in", wait.String())
+			} else if did {
+				delete(e.fencedOff, account)
+			}
 			e.mu.Unlock()
 			<-slots
 			if did {
@@ -369,6 +389,12 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 			}
 		}(it.AccountID)
 	}
+}
+
+// cooldown is how long an account that was fenced out waits.
+type cooldown struct {
+	b     backoff
+	until time.Time
 }
 
 // backoff is a capped exponential backoff with jitter.

@@ -308,4 +308,53 @@ func TestExecutorInProcess(t *testing.T) {
 			t.Fatalf("cancel of a missing payout: %v, want not_found", err)
 		}
 	})
+
+	// A guard holds a fence above every token the lock service issues now
+	// (as after a restore without D-13): each try only mints a token and a
+	// fenced_out event, so the executor backs off from the account instead
+	// of retrying at its poll interval.
+	t.Run("a fenced-out account is backed off", func(t *testing.T) {
+		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: "ip-f", Currency: "EUR", OpeningBalance: 10_000}); err != nil {
+			t.Fatal(err)
+		}
+		mk("ip-f1", "ip-f", 100, "BEN-f")
+		const high = fencing.Token(1 << 50)
+		if _, err := s.pay.Claim(ctx, "ip-f1", high, "restored-elsewhere"); err != nil {
+			t.Fatal(err)
+		}
+		log := newSyncBuf()
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- Run(rctx, s.config(t, "ip-exec-f", log)) }()
+		key := fencing.Key("ip-f")
+		var fenced []pc.SafetyEvent
+		waitFor(t, 2*time.Minute, "two fenced-out attempts on ip-f", func() bool {
+			fenced = fenced[:0]
+			page, err := s.pay.SafetyEvents(ctx, 0, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range page.Items {
+				if e.Key == key && e.Kind == "fenced_out" {
+					fenced = append(fenced, e)
+				}
+			}
+			return len(fenced) >= 2
+		})
+		stop()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		// The first cooldown is at least half a second (1 s with jitter);
+		// without it the next try would follow within one poll (100 ms).
+		if gap := fenced[1].At.Sub(fenced[0].At); gap < 450*time.Millisecond {
+			t.Fatalf("second try %s after the first fenced-out one: no backoff", gap)
+		}
+		if !strings.Contains(log.String(), `"msg":"account fenced out: leaving it alone for a while"`) {
+			t.Error("executor log does not say it backs off the fenced-out account")
+		}
+		if got := s.state(t, "ip-f1"); got != pc.Claimed {
+			t.Fatalf("ip-f1 is %s, want CLAIMED (untouched by the stale executor)", got)
+		}
+	})
 }

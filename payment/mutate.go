@@ -148,7 +148,7 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 			ev = EvInsufficientFunds
 		}
 	}
-	to, ok := Next(p.State, ev)
+	to, ok := decide(p.State, ev)
 	if !ok {
 		return pc.Payout{}, &rejection{state: p.State, event: ev, payout: p}, nil
 	}

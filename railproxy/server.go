@@ -204,6 +204,9 @@ func validateSubmit(r proxyclient.SubmitRequest) error {
 		if len(f.v) > maxIDLen {
 			return problem.New(problem.InvalidRequest, "%s is longer than %d characters", f.name, maxIDLen)
 		}
+		if strings.ContainsRune(f.v, 0) {
+			return problem.New(problem.InvalidRequest, "%s must not contain NUL characters", f.name)
+		}
 	}
 	if !r.Token.Valid() {
 		return problem.New(problem.InvalidRequest, "token is required and must be a positive integer below 2^53, got %d", int64(r.Token))

@@ -90,11 +90,7 @@ func (st *store) writeIntent(ctx context.Context, req proxyclient.SubmitRequest)
 	if err != nil {
 		return proxyclient.Record{}, 0, fmt.Errorf("advance high-water: %w", err)
 	}
-	rec, err := scanRecord(tx.QueryRow(ctx, `
-		INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-		ON CONFLICT (payout_id) WHERE outcome IS DISTINCT FROM 'FENCED' DO NOTHING
-		RETURNING `+recordCols,
+	rec, err := scanRecord(tx.QueryRow(ctx, intentSQL+recordCols,
 		req.PayoutID, req.AccountID, int64(req.Token), string(req.Holder), req.ClientRef, req.Amount, req.Currency, req.BeneficiaryRef))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return proxyclient.Record{}, intentExists, nil

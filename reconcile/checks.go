@@ -45,7 +45,7 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 			rep.HighestFence, lockHigh, rep.HighestFence)
 	}
 
-	grants := &grantIndex{svc: r.c.Lock, limit: r.opts.PageSize, keys: map[fencing.Token]string{}}
+	grants := &grantIndex{svc: r.c.Lock, limit: r.opts.PageSize, keys: map[fencing.Token]string{}, sessions: map[fencing.Token]string{}}
 	if err := grants.load(ctx); err != nil {
 		return cannotRun("read the lock service's grant log", err)
 	}
@@ -77,7 +77,9 @@ type grantIndex struct {
 	svc   LockService
 	limit int
 	keys  map[fencing.Token]string
-	last  fencing.Token
+	// sessions is the session each token was granted to.
+	sessions map[fencing.Token]string
+	last     fencing.Token
 }
 
 // load reads the grant log from where it stopped last time.
@@ -89,6 +91,7 @@ func (g *grantIndex) load(ctx context.Context) error {
 		}
 		for _, it := range items {
 			g.keys[it.Token] = it.Key
+			g.sessions[it.Token] = it.SessionID
 			g.last = max(g.last, it.Token)
 		}
 		if next == 0 || len(items) == 0 {
@@ -677,10 +680,18 @@ func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, 
 		if err != nil {
 			return cannotRun("read the lock service's grant log", err)
 		}
+		objs := map[string]any{"payout_id": p.ID, "submission_id": s.ID, "account_id": s.AccountID, "token": s.FenceToken, "holder": string(s.Holder), "key": key}
 		if ok {
+			// The token was granted for this key, but to whom? A holder other
+			// than the grant's session means the token was issued twice
+			// (a rewound lock service) and this write rode on a grant that
+			// was never its own.
+			if sess := grants.sessions[s.FenceToken]; sess != "" && sess != string(s.Holder) {
+				objs["granted_session"] = sess
+				rep.add(CheckSubmissionWithoutGrant, objs, "submission %d of payout %s was forwarded with token %d by holder %s, but the lock service granted that token to session %s", s.ID, p.ID, s.FenceToken, s.Holder, sess)
+			}
 			continue
 		}
-		objs := map[string]any{"payout_id": p.ID, "submission_id": s.ID, "account_id": s.AccountID, "token": s.FenceToken, "holder": string(s.Holder), "key": key}
 		if other != "" {
 			objs["granted_key"] = other
 			rep.add(CheckSubmissionWithoutGrant, objs, "submission %d of payout %s was forwarded with token %d, which the lock service granted for %s, not %s", s.ID, p.ID, s.FenceToken, other, key)

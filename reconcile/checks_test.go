@@ -297,6 +297,21 @@ func TestWritesWithoutGrant(t *testing.T) {
 	mustFind(t, rep, reconcile.INV07, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID, "account_id": "payout-clearing", "token": never})
 }
 
+// TestSubmissionUnderAnotherSessionsToken: a token the lock service granted
+// for the right key, but to a different session than the submission's
+// holder (a token issued twice), is flagged.
+func TestSubmissionUnderAnotherSessionsToken(t *testing.T) {
+	e := sharedStack(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.newPayout(t, acc, 10)
+	g := e.grant(t, acc)
+	e.release(t, g)
+	e.exec(t, "proxydb", false, `INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
+		VALUES ($1, $2, $3, 'impostor-session', $4, $5, 'EUR', 'BEN-x')`, p.ID, acc, int64(g.Token), p.ClientRef, p.Amount)
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV07, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID, "holder": "impostor-session", "granted_session": g.SessionID})
+}
+
 // TestZLockServiceRewound leaves a fence far above anything the lock
 // service has issued (on an account of its own), so every later pass on the
 // shared stack reports it too.

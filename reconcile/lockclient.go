@@ -44,7 +44,7 @@ func (l *lockService) Grants(ctx context.Context, after fencing.Token, limit int
 	}
 	out := make([]GrantRecord, 0, len(p.Items))
 	for _, g := range p.Items {
-		out = append(out, GrantRecord{Token: g.Token, Key: g.Key})
+		out = append(out, GrantRecord{Token: g.Token, Key: g.Key, SessionID: g.SessionID})
 	}
 	var next fencing.Token
 	if p.Next != "" {

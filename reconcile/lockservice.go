@@ -10,6 +10,9 @@ import (
 type GrantRecord struct {
 	Token fencing.Token
 	Key   string
+	// SessionID is the session the token was granted to: the holder every
+	// write under this token must name.
+	SessionID string
 }
 
 // Lease is a grant the reconciler holds while it resolves one payout.

@@ -228,43 +228,97 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 
 	url := func(port int) string { return "http://127.0.0.1:" + strconv.Itoa(port) }
 	s.Ready = Ready{
-		LockURL: url(p.lock), PaymentURL: url(p.payment), ProxyURL: url(p.proxy), RailURL: url(p.rail),
 		Tokens: tokens, DatabaseURLs: urls, PIDs: map[string]int{"dev": os.Getpid()},
 		Etcd: s.etcd.Endpoints(), Logs: map[string]string{}, Dir: dir,
 	}
 	if pid, err := s.postmasterPID(); err == nil {
 		s.Ready.PIDs["postgres"] = pid
 	}
-	listen := func(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
-	roles := []struct {
-		name string
-		args []string
-		url  string
-	}{
-		{"rail", []string{"serve", "rail", "--listen", listen(p.rail), "--auth-file", s.authFile,
-			"--settlement-window", opts.SettlementWindow.String()}, s.Ready.RailURL},
-		{"lock", []string{"serve", "lock", "--listen", listen(p.lock), "--auth-file", s.authFile,
-			"--backend", "etcd", "--etcd-endpoints", strings.Join(s.etcd.Endpoints(), ",")}, s.Ready.LockURL},
-		{"payment", []string{"serve", "payment", "--listen", listen(p.payment), "--auth-file", s.authFile,
-			"--database-url", urls.PayDB}, s.Ready.PaymentURL},
-		{"proxy", []string{"serve", "proxy", "--listen", listen(p.proxy), "--auth-file", s.authFile,
-			"--database-url", urls.ProxyDB, "--rail-url", s.Ready.RailURL, "--rail-token", tokens.Executor,
-			"--rail-timeout", opts.RailTimeout.String()}, s.Ready.ProxyURL},
-	}
-	for _, r := range roles {
-		if err := s.startChild(r.name, r.args...); err != nil {
-			return nil, err
+	// With fixed ports each role listens where the ready line says. With
+	// free ports each role binds port 0 itself and the stack reads the
+	// address it logs: a port picked here and bound later by the child could
+	// be taken by anything on the machine in between, and a readiness probe
+	// would then be answered by someone else's server.
+	listen := func(port int) string {
+		if opts.PortBase == 0 {
+			return "127.0.0.1:0"
 		}
+		return "127.0.0.1:" + strconv.Itoa(port)
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	for _, r := range roles {
-		if err := s.waitReady(rctx, r.name, r.url); err != nil {
+	start := func(name string, port int, args ...string) (string, error) {
+		args = append(args, "--listen", listen(port), "--auth-file", s.authFile)
+		offset := fileSize(filepath.Join(dir, "logs", name+".log"))
+		if err := s.startChild(name, args...); err != nil {
+			return "", err
+		}
+		if opts.PortBase != 0 {
+			return url(port), nil
+		}
+		addr, err := s.waitListening(rctx, name, offset)
+		if err != nil {
+			return "", err
+		}
+		return "http://" + addr, nil
+	}
+	if s.Ready.RailURL, err = start("rail", p.rail, "serve", "rail", "--settlement-window", opts.SettlementWindow.String()); err != nil {
+		return nil, err
+	}
+	if s.Ready.LockURL, err = start("lock", p.lock, "serve", "lock", "--backend", "etcd", "--etcd-endpoints", strings.Join(s.etcd.Endpoints(), ",")); err != nil {
+		return nil, err
+	}
+	if s.Ready.PaymentURL, err = start("payment", p.payment, "serve", "payment", "--database-url", urls.PayDB); err != nil {
+		return nil, err
+	}
+	if s.Ready.ProxyURL, err = start("proxy", p.proxy, "serve", "proxy", "--database-url", urls.ProxyDB, "--rail-url", s.Ready.RailURL,
+		"--rail-token", tokens.Executor, "--rail-timeout", opts.RailTimeout.String()); err != nil {
+		return nil, err
+	}
+	for name, u := range map[string]string{"rail": s.Ready.RailURL, "lock": s.Ready.LockURL, "payment": s.Ready.PaymentURL, "proxy": s.Ready.ProxyURL} {
+		if err := s.waitReady(rctx, name, u); err != nil {
 			return nil, err
 		}
 	}
 	ok = true
 	return s, nil
+}
+
+func fileSize(path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}
+
+// waitListening reads a child's log from offset until it logs the address
+// it listens on (httpx logs {"msg":"listening","addr":...} once bound).
+func (s *Stack) waitListening(ctx context.Context, name string, offset int64) (string, error) {
+	s.mu.Lock()
+	c := s.children[name]
+	path := s.Ready.Logs[name]
+	s.mu.Unlock()
+	for {
+		if b, err := os.ReadFile(path); err == nil && int64(len(b)) >= offset {
+			for _, line := range strings.Split(string(b[offset:]), "\n") {
+				var rec struct {
+					Msg  string `json:"msg"`
+					Addr string `json:"addr"`
+				}
+				if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
+					return rec.Addr, nil
+				}
+			}
+		}
+		select {
+		case <-c.done:
+			return "", fmt.Errorf("%s exited during start; see %s:\n%s", name, path, tailFile(path, 15))
+		case <-ctx.Done():
+			return "", fmt.Errorf("%s never logged its listen address: %w; see %s", name, ctx.Err(), path)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func (s *Stack) postmasterPID() (int, error) {

@@ -302,7 +302,7 @@ WITH ts AS MATERIALIZED (
 	UPDATE lock_entry e
 	   SET owner = sess.owner, session_id = sess.id, token = nextval('lock_token_seq'), acquired_at = (SELECT at FROM ts)
 	  FROM sess, cur
-	 WHERE e.key = $1 AND e.token = cur.token AND NOT cur.live
+	 WHERE e.key = $1 AND e.token = cur.token AND ` + takeoverSQL + `
 	RETURNING e.key, e.owner, e.session_id, e.token, e.acquired_at, cur.token AS prev_token
 ), fresh AS (
 	INSERT INTO lock_entry (key, owner, session_id, token, acquired_at)

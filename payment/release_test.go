@@ -1,0 +1,29 @@
+//go:build !negativecontrol
+
+package payment
+
+import (
+	"testing"
+
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// TestReleaseBuildPrimariesOn: a build without the negativecontrol tag
+// carries guard 1's fence condition and enforces the transition table
+// (INV-01, INV-05, INV-08): decide refuses every pair the table does not
+// list.
+func TestReleaseBuildPrimariesOn(t *testing.T) {
+	if !guardEnabled || !transitionTableEnabled {
+		t.Fatalf("release build: guardEnabled=%v transitionTableEnabled=%v, want both true", guardEnabled, transitionTableEnabled)
+	}
+	states := []pc.State{pc.Pending, pc.Claimed, pc.RailSubmitted, pc.RailAcked, pc.RailAmbiguous, pc.Posted, pc.Failed, pc.Abandoned}
+	for _, s := range states {
+		for _, ev := range Events {
+			want, listed := Next(s, ev)
+			got, ok := decide(s, ev)
+			if ok != listed || got != want {
+				t.Errorf("decide(%s, %s) = %s, %v; the table says %s, %v", s, ev, got, ok, want, listed)
+			}
+		}
+	}
+}
