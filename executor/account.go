@@ -63,6 +63,11 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 		return false, false
 	}
 	e.m.acquires.WithLabelValues("acquired").Inc()
+	// A re-acquire by this session returns the same grant, released below
+	// like any other: an earlier failed release of it is superseded.
+	e.mu.Lock()
+	delete(e.unreleased, key)
+	e.mu.Unlock()
 	e.m.activeGrants.Inc()
 	r := &run{e: e, g: g, account: account, log: e.log.With(obs.KeyKey, key, obs.KeyAccountID, account,
 		obs.KeyToken, int64(g.Token()), obs.KeyHolder, string(g.Holder()))}
@@ -72,8 +77,15 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 		ctx, cancel := e.callCtx()
 		defer cancel()
 		if err := g.Release(ctx); err != nil {
+			if releaseRetryable(err) {
+				// No verdict: retried on every poll, or the key would stay
+				// held by this live session.
+				e.releaseLater(g)
+				r.log.Warn("lock release failed; retrying on the next poll", obs.KeyError, err.Error())
+				return
+			}
 			// After a loss the key is no longer ours; the release is moot.
-			r.log.Info("lock release refused or failed; it ends with the session", obs.KeyError, err.Error())
+			r.log.Info("lock release refused; the key is no longer ours", obs.KeyError, err.Error())
 			return
 		}
 		r.log.Info("lock released")

@@ -22,6 +22,8 @@ import (
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/lockclient"
 	"github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
@@ -132,6 +134,13 @@ type Executor struct {
 	// holder, or a rewound lock service). Retrying at once would only mint
 	// tokens and fenced_out events, so the account waits, longer each time.
 	fencedOff map[string]*cooldown
+	// unreleased holds grants whose release failed (the lock service was
+	// unreachable or restarting). The session stays alive, so such a key
+	// would stay held for as long as this process runs, blocking every
+	// other holder — an operator, the reconciler resolving an ambiguous
+	// payout — whenever this executor has no further work there. Each poll
+	// retries them until the release lands or the session is gone.
+	unreleased map[string]grant
 }
 
 // New builds an executor from cfg.
@@ -155,7 +164,7 @@ func New(cfg Config) (*Executor, error) {
 	}
 	e := &Executor{
 		cfg: cfg, log: cfg.Logger, pay: pay, proxy: proxy, lock: lk,
-		m: newMetrics(cfg.Registry), stopCh: make(chan struct{}), active: map[string]bool{}, fencedOff: map[string]*cooldown{},
+		m: newMetrics(cfg.Registry), stopCh: make(chan struct{}), active: map[string]bool{}, fencedOff: map[string]*cooldown{}, unreleased: map[string]grant{},
 	}
 	return e, nil
 }
@@ -289,7 +298,13 @@ func (e *Executor) sleep(d time.Duration) bool {
 // worker has finished.
 func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		wg.Wait()
+		// Whatever this session still holds ends with it.
+		e.mu.Lock()
+		clear(e.unreleased)
+		e.mu.Unlock()
+	}()
 	slots := make(chan struct{}, e.cfg.Concurrency)
 	progress := make(chan struct{}, 1)
 	jeopardy := false
@@ -311,6 +326,7 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 				log.Info("lock session healthy again")
 				jeopardy = false
 			}
+			e.retryReleases(log)
 			e.dispatch(sess, log, slots, progress, &wg)
 		}
 		t := time.NewTimer(e.cfg.PollInterval)
@@ -389,6 +405,56 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 			}
 		}(it.AccountID)
 	}
+}
+
+// releaseLater records a grant whose release failed for a reason that may
+// pass (no answer from the lock service).
+func (e *Executor) releaseLater(g grant) {
+	e.mu.Lock()
+	e.unreleased[g.Key()] = g
+	e.mu.Unlock()
+}
+
+// retryReleases retries every failed release once; a release refused as
+// not held (the key already moved on) or for a gone session is done too.
+func (e *Executor) retryReleases(log *slog.Logger) {
+	e.mu.Lock()
+	pending := make([]grant, 0, len(e.unreleased))
+	for _, g := range e.unreleased {
+		pending = append(pending, g)
+	}
+	e.mu.Unlock()
+	for _, g := range pending {
+		ctx, cancel := e.callCtx()
+		err := g.Release(ctx)
+		cancel()
+		if err != nil && releaseRetryable(err) {
+			continue
+		}
+		e.mu.Lock()
+		if e.unreleased[g.Key()] == g {
+			delete(e.unreleased, g.Key())
+		}
+		e.mu.Unlock()
+		log.Info("earlier failed lock release settled", obs.KeyKey, g.Key(), obs.KeyToken, int64(g.Token()), "result", releaseResult(err))
+	}
+}
+
+// releaseRetryable: the lock service gave no verdict (unreachable, 5xx).
+func releaseRetryable(err error) bool {
+	switch {
+	case problem.Has(err, problem.NotHeld), problem.Has(err, problem.SessionExpired),
+		errors.Is(err, lockclient.ErrSessionLost), problem.Has(err, problem.InvalidRequest):
+		return false
+	}
+	return true
+}
+
+func releaseResult(err error) string {
+	if err == nil {
+		return "released"
+	}
+	return err.Error()
 }
 
 // cooldown is how long an account that was fenced out waits.
