@@ -3,11 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -580,27 +577,7 @@ func TestPayoutOperatorCLI(t *testing.T) {
 	}
 }
 
-// metricValue scrapes one sample (name with its labels, exactly as
-// exposed) from a /metrics endpoint; 0 when absent.
 func metricValue(t *testing.T, url, sample string) float64 {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("scrape %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, sample+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatalf("metric %s: %v", line, err)
-			}
-			return f
-		}
-	}
-	return 0
+	return proctest.Metric(t, url, sample)
 }

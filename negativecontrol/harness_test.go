@@ -15,7 +15,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -268,25 +267,7 @@ func (s *sys) get(t *testing.T, id string) pc.Payout {
 // metric reads one sample (exact name with labels) from a server's /metrics.
 func metric(t *testing.T, baseURL, sample string) float64 {
 	t.Helper()
-	resp, err := http.Get(baseURL + "/metrics")
-	if err != nil {
-		t.Fatalf("metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, sample+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatalf("metric %s: %v", sample, err)
-			}
-			return f
-		}
-	}
-	return 0
+	return proctest.Metric(t, baseURL+"/metrics", sample)
 }
 
 // finding is one member of `payouts reconcile --json`'s findings.

@@ -176,10 +176,10 @@ func (s *Server) Close() {
 func (s *Server) routes(r chi.Router) {
 	r.Route("/v1", func(r chi.Router) {
 		r.Post("/submissions", httpx.Handler(s.submit))
-		r.Get("/submissions", httpx.Handler(s.list))
+		r.Get("/submissions", idPaged(s.st.list))
 		r.Get("/submissions/{payout_id}", httpx.Handler(s.get))
 		r.Post("/submissions/{payout_id}/lookup", httpx.Handler(s.lookup))
-		r.Get("/safety-events", httpx.Handler(s.safetyEvents))
+		r.Get("/safety-events", idPaged(s.st.safetyEvents))
 		r.Get("/fences/high", httpx.Handler(s.highFence))
 		r.Get("/high-water", httpx.Handler(s.highWater))
 	})
@@ -592,38 +592,24 @@ func idCursor(after string) (int64, error) {
 	return n, nil
 }
 
-func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
-	after, limit, err := pageParams(r)
-	if err != nil {
-		return err
-	}
-	id, err := idCursor(after)
-	if err != nil {
-		return err
-	}
-	p, err := s.st.list(r.Context(), id, limit)
-	if err != nil {
-		return err
-	}
-	httpx.WriteJSON(w, http.StatusOK, p)
-	return nil
-}
-
-func (s *Server) safetyEvents(w http.ResponseWriter, r *http.Request) error {
-	after, limit, err := pageParams(r)
-	if err != nil {
-		return err
-	}
-	id, err := idCursor(after)
-	if err != nil {
-		return err
-	}
-	p, err := s.st.safetyEvents(r.Context(), id, limit)
-	if err != nil {
-		return err
-	}
-	httpx.WriteJSON(w, http.StatusOK, p)
-	return nil
+// idPaged serves a list paged by row id (?after=<id>&limit=).
+func idPaged[P any](read func(ctx context.Context, after int64, limit int) (P, error)) http.HandlerFunc {
+	return httpx.Handler(func(w http.ResponseWriter, r *http.Request) error {
+		after, limit, err := pageParams(r)
+		if err != nil {
+			return err
+		}
+		id, err := idCursor(after)
+		if err != nil {
+			return err
+		}
+		p, err := read(r.Context(), id, limit)
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, p)
+		return nil
+	})
 }
 
 func (s *Server) highFence(w http.ResponseWriter, r *http.Request) error {
