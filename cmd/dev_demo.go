@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/payouts/payouts/dev/demo"
 	"github.com/payouts/payouts/executor"
-	"github.com/payouts/payouts/internal/devdemo"
 	"github.com/payouts/payouts/internal/obs"
 )
 
@@ -61,7 +61,7 @@ executor has a payout in flight. auto picks hook when this binary has it.`,
 				defer cancel()
 			}
 			out := cmd.OutOrStdout()
-			res, err := devdemo.Run(ctx, devdemo.Config{
+			res, err := demo.Run(ctx, demo.Config{
 				Dir: dir, Out: out, Terminal: isTerminal(out), Logger: logger, Keep: keep,
 				Freeze: mode, HoldEnv: executor.HoldAfterEnv,
 				HoldClaimed: string(executor.AfterClaimed), HoldSubmitting: string(executor.AfterSubmitting),
@@ -83,20 +83,20 @@ executor has a payout in flight. auto picks hook when this binary has it.`,
 }
 
 // freezeMode resolves --freeze against what this binary was built with.
-func freezeMode(v string) (devdemo.FreezeMode, error) {
+func freezeMode(v string) (demo.FreezeMode, error) {
 	switch v {
 	case "auto":
 		if demoHoldHook {
-			return devdemo.FreezeByHook, nil
+			return demo.FreezeByHook, nil
 		}
-		return devdemo.FreezeByTiming, nil
+		return demo.FreezeByTiming, nil
 	case "hook":
 		if !demoHoldHook {
 			return "", fmt.Errorf("--freeze hook: this binary was built without -tags crashpoints (use make demo, or --freeze timing)")
 		}
-		return devdemo.FreezeByHook, nil
+		return demo.FreezeByHook, nil
 	case "timing":
-		return devdemo.FreezeByTiming, nil
+		return demo.FreezeByTiming, nil
 	}
 	return "", fmt.Errorf("--freeze %q: want hook, timing or auto", v)
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/payouts/payouts/internal/devstack"
+	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/internal/obs"
 )
 
@@ -31,7 +31,7 @@ func newDevUpCmd() *cobra.Command {
 			level, _ := cmd.Flags().GetString("log-level")
 			logger := obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), "dev")
 			ctx := cmd.Context()
-			st, err := devstack.Start(ctx, devstack.Options{Dir: dir, PortBase: portBase, Logger: logger, SettlementWindow: settlement})
+			st, err := stack.Start(ctx, stack.Options{Dir: dir, PortBase: portBase, Logger: logger, SettlementWindow: settlement})
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
@@ -64,7 +64,7 @@ func newDevUpCmd() *cobra.Command {
 	return c
 }
 
-func printReady(w io.Writer, r devstack.Ready) {
+func printReady(w io.Writer, r stack.Ready) {
 	fmt.Fprintf(w, "payouts dev stack is up (data in %s)\n\n", r.Dir)
 	fmt.Fprintf(w, "  lock service      %s\n  payment resource  %s\n  rail proxy        %s\n  rail stub         %s\n\n", r.LockURL, r.PaymentURL, r.ProxyURL, r.RailURL)
 	fmt.Fprintf(w, "  paydb    %s\n  proxydb  %s\n  lockdb   %s\n\n", r.DatabaseURLs.PayDB, r.DatabaseURLs.ProxyDB, r.DatabaseURLs.LockDB)

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/devstack"
-	"github.com/payouts/payouts/internal/localinfra"
-	"github.com/payouts/payouts/internal/proctest"
+	"github.com/payouts/payouts/dev/infra"
+	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/dev/stack"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
 )
@@ -67,7 +67,7 @@ type chaosRun struct {
 	lock, proxy      *proctest.Proc
 	lockGen, proxyGn int
 
-	etcdDown   *localinfra.EtcdNode
+	etcdDown   *infra.EtcdNode
 	etcdBackAt time.Time
 
 	counts map[string]int
@@ -96,7 +96,7 @@ func TestChaosRun(t *testing.T) {
 			t.Logf("chaos run FAILED with seed %d: replay with PAYOUTS_CHAOS_SEED=%d", seed, seed)
 		}
 	})
-	s := startSystem(t, devstack.Options{EtcdNodes: 3, SettlementWindow: chaosSettleWindow, RailTimeout: chaosRailTimeout})
+	s := startSystem(t, stack.Options{EtcdNodes: 3, SettlementWindow: chaosSettleWindow, RailTimeout: chaosRailTimeout})
 	if n := len(s.st.Etcd().Nodes); n != 3 {
 		t.Fatalf("etcd cluster has %d members, want 3", n)
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/proctest"
+	"github.com/payouts/payouts/dev/proctest"
 )
 
 // runDemo runs `payouts dev demo` in a fresh directory and returns its

@@ -14,13 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/devstack"
-	"github.com/payouts/payouts/internal/localinfra"
-	"github.com/payouts/payouts/internal/proctest"
+	"github.com/payouts/payouts/dev/infra"
+	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/dev/stack"
 )
 
 // startDevUp runs `payouts dev up --json` and returns the process and its ready line.
-func startDevUp(t *testing.T, dir string, portBase int) (*exec.Cmd, devstack.Ready, *strings.Builder) {
+func startDevUp(t *testing.T, dir string, portBase int) (*exec.Cmd, stack.Ready, *strings.Builder) {
 	t.Helper()
 	cmd := exec.Command(proctest.Binary(t), "dev", "up", "--dir", dir, "--json", "--port-base", strconv.Itoa(portBase))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -43,7 +43,7 @@ func startDevUp(t *testing.T, dir string, portBase int) (*exec.Cmd, devstack.Rea
 		close(lines)
 		_, _ = io.Copy(io.Discard, stdout)
 	}()
-	var ready devstack.Ready
+	var ready stack.Ready
 	select {
 	case line, ok := <-lines:
 		if !ok {
@@ -144,7 +144,7 @@ func TestDevUpReadyStopRestart(t *testing.T) {
 }
 
 func TestDevUpPortTakenIsAClearError(t *testing.T) {
-	port, err := localinfra.FreePort()
+	port, err := infra.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/payouts/payouts/dev/infra"
+	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/executor"
-	"github.com/payouts/payouts/internal/devstack"
-	"github.com/payouts/payouts/internal/localinfra"
-	"github.com/payouts/payouts/internal/proctest"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
@@ -134,7 +134,7 @@ func TestExecutorsDrainUnderRailFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	s := startSystem(t, devstack.Options{SettlementWindow: 2 * time.Second, RailTimeout: time.Second})
+	s := startSystem(t, stack.Options{SettlementWindow: 2 * time.Second, RailTimeout: time.Second})
 	const accounts, payouts = 50, 300
 	opening := map[string]int64{}
 	for i := 0; i < accounts; i++ {
@@ -215,7 +215,7 @@ func TestExecutorRecoversFromSIGKILLInEachState(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	s := startSystem(t, devstack.Options{SettlementWindow: 2 * time.Second, RailTimeout: 2 * time.Second})
+	s := startSystem(t, stack.Options{SettlementWindow: 2 * time.Second, RailTimeout: 2 * time.Second})
 	opening := map[string]int64{}
 	type scenario struct {
 		point executor.Point
@@ -319,7 +319,7 @@ func TestExecutorUC03PausedHolderIsFencedAtBothGuards(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	s := startSystem(t, devstack.Options{SettlementWindow: 2 * time.Second, RailTimeout: 2 * time.Second})
+	s := startSystem(t, stack.Options{SettlementWindow: 2 * time.Second, RailTimeout: 2 * time.Second})
 	opening := map[string]int64{"uc3-a": 50_000, "uc3-b": 50_000}
 	for acc, bal := range opening {
 		s.createAccount(t, acc, bal)
@@ -405,10 +405,10 @@ func TestExecutorFailsClosedWhileLockServiceDown(t *testing.T) {
 		t.Skip("whole-system test")
 	}
 	// The proxy waits long for the rail (see the second-signal check below).
-	s := startSystem(t, devstack.Options{SettlementWindow: 2 * time.Second, RailTimeout: 2 * time.Minute})
+	s := startSystem(t, stack.Options{SettlementWindow: 2 * time.Second, RailTimeout: 2 * time.Minute})
 	s.createAccount(t, "fc-a", 100_000)
 	s.createPayout(t, "fc-1", "fc-a", 100, "BEN-fc")
-	port, err := localinfra.FreePort()
+	port, err := infra.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -495,7 +495,7 @@ func TestPayoutOperatorCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	s := startSystem(t, devstack.Options{SettlementWindow: 2 * time.Second, RailTimeout: time.Second})
+	s := startSystem(t, stack.Options{SettlementWindow: 2 * time.Second, RailTimeout: time.Second})
 	r := s.st.Ready
 	env := []string{"PAYOUTS_TOKEN=" + r.Tokens.Operator, "PAYOUTS_PAYMENT_URL=" + r.PaymentURL, "PAYOUTS_LOCK_URL=" + r.LockURL}
 	s.createAccount(t, "cli-a", 100_000)

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/devstack"
-	"github.com/payouts/payouts/internal/proctest"
+	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/lock/lockclient"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
@@ -24,7 +24,7 @@ import (
 
 // system is a running devstack with clients for every service.
 type system struct {
-	st    *devstack.Stack
+	st    *stack.Stack
 	pay   *pc.Client // operator token
 	proxy *proxyclient.Client
 	rail  *railclient.Client // operator token (faults, settlement report)
@@ -32,7 +32,7 @@ type system struct {
 }
 
 // startSystem brings up a stack in a temp dir and stops it at test end.
-func startSystem(t *testing.T, opts devstack.Options) *system {
+func startSystem(t *testing.T, opts stack.Options) *system {
 	t.Helper()
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir()
@@ -40,7 +40,7 @@ func startSystem(t *testing.T, opts devstack.Options) *system {
 	opts.Binary = proctest.Binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	st, err := devstack.Start(ctx, opts)
+	st, err := stack.Start(ctx, opts)
 	if err != nil {
 		t.Fatalf("start stack: %v", err)
 	}

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/payouts/payouts/internal/proctest"
+	"github.com/payouts/payouts/dev/proctest"
 )
 
 func TestMain(m *testing.M) {

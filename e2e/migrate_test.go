@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/localinfra"
+	"github.com/payouts/payouts/dev/infra"
 )
 
 // TestMigrateCLI runs `payouts migrate` against a PostgreSQL server started
@@ -16,7 +16,7 @@ import (
 func TestMigrateCLI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pg, err := localinfra.NewPGCluster(localinfra.PGOptions{Dir: filepath.Join(t.TempDir(), "pg")})
+	pg, err := infra.NewPGCluster(infra.PGOptions{Dir: filepath.Join(t.TempDir(), "pg")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/devstack"
-	"github.com/payouts/payouts/internal/localinfra"
+	"github.com/payouts/payouts/dev/infra"
+	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/internal/problem"
-	"github.com/payouts/payouts/internal/proctest"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
 )
@@ -60,7 +60,7 @@ func TestReconcileCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	s := startSystem(t, devstack.Options{SettlementWindow: time.Second, RailTimeout: time.Second})
+	s := startSystem(t, stack.Options{SettlementWindow: time.Second, RailTimeout: time.Second})
 	s.createAccount(t, "rc-1", 100_000)
 	for i := 0; i < 3; i++ {
 		s.createPayout(t, fmt.Sprintf("rc-ok-%d", i), "rc-1", 1000, "BEN-rc")
@@ -166,7 +166,7 @@ func TestReconcileCLI(t *testing.T) {
 	}
 
 	// Continuous mode serves the same on /metrics and /healthz.
-	port, err := localinfra.FreePort()
+	port, err := infra.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

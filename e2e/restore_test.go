@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/devstack"
-	"github.com/payouts/payouts/internal/localinfra"
-	"github.com/payouts/payouts/internal/proctest"
+	"github.com/payouts/payouts/dev/infra"
+	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/migrations"
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -64,10 +64,10 @@ func TestRestoreLockDBFromBaseBackup(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	s := startSystem(t, devstack.Options{SettlementWindow: time.Second, RailTimeout: time.Second})
+	s := startSystem(t, stack.Options{SettlementWindow: time.Second, RailTimeout: time.Second})
 	ctx := ctxT(t, 5*time.Minute)
 
-	lockPG, err := localinfra.NewPGCluster(localinfra.PGOptions{Dir: filepath.Join(t.TempDir(), "lockpg"), Fsync: true})
+	lockPG, err := infra.NewPGCluster(infra.PGOptions{Dir: filepath.Join(t.TempDir(), "lockpg"), Fsync: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/devstack"
+	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
-	"github.com/payouts/payouts/internal/proctest"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -72,28 +72,28 @@ func TestBackoffIsCappedAndResets(t *testing.T) {
 }
 
 // stack is a devstack with the clients these tests use.
-type stack struct {
-	st   *devstack.Stack
+type testStack struct {
+	st   *stack.Stack
 	pay  *pc.Client
 	rail *railclient.Client
 	prx  *proxyclient.Client
 	lock *lockclient.Client
 }
 
-func startStack(t *testing.T) *stack {
+func startStack(t *testing.T) *testStack {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs PostgreSQL, etcd and the payouts binary")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	st, err := devstack.Start(ctx, devstack.Options{Dir: t.TempDir(), Binary: proctest.Binary(t),
+	st, err := stack.Start(ctx, stack.Options{Dir: t.TempDir(), Binary: proctest.Binary(t),
 		Logger: slog.New(slog.DiscardHandler), SettlementWindow: 2 * time.Second, RailTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatalf("start stack: %v", err)
 	}
 	t.Cleanup(func() { _ = st.Stop() })
-	s := &stack{st: st}
+	s := &testStack{st: st}
 	op := st.Ready.Tokens.Operator
 	if s.pay, err = pc.New(st.Ready.PaymentURL, op); err != nil {
 		t.Fatal(err)
@@ -110,7 +110,7 @@ func startStack(t *testing.T) *stack {
 	return s
 }
 
-func (s *stack) config(t *testing.T, owner string, w io.Writer) Config {
+func (s *testStack) config(t *testing.T, owner string, w io.Writer) Config {
 	r := s.st.Ready
 	return Config{Owner: owner, Concurrency: 2, SessionTTL: 3 * time.Second, PollInterval: 100 * time.Millisecond,
 		LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, Token: r.Tokens.Executor,
@@ -128,7 +128,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
-func (s *stack) state(t *testing.T, id string) pc.State {
+func (s *testStack) state(t *testing.T, id string) pc.State {
 	t.Helper()
 	p, err := s.pay.Payout(context.Background(), id)
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
-	"github.com/payouts/payouts/internal/localinfra"
+	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
@@ -147,7 +147,7 @@ func TestEtcdLeaderLoss(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	ctx := testCtx(t)
-	cluster, err := localinfra.StartEtcd(ctx, dir, 3)
+	cluster, err := infra.StartEtcd(ctx, dir, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func TestPostgresCrashRestart(t *testing.T) {
 	}
 	defer os.RemoveAll(dir)
 	ctx := testCtx(t)
-	pg, err := localinfra.NewPGCluster(localinfra.PGOptions{Dir: dir, Fsync: true})
+	pg, err := infra.NewPGCluster(infra.PGOptions{Dir: dir, Fsync: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/fuzzhttp"
-	"github.com/payouts/payouts/internal/pgtest"
+	"github.com/payouts/payouts/dev/fuzzhttp"
+	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/lockclient"
 )

@@ -16,11 +16,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/payouts/payouts/dev/infra"
+	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
-	"github.com/payouts/payouts/internal/localinfra"
 	"github.com/payouts/payouts/internal/obs"
-	"github.com/payouts/payouts/internal/pgtest"
 	"github.com/payouts/payouts/lock"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/etcdbackend"
@@ -35,7 +35,7 @@ const (
 
 var (
 	etcdOnce    sync.Once
-	etcdCluster *localinfra.EtcdCluster
+	etcdCluster *infra.EtcdCluster
 	etcdDir     string
 	etcdErr     error
 	prefixSeq   atomic.Int64
@@ -53,7 +53,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func sharedEtcd(t testing.TB) *localinfra.EtcdCluster {
+func sharedEtcd(t testing.TB) *infra.EtcdCluster {
 	t.Helper()
 	etcdOnce.Do(func() {
 		etcdDir, etcdErr = os.MkdirTemp("", "lock-test-etcd-")
@@ -62,7 +62,7 @@ func sharedEtcd(t testing.TB) *localinfra.EtcdCluster {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		etcdCluster, etcdErr = localinfra.StartEtcd(ctx, etcdDir, 1)
+		etcdCluster, etcdErr = infra.StartEtcd(ctx, etcdDir, 1)
 	})
 	if etcdErr != nil {
 		t.Fatal(etcdErr)

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/localinfra"
+	"github.com/payouts/payouts/dev/infra"
 )
 
 var (
@@ -52,7 +52,7 @@ func startProcess(t *testing.T, s store) *service {
 		`{"token":"`+operatorToken+`","role":"operator","name":"alice"}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port, err := localinfra.FreePort()
+	port, err := infra.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,9 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
-	"github.com/payouts/payouts/internal/localinfra"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/etcdbackend"
@@ -83,16 +83,16 @@ func OpenBackend(ctx context.Context, cfg Config) (backend.Backend, func(), erro
 
 // startEmbedded starts (or restarts, reusing its ports from the data dir's
 // port file) a single-node etcd under dir.
-func startEmbedded(ctx context.Context, dir string) (*localinfra.EtcdCluster, error) {
+func startEmbedded(ctx context.Context, dir string) (*infra.EtcdCluster, error) {
 	portFile := filepath.Join(dir, "ports")
 	var ports []int
 	if b, err := os.ReadFile(portFile); err == nil {
 		var cp, pp int
-		if _, err := fmt.Sscanf(string(b), "%d %d", &cp, &pp); err == nil && localinfra.PortFree(cp) && localinfra.PortFree(pp) {
+		if _, err := fmt.Sscanf(string(b), "%d %d", &cp, &pp); err == nil && infra.PortFree(cp) && infra.PortFree(pp) {
 			ports = []int{cp, pp}
 		}
 	}
-	c, err := localinfra.StartEtcd(ctx, dir, 1, ports...)
+	c, err := infra.StartEtcd(ctx, dir, 1, ports...)
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd: %w", err)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pressly/goose/v3"
 
-	"github.com/payouts/payouts/internal/pgtest"
+	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/migrations"
 )
 

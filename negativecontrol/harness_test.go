@@ -28,9 +28,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/payouts/payouts/internal/devstack"
-	"github.com/payouts/payouts/internal/localinfra"
-	"github.com/payouts/payouts/internal/proctest"
+	"github.com/payouts/payouts/dev/infra"
+	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -51,7 +51,7 @@ func TestMain(m *testing.M) {
 // PostgreSQL backend (lockdb), which every scenario takes its grants from
 // and the reconciler reads, so INV-04's token sequence can be rewound.
 type sys struct {
-	st      *devstack.Stack
+	st      *stack.Stack
 	lockURL string
 	pay     *pc.Client
 	proxy   *proxyclient.Client
@@ -82,14 +82,14 @@ func startSys(t *testing.T) *sys {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	st, err := devstack.Start(ctx, devstack.Options{Dir: dir, Binary: bin, SettlementWindow: time.Second, RailTimeout: 2 * time.Second,
+	st, err := stack.Start(ctx, stack.Options{Dir: dir, Binary: bin, SettlementWindow: time.Second, RailTimeout: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatalf("devstack: %v", err)
 	}
 	t.Cleanup(func() { _ = st.Stop() })
 	r := st.Ready
-	port, err := localinfra.FreePort()
+	port, err := infra.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

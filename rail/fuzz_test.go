@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/payouts/payouts/dev/fuzzhttp"
 	"github.com/payouts/payouts/internal/auth"
-	"github.com/payouts/payouts/internal/fuzzhttp"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/rail/railclient"
 )

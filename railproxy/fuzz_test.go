@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/payouts/payouts/dev/fuzzhttp"
+	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/internal/auth"
-	"github.com/payouts/payouts/internal/fuzzhttp"
 	"github.com/payouts/payouts/internal/obs"
-	"github.com/payouts/payouts/internal/pgtest"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/migrations"
 	"github.com/payouts/payouts/rail"

@@ -19,9 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/obs"
-	"github.com/payouts/payouts/internal/pgtest"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/migrations"
 	"github.com/payouts/payouts/rail"

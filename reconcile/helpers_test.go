@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/payouts/payouts/internal/devstack"
-	"github.com/payouts/payouts/internal/proctest"
+	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -26,13 +26,13 @@ import (
 
 // Every test here runs against the real system: PostgreSQL, embedded
 // etcd, and the lock, payment, proxy and rail servers as child processes
-// (internal/devstack). Violations are planted behind the services' backs,
+// (dev/stack). Violations are planted behind the services' backs,
 // directly in their databases or at the rail, the way a broken primary
 // would leave them.
 
 var (
 	stacksMu sync.Mutex
-	stacks   []*devstack.Stack
+	stacks   []*stack.Stack
 	shared   *env
 	seq      atomic.Int64
 )
@@ -50,7 +50,7 @@ func TestMain(m *testing.M) {
 
 // env is one running stack with operator clients.
 type env struct {
-	st    *devstack.Stack
+	st    *stack.Stack
 	pay   *pc.Client
 	proxy *proxyclient.Client
 	rail  *railclient.Client
@@ -67,7 +67,7 @@ func startStack(t *testing.T, settlement time.Duration) *env {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	st, err := devstack.Start(ctx, devstack.Options{Dir: dir, Binary: bin, SettlementWindow: settlement, RailTimeout: 2 * time.Second,
+	st, err := stack.Start(ctx, stack.Options{Dir: dir, Binary: bin, SettlementWindow: settlement, RailTimeout: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatalf("devstack: %v", err)

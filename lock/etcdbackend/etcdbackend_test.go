@@ -12,14 +12,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/payouts/payouts/internal/localinfra"
+	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/backend/backendtest"
 	"github.com/payouts/payouts/lock/etcdbackend"
 )
 
 var (
-	cluster *localinfra.EtcdCluster
+	cluster *infra.EtcdCluster
 	seq     atomic.Int64
 )
 
@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	cluster, err = localinfra.StartEtcd(ctx, dir, 1)
+	cluster, err = infra.StartEtcd(ctx, dir, 1)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/pgtest"
+	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/backend/backendtest"
 	"github.com/payouts/payouts/lock/pgbackend"

@@ -1,4 +1,4 @@
-package localinfra_test
+package infra_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/payouts/payouts/internal/localinfra"
+	"github.com/payouts/payouts/dev/infra"
 )
 
 func postmasterPID(t *testing.T, dataDir string) int {
@@ -44,7 +44,7 @@ func TestPostgresStartStopLeavesNothingBehind(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := localinfra.NewPGCluster(localinfra.PGOptions{Dir: filepath.Join(dir, "pg")})
+	c, err := infra.NewPGCluster(infra.PGOptions{Dir: filepath.Join(dir, "pg")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,14 +87,14 @@ func TestPostgresStartStopLeavesNothingBehind(t *testing.T) {
 		}
 	}
 	// Port in use is a clear error.
-	if localinfra.PortFree(c.Port) == false {
+	if infra.PortFree(c.Port) == false {
 		t.Fatalf("port %d still bound after stop", c.Port)
 	}
 }
 
 func TestPostgresPortTakenIsAClearError(t *testing.T) {
 	dir := t.TempDir()
-	port, err := localinfra.FreePort()
+	port, err := infra.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestPostgresPortTakenIsAClearError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	c, err := localinfra.NewPGCluster(localinfra.PGOptions{Dir: filepath.Join(dir, "pg"), Port: port})
+	c, err := infra.NewPGCluster(infra.PGOptions{Dir: filepath.Join(dir, "pg"), Port: port})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestPostgresPortTakenIsAClearError(t *testing.T) {
 func TestEtcdThreeNodeClusterLeaderLossAndClose(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := localinfra.StartEtcd(ctx, t.TempDir(), 3)
+	c, err := infra.StartEtcd(ctx, t.TempDir(), 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestEtcdThreeNodeClusterLeaderLossAndClose(t *testing.T) {
 		}
 		port := strings.TrimPrefix(n.ClientURL, "http://127.0.0.1:")
 		p, _ := strconv.Atoi(port)
-		if !localinfra.PortFree(p) {
+		if !infra.PortFree(p) {
 			t.Fatalf("member %s client port still bound after Close", n.Name)
 		}
 	}

@@ -127,7 +127,7 @@ func TestRuleCatchesViolations(t *testing.T) {
 		{"reconcile", "railproxy"},
 		{"payment/paymentclient", "payment"},
 		{"railproxy", "lock/pgbackend"},
-		{"internal/devstack", "payment"},
+		{"internal/httpx", "payment"},
 	}
 	for _, b := range bad {
 		if violation(b[0], b[1]) == "" {

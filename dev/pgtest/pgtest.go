@@ -19,13 +19,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/payouts/payouts/internal/localinfra"
+	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/migrations"
 )
 
 var (
 	mu         sync.Mutex
-	cluster    *localinfra.PGCluster
+	cluster    *infra.PGCluster
 	clusterDir string
 	templates  = map[migrations.DB]string{}
 	seq        atomic.Int64
@@ -50,7 +50,7 @@ func Main(m *testing.M) int {
 }
 
 // Cluster returns the shared cluster, starting it on first use.
-func Cluster(t testing.TB) *localinfra.PGCluster {
+func Cluster(t testing.TB) *infra.PGCluster {
 	t.Helper()
 	mu.Lock()
 	defer mu.Unlock()
@@ -61,7 +61,7 @@ func Cluster(t testing.TB) *localinfra.PGCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := localinfra.NewPGCluster(localinfra.PGOptions{Dir: dir})
+	c, err := infra.NewPGCluster(infra.PGOptions{Dir: dir})
 	if err != nil {
 		os.RemoveAll(dir)
 		t.Fatalf("pgtest: %v", err)
@@ -134,7 +134,7 @@ func NewDB(t testing.TB, db migrations.DB) string {
 	return c.URL(name)
 }
 
-func template(ctx context.Context, c *localinfra.PGCluster, db migrations.DB) (string, error) {
+func template(ctx context.Context, c *infra.PGCluster, db migrations.DB) (string, error) {
 	mu.Lock()
 	defer mu.Unlock()
 	if name, ok := templates[db]; ok {

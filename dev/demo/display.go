@@ -1,4 +1,4 @@
-package devdemo
+package demo
 
 import (
 	"fmt"

@@ -1,7 +1,7 @@
 // Package devstack runs the whole system on this machine: a throwaway
 // PostgreSQL cluster, embedded etcd, and every server role as a child
 // process of the same binary. It backs `payouts dev up` and `dev demo`.
-package devstack
+package stack
 
 import (
 	"context"
@@ -21,8 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/internal/auth"
-	"github.com/payouts/payouts/internal/localinfra"
 	"github.com/payouts/payouts/migrations"
 )
 
@@ -76,8 +76,8 @@ type DatabaseURLs struct {
 type Stack struct {
 	opts     Options
 	Ready    Ready
-	pg       *localinfra.PGCluster
-	etcd     *localinfra.EtcdCluster
+	pg       *infra.PGCluster
+	etcd     *infra.EtcdCluster
 	mu       sync.Mutex
 	children map[string]*child
 	failed   chan error
@@ -97,7 +97,7 @@ func choosePorts(base int) (ports, error) {
 	if base > 0 {
 		p := ports{base + 1, base + 2, base + 3, base + 4, base + 5, base + 6, base + 7}
 		for _, n := range []int{p.lock, p.payment, p.proxy, p.rail, p.pg, p.etcdClient, p.etcdPeer} {
-			if !localinfra.PortFree(n) {
+			if !infra.PortFree(n) {
 				return p, fmt.Errorf("port %d is already in use (another `payouts dev up`?); stop it or choose --port-base", n)
 			}
 		}
@@ -105,7 +105,7 @@ func choosePorts(base int) (ports, error) {
 	}
 	var out [7]int
 	for i := range out {
-		n, err := localinfra.FreePort()
+		n, err := infra.FreePort()
 		if err != nil {
 			return ports{}, err
 		}
@@ -203,7 +203,7 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	}
 
 	opts.Logger.Info("starting PostgreSQL", "dir", filepath.Join(dir, "pg"), "port", p.pg)
-	s.pg, err = localinfra.NewPGCluster(localinfra.PGOptions{Dir: filepath.Join(dir, "pg"), Port: p.pg, Fsync: true})
+	s.pg, err = infra.NewPGCluster(infra.PGOptions{Dir: filepath.Join(dir, "pg"), Port: p.pg, Fsync: true})
 	if err != nil {
 		return nil, err
 	}
@@ -221,7 +221,7 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	}
 
 	opts.Logger.Info("starting embedded etcd", "dir", filepath.Join(dir, "etcd"), "members", opts.EtcdNodes)
-	s.etcd, err = localinfra.StartEtcd(ctx, filepath.Join(dir, "etcd"), opts.EtcdNodes, p.etcdClient, p.etcdPeer)
+	s.etcd, err = infra.StartEtcd(ctx, filepath.Join(dir, "etcd"), opts.EtcdNodes, p.etcdClient, p.etcdPeer)
 	if err != nil {
 		return nil, err
 	}
@@ -456,8 +456,8 @@ func (s *Stack) Stop() error {
 }
 
 // PG is the stack's PostgreSQL cluster.
-func (s *Stack) PG() *localinfra.PGCluster { return s.pg }
+func (s *Stack) PG() *infra.PGCluster { return s.pg }
 
 // Etcd is the stack's embedded etcd cluster (members can be stopped and
 // restarted, e.g. to make the cluster lose its leader).
-func (s *Stack) Etcd() *localinfra.EtcdCluster { return s.etcd }
+func (s *Stack) Etcd() *infra.EtcdCluster { return s.etcd }

@@ -6,7 +6,7 @@
 //
 // It talks to the roles only through their client packages and runs the
 // executors and the reconciler as child processes of the same binary.
-package devdemo
+package demo
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/payouts/payouts/internal/devstack"
+	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/lock/lockclient"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
@@ -173,7 +173,7 @@ func prepareDir(dir string) error {
 // demo is one run in progress.
 type demo struct {
 	cfg   Config
-	st    *devstack.Stack
+	st    *stack.Stack
 	d     *display
 	pay   *pc.Client // operator
 	proxy *proxyclient.Client
@@ -204,7 +204,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	dm.d.Printf("payouts dev demo: a stale holder fenced out, nothing paid twice (data and logs in %s)", dir)
 
 	dm.d.Step(0, "Bringing the stack up: PostgreSQL, embedded etcd, lock service, payment resource, rail proxy, rail stub")
-	st, err := devstack.Start(ctx, devstack.Options{Dir: dir, Binary: cfg.Binary, Logger: cfg.Logger,
+	st, err := stack.Start(ctx, stack.Options{Dir: dir, Binary: cfg.Binary, Logger: cfg.Logger,
 		SettlementWindow: cfg.SettlementWindow, RailTimeout: cfg.RailTimeout})
 	if err != nil {
 		return Result{}, fmt.Errorf("start the stack: %w", err)

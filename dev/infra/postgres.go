@@ -2,7 +2,7 @@
 // PostgreSQL 15 cluster and embedded etcd. The same code backs the test
 // harness and `payouts dev up`, so what the tests exercise is what a
 // developer runs.
-package localinfra
+package infra
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package localinfra
+package infra
 
 import (
 	"context"

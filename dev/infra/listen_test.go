@@ -1,4 +1,4 @@
-package localinfra_test
+package infra_test
 
 import (
 	"net"
