@@ -3,21 +3,14 @@ package cmd
 import (
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/payouts/payouts/executor"
-	"github.com/payouts/payouts/internal/obs"
 )
 
-func init() {
-	register(func(root, serve, run, dev *cobra.Command) { run.AddCommand(newRunExecutorCmd()) })
-}
-
-func newRunExecutorCmd() *cobra.Command {
+func newRunExecutorCmd(a *app) *cobra.Command {
 	var (
 		cf          clientFlags
 		owner       string
@@ -29,35 +22,22 @@ func newRunExecutorCmd() *cobra.Command {
 	)
 	c := &cobra.Command{
 		Use:   "executor",
-		Short: "Drive payouts through both guards under payout:{account} locks (SIGTERM: finish the step, release, exit 0)",
+		Short: "Drive payouts through both guards under payout:{account} locks (SIGTERM: finish the step, release, exit 0; a second signal: exit at once)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			level, _ := cmd.Flags().GetString("log-level")
-			logger := obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), executor.Role)
-			if cf.token == "" {
-				return &ExitError{Code: 2, Err: fmt.Errorf("--token (or %s) is required: the executor's bearer token", EnvName("token"))}
+			logger := a.logger(cmd, executor.Role)
+			token, err := cf.bearer()
+			if err != nil {
+				return err
 			}
 			if owner == "" {
 				host, _ := os.Hostname()
 				owner = fmt.Sprintf("executor@%s/%d", host, os.Getpid())
 			}
-			// The first SIGINT/SIGTERM cancels cmd.Context() (root.go): the
-			// executor finishes its current steps and releases its locks. A
-			// second one exits at once.
-			sigs := make(chan os.Signal, 2)
-			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-			defer signal.Stop(sigs)
-			go func() {
-				<-sigs
-				logger.Info("stop requested: finishing current steps, releasing locks (signal again to exit at once)")
-				<-sigs
-				logger.Warn("second signal: exiting at once; held locks expire with the session TTL")
-				os.Exit(1)
-			}()
-			err := executor.Run(cmd.Context(), executor.Config{
+			err = executor.Run(cmd.Context(), executor.Config{
 				Owner: owner, Concurrency: concurrency, SessionTTL: ttl, PollInterval: poll, CallTimeout: callTimeout,
-				LockURL: cf.lockURL, PaymentURL: cf.paymentURL, ProxyURL: cf.proxyURL, Token: cf.token,
-				MetricsAddr: metrics, Logger: logger, Registry: obs.NewRegistry(), Hooks: executor.HooksFromEnv(),
+				LockURL: cf.lockURL, PaymentURL: cf.paymentURL, ProxyURL: cf.proxyURL, Token: token,
+				MetricsAddr: metrics, Logger: logger, Registry: a.registry, Hooks: executor.HooksFromEnv(),
 			})
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -65,7 +45,7 @@ func newRunExecutorCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cf.register(c)
+	cf.register(c, executor.Role, lockService, paymentService, proxyService)
 	fl := c.Flags()
 	fl.StringVar(&owner, "owner", "", "this executor's name in the lock service (default executor@HOST/PID)")
 	fl.IntVar(&concurrency, "concurrency", executor.DefaultConcurrency, "accounts worked on at once")

@@ -9,11 +9,7 @@ import (
 	"github.com/payouts/payouts/rail/railclient"
 )
 
-func init() {
-	register(func(root, serve, run, dev *cobra.Command) { serve.AddCommand(newServeRailCmd()) })
-}
-
-func newServeRailCmd() *cobra.Command {
+func newServeRailCmd(a *app) *cobra.Command {
 	var (
 		sf     serverFlags
 		window time.Duration
@@ -27,7 +23,7 @@ moved twice). Faults can be injected at start with the flags below or later with
 GET /v1/settlement-report lists every payment ever accepted (operator only).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			env, err := sf.setup(cmd, "rail", "")
+			env, err := sf.setup(cmd, a)
 			if err != nil {
 				return err
 			}
@@ -37,7 +33,7 @@ GET /v1/settlement-report lists every payment ever accepted (operator only).`,
 			})
 		},
 	}
-	sf.register(c, ":7104", false)
+	sf.register(c, "rail", "127.0.0.1:7104", "")
 	fl := c.Flags()
 	fl.DurationVar(&window, "settlement-window", 10*time.Second, "a lookup by client reference is final once this long has passed since the newest attempt")
 	fl.Float64Var(&f.TimeoutAfterAccept, "timeout-after-accept", 0, "rate (0..1) of payments made and then never answered")
