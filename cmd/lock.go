@@ -34,11 +34,11 @@ func (l *lockCLI) register(c *cobra.Command) {
 }
 
 func (l *lockCLI) client() (*lockclient.Client, error) {
-	token, err := l.cf.bearer()
+	token, hc, err := l.cf.connect()
 	if err != nil {
 		return nil, err
 	}
-	c, err := lockclient.New(l.cf.lockURL, lockclient.WithToken(token))
+	c, err := lockclient.New(l.cf.lockURL, lockclient.WithToken(token), lockclient.WithHTTPClient(hc))
 	if err != nil {
 		return nil, &ExitError{Code: 2, Err: fmt.Errorf("--lock-url: %w", err)}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
@@ -44,11 +45,11 @@ func (o *payoutReader) register(c *cobra.Command) {
 }
 
 func (o *payoutReader) client() (*pc.Client, error) {
-	token, err := o.cf.bearer()
+	token, hc, err := o.cf.connect()
 	if err != nil {
 		return nil, err
 	}
-	c, err := pc.New(o.cf.paymentURL, token)
+	c, err := pc.New(o.cf.paymentURL, token, httpx.WithHTTPClient(hc))
 	if err != nil {
 		return nil, &ExitError{Code: 2, Err: fmt.Errorf("--payment-url: %w", err)}
 	}

@@ -31,7 +31,7 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 			if strings.TrimSpace(reason) == "" {
 				return &ExitError{Code: 2, Err: errors.New("--reason is required: say why, it is kept in the audit trail")}
 			}
-			token, err := cf.bearer()
+			token, hc, err := cf.connect()
 			if err != nil {
 				return err
 			}
@@ -44,7 +44,7 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 				owner = fmt.Sprintf("operator:%s@%s", user, host)
 			}
 			op, err := executor.NewOperator(executor.OperatorConfig{
-				Owner: owner, LockURL: cf.lockURL, PaymentURL: cf.paymentURL, Token: token, Wait: wait,
+				Owner: owner, LockURL: cf.lockURL, PaymentURL: cf.paymentURL, Token: token, HTTPClient: hc, Wait: wait,
 			})
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}

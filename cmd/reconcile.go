@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +18,7 @@ func newReconcileCmd(a *app) *cobra.Command {
 		out           output
 		cfg           reconcile.Config
 		railTokenFile string
+		pprof         pprofFlag
 	)
 	c := &cobra.Command{
 		Use:   "reconcile",
@@ -31,9 +33,12 @@ on --listen. docs/operations.md explains every finding.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cannotRun := func(err error) error { return &ExitError{Code: reconcile.ExitCannotRun, Err: err} }
-			token, err := cf.bearer()
+			token, hc, err := cf.connect()
 			if err != nil {
 				return err
+			}
+			if err := pprof.check(); err != nil {
+				return cannotRun(err)
 			}
 			if cfg.RailToken, err = secret("rail-token", cfg.RailToken, railTokenFile); err != nil {
 				return cannotRun(err)
@@ -49,9 +54,17 @@ on --listen. docs/operations.md explains every finding.`,
 				cfg.Owner = fmt.Sprintf("reconciler@%s/%d", host, os.Getpid())
 			}
 			cfg.LockURL, cfg.PaymentURL, cfg.ProxyURL, cfg.RailURL, cfg.Token = cf.lockURL, cf.paymentURL, cf.proxyURL, cf.railURL, token
-			cfg.JSON = out.isJSON()
+			cfg.JSON, cfg.HTTPClient = out.isJSON(), hc
 			cfg.Out, cfg.Logger, cfg.Registry, cfg.Resolve = cmd.OutOrStdout(), a.logger(cmd, "reconcile"), a.registry, true
-			code, err := reconcile.Run(cmd.Context(), cfg)
+			code := reconcile.ExitClean
+			err = runWithPprof(cmd.Context(), pprof.addr, cfg.Logger, func(ctx context.Context) error {
+				var err error
+				code, err = reconcile.Run(ctx, cfg)
+				return err
+			})
+			if err != nil && code == reconcile.ExitClean {
+				code = reconcile.ExitCannotRun // the profiler's listener failed
+			}
 			if code != reconcile.ExitClean || err != nil {
 				// With findings and no error, the report says what was found.
 				return &ExitError{Code: code, Err: err}
@@ -65,6 +78,7 @@ on --listen. docs/operations.md explains every finding.`,
 	fl.BoolVar(&cfg.Once, "once", false, "make one pass and exit: 0 clean, 1 findings, 2 could not run (for cron)")
 	fl.DurationVar(&cfg.Interval, "interval", time.Minute, "pause between passes in continuous mode")
 	fl.StringVar(&cfg.Listen, "listen", "127.0.0.1:7105", "address of /metrics and /healthz in continuous mode")
+	pprof.register(c)
 	fl.StringVar(&cfg.MetricsFile, "metrics-file", "", "after every pass, write the findings in the Prometheus text format to this file (atomic rename; node_exporter textfile collector)")
 	fl.DurationVar(&cfg.SettlementWindow, "settlement-window", reconcile.DefaultSettlementWindow, "look an ambiguous payout up at the rail once it has been ambiguous this long (the rail's own final flag still decides)")
 	fl.DurationVar(&cfg.AmbiguitySLA, "ambiguity-sla", reconcile.DefaultAmbiguitySLA, "report ambiguous payouts older than this for an operator")

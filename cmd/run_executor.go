@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"time"
@@ -19,6 +20,7 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 		poll        time.Duration
 		callTimeout time.Duration
 		metrics     string
+		pprof       pprofFlag
 	)
 	c := &cobra.Command{
 		Use:   "executor",
@@ -26,20 +28,23 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			logger := a.logger(cmd, executor.Role)
-			token, err := cf.bearer()
+			token, hc, err := cf.connect()
 			if err != nil {
 				return err
+			}
+			if err := pprof.check(); err != nil {
+				return &ExitError{Code: 2, Err: err}
 			}
 			if owner == "" {
 				host, _ := os.Hostname()
 				owner = fmt.Sprintf("executor@%s/%d", host, os.Getpid())
 			}
-			err = executor.Run(cmd.Context(), executor.Config{
+			cfg := executor.Config{
 				Owner: owner, Concurrency: concurrency, SessionTTL: ttl, PollInterval: poll, CallTimeout: callTimeout,
-				LockURL: cf.lockURL, PaymentURL: cf.paymentURL, ProxyURL: cf.proxyURL, Token: token,
+				LockURL: cf.lockURL, PaymentURL: cf.paymentURL, ProxyURL: cf.proxyURL, Token: token, HTTPClient: hc,
 				MetricsAddr: metrics, Logger: logger, Registry: a.registry, Hooks: executor.HooksFromEnv(),
-			})
-			if err != nil {
+			}
+			if err := runWithPprof(cmd.Context(), pprof.addr, logger, func(ctx context.Context) error { return executor.Run(ctx, cfg) }); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
 			return nil
@@ -52,6 +57,7 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 	fl.DurationVar(&ttl, "session-ttl", executor.DefaultSessionTTL, "lock session TTL (keepalive every TTL/3)")
 	fl.DurationVar(&poll, "poll-interval", executor.DefaultPollInterval, "how often to ask for work when there was none")
 	fl.DurationVar(&callTimeout, "call-timeout", executor.DefaultCallTimeout, "timeout of each call to the lock service and the payment resource")
+	pprof.register(c)
 	fl.StringVar(&metrics, "metrics-listen", "", "serve /metrics and /healthz on this address (e.g. 127.0.0.1:9101); empty: off")
 	return c
 }

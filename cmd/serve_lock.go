@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -42,11 +43,12 @@ func newServeLockCmd(a *app) *cobra.Command {
 					eps = append(eps, e)
 				}
 			}
-			return lock.Run(cmd.Context(), lock.Config{
+			cfg := lock.Config{
 				Backend: backend, Listen: f.listen, DatabaseURL: env.DatabaseURL,
 				EtcdEndpoints: eps, EtcdEmbedDir: embedDir, EtcdPrefix: prefix,
-				Logger: env.Logger, Registry: env.Registry, Auth: env.Auth,
-			})
+				Logger: env.Logger, Registry: env.Registry, Auth: env.Auth, TLS: env.TLS,
+			}
+			return env.run(cmd.Context(), func(ctx context.Context) error { return lock.Run(ctx, cfg) })
 		},
 	}
 	f.register(c, "lock", "127.0.0.1:7101", migrations.LockDB)

@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -25,16 +26,18 @@ func newServePaymentCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return payment.Run(cmd.Context(), payment.Config{
+			cfg := payment.Config{
 				Addr:                f.listen,
 				DatabaseURL:         env.DatabaseURL,
 				Currency:            currency,
 				Logger:              env.Logger,
 				Registry:            env.Registry,
 				Auth:                env.Auth,
+				TLS:                 env.TLS,
 				LedgerCheckInterval: ledgerCheck,
 				MaxConns:            maxConns,
-			})
+			}
+			return env.run(cmd.Context(), func(ctx context.Context) error { return payment.Run(ctx, cfg) })
 		},
 	}
 	f.register(c, payment.Role, "127.0.0.1:7102", migrations.PayDB)

@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -17,6 +18,7 @@ func newServeProxyCmd(a *app) *cobra.Command {
 		railToken     string
 		railTokenFile string
 		railTimeout   time.Duration
+		railTLS       clientTLS
 	)
 	c := &cobra.Command{
 		Use:   "proxy",
@@ -30,14 +32,19 @@ func newServeProxyCmd(a *app) *cobra.Command {
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
+			hc, err := railTLS.httpClient()
+			if err != nil {
+				return err
+			}
 			env, err := sf.setup(cmd, a)
 			if err != nil {
 				return err
 			}
-			return railproxy.Run(cmd.Context(), railproxy.Config{
-				Addr: sf.listen, Logger: env.Logger, Registry: env.Registry, Auth: env.Auth,
-				DatabaseURL: env.DatabaseURL, RailURL: railURL, RailToken: tok, RailTimeout: railTimeout,
-			})
+			cfg := railproxy.Config{
+				Addr: sf.listen, Logger: env.Logger, Registry: env.Registry, Auth: env.Auth, TLS: env.TLS,
+				DatabaseURL: env.DatabaseURL, RailURL: railURL, RailToken: tok, RailTimeout: railTimeout, HTTPClient: hc,
+			}
+			return env.run(cmd.Context(), func(ctx context.Context) error { return railproxy.Run(ctx, cfg) })
 		},
 	}
 	sf.register(c, "proxy", "127.0.0.1:7103", migrations.ProxyDB)
@@ -45,6 +52,7 @@ func newServeProxyCmd(a *app) *cobra.Command {
 	fl.StringVar(&railURL, "rail-url", "http://127.0.0.1:7104", "URL of the rail")
 	fl.StringVar(&railToken, "rail-token", "", "the proxy's own bearer token (role proxy) at the rail (visible in ps: prefer --rail-token-file)")
 	fl.StringVar(&railTokenFile, "rail-token-file", "", "file holding the proxy's own bearer token (role proxy) at the rail")
+	railTLS.register(c)
 	fl.DurationVar(&railTimeout, "rail-timeout", 10*time.Second, "how long to wait for the rail's answer before recording TIMEOUT (never retried)")
 	return c
 }

@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,10 +28,11 @@ GET /v1/settlement-report lists every payment ever accepted (operator only).`,
 			if err != nil {
 				return err
 			}
-			return rail.Run(cmd.Context(), rail.Config{
-				Addr: sf.listen, Logger: env.Logger, Registry: env.Registry, Auth: env.Auth,
+			cfg := rail.Config{
+				Addr: sf.listen, Logger: env.Logger, Registry: env.Registry, Auth: env.Auth, TLS: env.TLS,
 				SettlementWindow: window, Faults: f,
-			})
+			}
+			return env.run(cmd.Context(), func(ctx context.Context) error { return rail.Run(ctx, cfg) })
 		},
 	}
 	sf.register(c, "rail", "127.0.0.1:7104", "")
