@@ -36,8 +36,8 @@ func TestCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the payouts binary")
 	}
-	st := newStore(t, "postgres")
-	svc := startService(t, st)
+	sys := setup(t, "postgres")
+	st, svc := sys.store, sys.svc
 	ctx := testCtx(t)
 	s, err := lockclient.Open(ctx, svc.URL, "cli-holder", lockclient.WithToken(executorToken), lockclient.WithTTL(30*time.Second))
 	if err != nil {
