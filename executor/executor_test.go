@@ -2,12 +2,15 @@ package executor
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/proctest"
 	"github.com/payouts/payouts/dev/stack"
@@ -23,7 +26,22 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	proctest.Cleanup()
+	if code == 0 {
+		if err := goleak.Find(leakOptions...); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutines left behind by the tests: %v\n", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
+}
+
+// leakOptions name the background goroutines that outlive a test by
+// design: idle keep-alive connections of the HTTP clients' shared
+// transport, closed by the runtime when the process exits.
+var leakOptions = []goleak.Option{
+	goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+	goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 }
 
 func TestConfigDefaultsAndLimits(t *testing.T) {
@@ -71,8 +89,9 @@ func TestBackoffIsCappedAndResets(t *testing.T) {
 	}
 }
 
-// stack is a devstack with the clients these tests use.
-type testStack struct {
+// testBundle is a running stack with the operator clients these tests
+// use: what setup(t) hands a test. Each bundle owns its databases.
+type testBundle struct {
 	st   *stack.Stack
 	pay  *pc.Client
 	rail *railclient.Client
@@ -80,7 +99,7 @@ type testStack struct {
 	lock *lockclient.Client
 }
 
-func startStack(t *testing.T) *testStack {
+func setup(t *testing.T) *testBundle {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs PostgreSQL, etcd and the payouts binary")
@@ -93,7 +112,7 @@ func startStack(t *testing.T) *testStack {
 		t.Fatalf("start stack: %v", err)
 	}
 	t.Cleanup(func() { _ = st.Stop() })
-	s := &testStack{st: st}
+	s := &testBundle{st: st}
 	op := st.Ready.Tokens.Operator
 	if s.pay, err = pc.New(st.Ready.PaymentURL, op); err != nil {
 		t.Fatal(err)
@@ -110,7 +129,7 @@ func startStack(t *testing.T) *testStack {
 	return s
 }
 
-func (s *testStack) config(t *testing.T, owner string, w io.Writer) Config {
+func (s *testBundle) config(t *testing.T, owner string, w io.Writer) Config {
 	r := s.st.Ready
 	return Config{Owner: owner, Concurrency: 2, SessionTTL: 3 * time.Second, PollInterval: 100 * time.Millisecond,
 		LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, Token: r.Tokens.Executor,
@@ -128,7 +147,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
-func (s *testStack) state(t *testing.T, id string) pc.State {
+func (s *testBundle) state(t *testing.T, id string) pc.State {
 	t.Helper()
 	p, err := s.pay.Payout(context.Background(), id)
 	if err != nil {
@@ -162,7 +181,8 @@ func (s *syncBuf) String() string {
 // (finishing that call, releasing its lock, closing its session), and the
 // operator's cancel goes through the lock like any other writer.
 func TestExecutorInProcess(t *testing.T) {
-	s := startStack(t)
+	t.Parallel() // owns its stack and databases
+	s := setup(t)
 	ctx := context.Background()
 	for _, acc := range []string{"ip-a", "ip-b", "ip-c"} {
 		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: acc, Currency: "EUR", OpeningBalance: 10_000}); err != nil {
