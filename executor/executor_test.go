@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/proctest"
@@ -377,4 +380,113 @@ func TestExecutorInProcess(t *testing.T) {
 			t.Fatalf("ip-f1 is %s, want CLAIMED (untouched by the stale executor)", got)
 		}
 	})
+
+	// A payout the proxy refuses before forwarding anything (here a
+	// beneficiary reference longer than the proxy and the rail accept,
+	// planted behind the payment resource's back) must not make the
+	// account a hot loop: every round mints a token, so a round that
+	// moves nothing cools the account down.
+	t.Run("a payout the proxy refuses does not spin the account", func(t *testing.T) {
+		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: "ip-r", Currency: "EUR", OpeningBalance: 10_000}); err != nil {
+			t.Fatal(err)
+		}
+		mk("ip-r1", "ip-r", 100, "BEN-r")
+		s.plant(t, "UPDATE payout SET beneficiary_ref = repeat('b', 250) WHERE id = 'ip-r1'")
+		log := newSyncBuf()
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- Run(rctx, s.config(t, "ip-exec-r", log)) }()
+		waitFor(t, time.Minute, "ip-r1 to be RAIL_SUBMITTED", func() bool { return s.state(t, "ip-r1") != pc.Pending && s.state(t, "ip-r1") != pc.Claimed })
+		before := s.grantsOf(t, "ip-r")
+		time.Sleep(5 * time.Second) // the window measured, not a synchronisation
+		rounds := s.grantsOf(t, "ip-r") - before
+		stop()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		// 1 s, 2 s, 4 s of cooldown (with jitter): at most a handful of
+		// rounds in 5 s; a hot loop makes one per round trip.
+		if rounds > 5 {
+			t.Fatalf("%d grants of payout:ip-r in 5 s: the account is retried without backing off", rounds)
+		}
+		if !strings.Contains(log.String(), `"msg":"no progress on the account: leaving it alone for a while"`) {
+			t.Error("executor log does not say it backs off the account")
+		}
+	})
+}
+
+// plant runs one statement on paydb with triggers off, the way a broken
+// primary or a migration gone wrong would leave a row.
+func (s *testBundle) plant(t *testing.T, sql string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, s.st.Ready.DatabaseURLs.PayDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// grantsOf counts the grants the lock service ever made of account's key.
+func (s *testBundle) grantsOf(t *testing.T, account string) int {
+	t.Helper()
+	all, err := s.lock.AllGrants(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, g := range all {
+		if g.Key == fencing.Key(account) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRefusedTokenIsFatal: a service that refuses the executor's token
+// (401/403) will go on refusing it; the executor stops and says which
+// service and which role, instead of retrying "lock service unreachable"
+// forever.
+func TestRefusedTokenIsFatal(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{http.StatusUnauthorized, http.StatusForbidden} {
+		refuser := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", problem.ContentType)
+			w.WriteHeader(status)
+			fmt.Fprintf(w, `{"type":"about:blank","title":"refused","status":%d,"code":"%s"}`, status,
+				map[int]string{http.StatusUnauthorized: "unauthorized", http.StatusForbidden: "forbidden"}[status])
+		}))
+		cfg := Config{Owner: "refused", SessionTTL: 3 * time.Second, PollInterval: 100 * time.Millisecond, CallTimeout: 5 * time.Second,
+			LockURL: refuser.URL, PaymentURL: refuser.URL, ProxyURL: refuser.URL, Token: "wrong",
+			Logger: slog.New(slog.DiscardHandler), Registry: obs.NewRegistry()}
+		done := make(chan error, 1)
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { done <- Run(ctx, cfg) }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), refuser.URL) || !strings.Contains(err.Error(), `role "executor"`) {
+				t.Errorf("status %d: Run returned %v; want an error naming %s and the executor role", status, err, refuser.URL)
+			}
+		case <-time.After(time.Minute):
+			cancel()
+			<-done
+			t.Errorf("status %d: the executor kept retrying a refused token for a minute", status)
+		}
+		cancel()
+		refuser.Close()
+	}
 }

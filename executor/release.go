@@ -11,36 +11,70 @@ import (
 	"github.com/payouts/payouts/lock/lockclient"
 )
 
+// release gives back a round's grant. A release with no verdict is kept
+// for retryReleases: the session lives on, so the key would otherwise stay
+// held by it for as long as this process runs.
+func (e *Executor) release(log *slog.Logger, account string, g grant) {
+	ctx, cancel := e.callCtx()
+	defer cancel()
+	err := g.Release(ctx)
+	switch {
+	case err == nil:
+		log.Info("lock released")
+	case releaseRetryable(err):
+		e.releaseLater(account, g)
+		log.Warn("lock release failed; retrying on the next poll", obs.KeyError, err.Error())
+	default:
+		// After a loss the key is no longer ours; the release is moot.
+		log.Info("lock release refused; the key is no longer ours", obs.KeyError, err.Error())
+	}
+}
+
 // releaseLater records a grant whose release failed for a reason that may
 // pass (no answer from the lock service).
-func (e *Executor) releaseLater(g grant) {
+func (e *Executor) releaseLater(account string, g grant) {
 	e.mu.Lock()
-	e.unreleased[g.Key()] = g
+	e.unreleased[account] = g
 	e.mu.Unlock()
 }
 
 // retryReleases retries every failed release once; a release refused as
 // not held (the key already moved on) or for a gone session is done too.
+//
+// A release is never retried for an account a worker is on: that worker
+// may have re-acquired the key, and since a re-acquire by the same session
+// returns the same token, the retry would free the worker's live grant on
+// the server while it carries on. Each retry reserves its account like a
+// worker does, so no worker can start on it while the retry is in flight.
 func (e *Executor) retryReleases(log *slog.Logger) {
+	type pending struct {
+		account string
+		g       grant
+	}
+	var todo []pending
 	e.mu.Lock()
-	pending := make([]grant, 0, len(e.unreleased))
-	for _, g := range e.unreleased {
-		pending = append(pending, g)
+	for account, g := range e.unreleased {
+		if e.active[account] {
+			continue // its worker owns the key now; the worker releases it
+		}
+		e.active[account] = true
+		todo = append(todo, pending{account, g})
 	}
 	e.mu.Unlock()
-	for _, g := range pending {
+	for _, p := range todo {
 		ctx, cancel := e.callCtx()
-		err := g.Release(ctx)
+		err := p.g.Release(ctx)
 		cancel()
+		e.mu.Lock()
+		if err == nil || !releaseRetryable(err) {
+			delete(e.unreleased, p.account)
+		}
+		delete(e.active, p.account)
+		e.mu.Unlock()
 		if err != nil && releaseRetryable(err) {
 			continue
 		}
-		e.mu.Lock()
-		if e.unreleased[g.Key()] == g {
-			delete(e.unreleased, g.Key())
-		}
-		e.mu.Unlock()
-		log.Info("earlier failed lock release settled", obs.KeyKey, g.Key(), obs.KeyToken, int64(g.Token()), "result", releaseResult(err))
+		log.Info("earlier failed lock release settled", obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()), "result", releaseResult(err))
 	}
 }
 
@@ -61,7 +95,7 @@ func releaseResult(err error) string {
 	return err.Error()
 }
 
-// cooldown is how long an account that was fenced out waits.
+// cooldown is how long an account whose last round moved nothing waits.
 type cooldown struct {
 	b     backoff
 	until time.Time
