@@ -36,9 +36,15 @@ func (g *grantIndex) load(ctx context.Context) error {
 	}
 }
 
-// granted reports whether the lock service granted token for key,
-// reading grants issued since the index was loaded when the token is
-// newer than the index.
+// granted reports whether the lock service granted token for key.
+//
+// The index is read in token order, but the lock service's store commits
+// grants of different keys out of token order (PostgreSQL: a sequence
+// value is taken before the transaction commits), so a page can be read
+// before a lower token's grant is visible. The row being checked was read
+// before this call and was written under its grant, so the grant has
+// committed by now: a token the index lacks is looked up on its own before
+// anything is reported.
 func (g *grantIndex) granted(ctx context.Context, token fencing.Token, key string) (bool, string, error) {
 	if k, ok := g.keys[token]; ok {
 		return k == key, k, nil
@@ -51,5 +57,17 @@ func (g *grantIndex) granted(ctx context.Context, token fencing.Token, key strin
 			return k == key, k, nil
 		}
 	}
-	return false, "", nil
+	if token <= 0 {
+		return false, "", nil
+	}
+	items, _, err := g.svc.Grants(ctx, token-1, 1)
+	if err != nil {
+		return false, "", err
+	}
+	if len(items) == 0 || items[0].Token != token {
+		return false, "", nil
+	}
+	g.keys[token] = items[0].Key
+	g.sessions[token] = items[0].SessionID
+	return items[0].Key == key, items[0].Key, nil
 }

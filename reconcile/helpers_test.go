@@ -293,6 +293,13 @@ func (e *testBundle) exec(t *testing.T, db string, replica bool, sql string, arg
 // the reconciler role's token (the rail gets railToken; "" for the same).
 func (e *testBundle) reconciler(t *testing.T, opts reconcile.Options, railToken string) *reconcile.Reconciler {
 	t.Helper()
+	return e.reconcilerWith(t, opts, railToken, nil)
+}
+
+// reconcilerWith is reconciler with the lock service wrapped by wrap (nil:
+// as is) and reached at lockURL ("" : the stack's).
+func (e *testBundle) reconcilerWith(t *testing.T, opts reconcile.Options, railToken string, wrap func(reconcile.LockService) reconcile.LockService) *reconcile.Reconciler {
+	t.Helper()
 	r := e.st.Ready
 	tok := r.Tokens.Reconciler
 	if railToken == "" {
@@ -315,14 +322,22 @@ func (e *testBundle) reconciler(t *testing.T, opts reconcile.Options, railToken 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lock.Close(context.Background()) })
+	if wrap != nil {
+		lock = wrap(lock)
+	}
 	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		opts.Logger = testLogger(t)
 	}
 	rec, err := reconcile.New(reconcile.Clients{Lock: lock, Payment: pay, Proxy: proxy, Rail: rail}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return rec
+}
+
+// testLogger logs warnings and errors into the test's log.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 type testWriter struct{ t *testing.T }
