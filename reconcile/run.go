@@ -152,33 +152,6 @@ func (r *Reconciler) refusal(ctx context.Context, cfg Config, passErr error) err
 	return nil
 }
 
-// fileMetrics writes the metrics file from a registry holding only the
-// reconciler's series (node_exporter has its own process metrics).
-type fileMetrics struct {
-	path string
-	reg  *prometheus.Registry
-	m    *Metrics
-}
-
-func newFileMetrics(path string) *fileMetrics {
-	if path == "" {
-		return nil
-	}
-	reg := prometheus.NewRegistry()
-	return &fileMetrics{path: path, reg: reg, m: NewMetrics(reg)}
-}
-
-func (f *fileMetrics) write(rep *Report, err error, took time.Duration, end time.Time) error {
-	if f == nil {
-		return nil
-	}
-	f.m.Observe(rep, err, took, end)
-	if werr := prometheus.WriteToTextfile(f.path, f.reg); werr != nil {
-		return fmt.Errorf("write --metrics-file %s: %w", f.path, werr)
-	}
-	return nil
-}
-
 func (r *Reconciler) timedPass(ctx context.Context) (*Report, error, time.Duration, time.Time) {
 	start := time.Now()
 	rep, err := r.Pass(ctx)
@@ -196,8 +169,18 @@ func (r *Reconciler) print(cfg Config, rep *Report) error {
 	return rep.WriteTable(cfg.Out)
 }
 
+// openMetricsFile prepares --metrics-file; a previous file it cannot read
+// is logged and replaced (the detective controls must still run).
+func (r *Reconciler) openMetricsFile(cfg Config) *fileMetrics {
+	fm, err := newFileMetrics(cfg.MetricsFile)
+	if err != nil {
+		r.log.Warn("could not carry the previous metrics file over", obs.KeyError, err.Error())
+	}
+	return fm
+}
+
 func (r *Reconciler) once(ctx context.Context, cfg Config) (int, error) {
-	fm := newFileMetrics(cfg.MetricsFile)
+	fm := r.openMetricsFile(cfg)
 	rep, err, took, end := r.timedPass(ctx)
 	if werr := fm.write(rep, err, took, end); werr != nil && err == nil {
 		err = cannotRun("write the metrics file", werr)
@@ -231,7 +214,7 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 		cfg.Registry = obs.NewRegistry()
 	}
 	metrics := NewMetrics(cfg.Registry)
-	fm := newFileMetrics(cfg.MetricsFile)
+	fm := r.openMetricsFile(cfg)
 	srv := httpx.NewServer(httpx.Config{Role: "reconcile", Addr: cfg.Listen, Logger: cfg.Logger, Registry: cfg.Registry})
 	addr, err := srv.Listen()
 	if err != nil {
