@@ -310,6 +310,7 @@ func dockerDaemon(t *testing.T) *docker {
 			_ = c.Process.Kill()
 			<-done
 		}
+		unmountUnder(root)
 		_ = os.RemoveAll(root)
 	})
 	d.env = []string{"DOCKER_HOST=unix://" + sock}
@@ -327,6 +328,20 @@ func dockerDaemon(t *testing.T) *docker {
 		}
 	}
 	return d
+}
+
+// unmountUnder detaches what the engine left mounted below root (its
+// network namespace file), so root can be removed.
+func unmountUnder(root string) {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], root+"/") {
+			_ = syscall.Unmount(f[1], syscall.MNT_DETACH)
+		}
+	}
 }
 
 // buildImage runs `make image` with this run's image name and returns the
