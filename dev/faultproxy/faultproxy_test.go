@@ -301,4 +301,3 @@ func TestProxyNamesLinksAndClosesThem(t *testing.T) {
 		t.Fatalf("open connection after Close: %v", err)
 	}
 }
-
