@@ -15,7 +15,6 @@ import (
 	"github.com/payouts/payouts/internal/obs"
 )
 
-func init() { onBench(func(b *cobra.Command) { b.AddCommand(newBenchE2ECmd()) }) }
 
 func newBenchE2ECmd() *cobra.Command {
 	var (

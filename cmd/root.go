@@ -72,6 +72,7 @@ func newRoot(a *app) *cobra.Command {
 		newLockCmd(a),
 		newMigrateCmd(a),
 		dev,
+		newBenchCmd(a),
 		newVersionCmd(a),
 	)
 	return root
