@@ -15,7 +15,6 @@ import (
 	"github.com/payouts/payouts/internal/obs"
 )
 
-
 func newBenchE2ECmd() *cobra.Command {
 	var (
 		o      bench.E2EOptions
