@@ -94,11 +94,13 @@ func Execute() int {
 		if _, ok := <-sigs; !ok {
 			return
 		}
+		log := obs.NewLogger(os.Stderr, slog.LevelInfo, "")
+		log.Info("stop requested: finishing the steps in flight and releasing locks (signal again to exit at once)")
 		cancel()
 		if _, ok := <-sigs; !ok {
 			return
 		}
-		obs.NewLogger(os.Stderr, slog.LevelInfo, "").Warn("second signal: exiting at once; held locks expire with the session TTL")
+		log.Warn("second signal: exiting at once; held locks expire with the session TTL")
 		os.Exit(1)
 	}()
 	return run(ctx, NewRoot(), os.Stderr)
