@@ -3,6 +3,7 @@
 package obs
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"os"
@@ -58,4 +59,15 @@ func NewRegistry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r
+}
+
+// LevelOf is the least severe level l writes (its handler's level).
+func LevelOf(l *slog.Logger) slog.Level {
+	ctx := context.Background()
+	for _, lv := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn} {
+		if l.Enabled(ctx, lv) {
+			return lv
+		}
+	}
+	return slog.LevelError
 }
