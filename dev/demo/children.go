@@ -21,44 +21,17 @@ func (dm *demo) startExecutor(name string, concurrency int, hold string) error {
 	args := []string{"run", "executor", "--owner", name, "--concurrency", strconv.Itoa(concurrency),
 		"--session-ttl", dm.cfg.SessionTTL.String(), "--poll-interval", "200ms",
 		"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--token", r.Tokens.Executor}
-	var p *supervise.Proc
-	start := func() error {
-		var err error
-		p, err = dm.st.StartRole(name, args...)
-		return err
-	}
-	var err error
+	var env []string
 	if dm.cfg.HoldEnv != "" {
-		// The stack's children inherit this process's environment at
-		// start: arm (or disarm) the hook for this one child only.
-		err = withEnv(dm.cfg.HoldEnv, hold, start)
-	} else {
-		err = start()
+		// Armed (or, with "", disarmed) for this one child only.
+		env = append(env, dm.cfg.HoldEnv+"="+hold)
 	}
+	p, err := dm.st.StartRole(name, env, args...)
 	if err != nil {
 		return err
 	}
 	dm.procs[name] = p
 	return nil
-}
-
-// withEnv runs f with the environment variable k set to v ("" unsets it),
-// then restores it. The demo starts children one at a time.
-func withEnv(k, v string, f func() error) error {
-	old, had := os.LookupEnv(k)
-	if v == "" {
-		os.Unsetenv(k)
-	} else {
-		os.Setenv(k, v)
-	}
-	defer func() {
-		if had {
-			os.Setenv(k, old)
-		} else {
-			os.Unsetenv(k)
-		}
-	}()
-	return f()
 }
 
 func (dm *demo) signal(name string, sig syscall.Signal) error {

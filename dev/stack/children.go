@@ -14,7 +14,7 @@ import (
 // URL once it has bound its address (reported through its address file).
 func (s *Stack) startServer(ctx context.Context, name, listen string, args ...string) (string, error) {
 	args = append(args, "--listen", listen, "--auth-file", s.authFile)
-	p, err := s.spawn(name, true, filepath.Join(s.opts.Dir, "run", name+".addr"), args...)
+	p, err := s.spawn(supervise.Spec{Name: name, Args: args, AddrFile: filepath.Join(s.opts.Dir, "run", name+".addr")}, true)
 	if err != nil {
 		return "", err
 	}
@@ -25,16 +25,19 @@ func (s *Stack) startServer(ctx context.Context, name, listen string, args ...st
 	return "http://" + addr, nil
 }
 
-// StartRole runs one more child of the binary (e.g. an executor) under the
-// stack's supervision: its output goes to DIR/logs/NAME.log and it is
-// stopped with the stack. Its exit is not a stack failure.
-func (s *Stack) StartRole(name string, args ...string) (*supervise.Proc, error) {
-	return s.spawn(name, false, "", args...)
+// StartRole runs one more child of the binary (e.g. an executor) with extra
+// environment env under the stack's supervision: its output goes to
+// DIR/logs/NAME.log and it is stopped with the stack. Its exit is not a
+// stack failure.
+func (s *Stack) StartRole(name string, env []string, args ...string) (*supervise.Proc, error) {
+	return s.spawn(supervise.Spec{Name: name, Env: env, Args: args}, false)
 }
 
-func (s *Stack) spawn(name string, essential bool, addrFile string, args ...string) (*supervise.Proc, error) {
+func (s *Stack) spawn(spec supervise.Spec, essential bool) (*supervise.Proc, error) {
+	name := spec.Name
 	logPath := filepath.Join(s.opts.Dir, "logs", name+".log")
-	p, err := supervise.Start(supervise.Spec{Name: name, Path: s.opts.Binary, Args: args, Log: logPath, AddrFile: addrFile})
+	spec.Path, spec.Log = s.opts.Binary, logPath
+	p, err := supervise.Start(spec)
 	if err != nil {
 		return nil, err
 	}

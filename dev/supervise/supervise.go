@@ -150,10 +150,12 @@ func (p *Proc) Stop(grace time.Duration) int {
 
 // Wait waits up to timeout for the child to exit and returns its exit code.
 func (p *Proc) Wait(timeout time.Duration) (int, error) {
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		return -1, fmt.Errorf("%s did not exit within %s", p.Name, timeout)
+	if !p.Exited() {
+		select {
+		case <-p.done:
+		case <-time.After(timeout):
+			return -1, fmt.Errorf("%s did not exit within %s", p.Name, timeout)
+		}
 	}
 	if p.cmd.ProcessState == nil {
 		return -1, p.err

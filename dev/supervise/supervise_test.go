@@ -105,6 +105,12 @@ func TestChildDyingDuringStartIsOneLine(t *testing.T) {
 	if strings.Contains(msg, "\n") || !strings.Contains(msg, p.Spec.Log) || !strings.Contains(msg, "helper exited") {
 		t.Fatalf("want one line naming the child and its log, got %q", msg)
 	}
+	// Once it has exited, its exit code is there at once, every time.
+	for range 50 {
+		if code, err := p.Wait(0); code != 7 || err != nil {
+			t.Fatalf("Wait(0) after exit: %d, %v; want 7", code, err)
+		}
+	}
 	if !strings.Contains(p.Log(), "failing on purpose") {
 		t.Fatalf("the child's stderr is not in its log: %q", p.Log())
 	}
