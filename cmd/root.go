@@ -71,6 +71,7 @@ func newRoot(a *app) *cobra.Command {
 		newPayoutCmd(a),
 		newLockCmd(a),
 		newMigrateCmd(a),
+		newStatusCmd(a),
 		dev,
 		newVersionCmd(a),
 	)
