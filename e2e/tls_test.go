@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/payouts/payouts/dev/proctest"
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/migrations"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
@@ -144,9 +146,10 @@ func TestWholeSystemOverTLS(t *testing.T) {
 	url := func(role string) string { return "https://" + addr[role] }
 	serverTLS := []string{"--auth-file", authFile, "--tls-cert-file", pki.serverCert, "--tls-key-file", pki.serverKey, "--tls-client-ca-file", pki.ca}
 	clientTLS := []string{"--ca-file", pki.ca, "--cert-file", pki.clientCert, "--key-file", pki.clientKey}
+	procs := map[string]*proctest.Proc{}
 	serve := func(role string, args ...string) {
 		args = append(append([]string{"serve", role, "--listen", addr[role]}, serverTLS...), args...)
-		proctest.Start(t, role, nil, args...)
+		procs[role] = proctest.Start(t, role, nil, args...)
 	}
 	serve("rail", "--settlement-window", "1s")
 	serve("lock", "--backend", "postgres", "--database-url-file", dbURLFile[migrations.LockDB])
@@ -239,5 +242,33 @@ func TestWholeSystemOverTLS(t *testing.T) {
 	anon, _ := pc.New(url("payment"), tokens[auth.Operator], httpx.WithHTTPClient(httpx.NewHTTPClient(noCert)), httpx.WithGetRetries(0))
 	if _, err := anon.Payout(ctx, "tls-po-0"); err == nil {
 		t.Fatal("a TLS client without a client certificate read a payout from a server requiring one")
+	}
+
+	// Token rotation without a restart: the auth file gets the operator's
+	// next token in place of the old one, SIGHUP, and the server takes the
+	// new token and refuses the old.
+	next := "operator-rotated-tls-e2e-token"
+	for i := range af.Tokens {
+		if af.Tokens[i].Role == auth.Operator {
+			af.Tokens[i].Token = next
+		}
+	}
+	b, _ = json.Marshal(af)
+	if err := os.WriteFile(authFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := procs["payment"].Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	rotated, _ := pc.New(url("payment"), next, httpx.WithHTTPClient(hc))
+	waitUntil(t, time.Minute, "the payment resource to take the rotated token", func() (bool, error) {
+		_, err := rotated.Payout(context.Background(), "tls-po-0")
+		return err == nil, err
+	})
+	if _, err := pay.Payout(ctx, "tls-po-0"); !problem.Has(err, problem.Unauthorized) {
+		t.Fatalf("the old operator token after the rotation: %v; want unauthorized", err)
+	}
+	if procs["payment"].Exited() {
+		t.Fatal("SIGHUP stopped the payment resource")
 	}
 }
