@@ -33,6 +33,10 @@ const (
 // AllRoles lists every role.
 var AllRoles = []Role{Executor, Reconciler, Operator, Proxy}
 
+// Callers are the roles that call the project's own services; Proxy is
+// only ever a caller of the rail.
+var Callers = []Role{Executor, Reconciler, Operator}
+
 func (r Role) valid() bool { return r == Executor || r == Reconciler || r == Operator || r == Proxy }
 
 // Principal is an authenticated caller.
