@@ -146,11 +146,11 @@ func (f *fileMetrics) write(rep *Report, err error, took time.Duration, end time
 	return nil
 }
 
-func (r *Reconciler) timedPass(ctx context.Context) (*Report, error, time.Duration, time.Time) {
+func (r *Reconciler) timedPass(ctx context.Context) (*Report, time.Duration, time.Time, error) {
 	start := time.Now()
 	rep, err := r.Pass(ctx)
 	end := time.Now()
-	return rep, err, end.Sub(start), end
+	return rep, end.Sub(start), end, err
 }
 
 func (r *Reconciler) print(cfg Config, rep *Report) error {
@@ -165,7 +165,7 @@ func (r *Reconciler) print(cfg Config, rep *Report) error {
 
 func (r *Reconciler) once(ctx context.Context, cfg Config) (int, error) {
 	fm := newFileMetrics(cfg.MetricsFile)
-	rep, err, took, end := r.timedPass(ctx)
+	rep, took, end, err := r.timedPass(ctx)
 	if werr := fm.write(rep, err, took, end); werr != nil && err == nil {
 		err = cannotRun("write the metrics file", werr)
 	}
@@ -211,7 +211,7 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 				return nil
 			case <-t.C:
 			}
-			rep, err, took, end := r.timedPass(ctx)
+			rep, took, end, err := r.timedPass(ctx)
 			if ctx.Err() != nil {
 				return nil
 			}
