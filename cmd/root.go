@@ -9,16 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
 )
 
@@ -73,6 +69,7 @@ func newRoot(a *app) *cobra.Command {
 		newPayoutCmd(a),
 		newLockCmd(a),
 		newMigrateCmd(a),
+		newStatusCmd(a),
 		dev,
 		newBenchCmd(a),
 		newVersionCmd(a),
@@ -80,29 +77,11 @@ func newRoot(a *app) *cobra.Command {
 	return root
 }
 
-// Execute runs the command line and returns the process exit code. The
-// first SIGINT or SIGTERM cancels the command's context (servers drain,
-// the executor finishes its steps and releases its locks); a second one
-// ends the process at once with exit 1, saying so on stderr.
+// Execute runs the command line and returns the process exit code; see
+// interruptContext for what SIGINT and SIGTERM do.
 func Execute() int {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	go func() {
-		if _, ok := <-sigs; !ok {
-			return
-		}
-		log := obs.NewLogger(os.Stderr, slog.LevelInfo, "")
-		log.Info("stop requested: finishing the steps in flight and releasing locks (signal again to exit at once)")
-		cancel()
-		if _, ok := <-sigs; !ok {
-			return
-		}
-		log.Warn("second signal: exiting at once; held locks expire with the session TTL")
-		os.Exit(1)
-	}()
+	ctx, stop := interruptContext()
+	defer stop()
 	return run(ctx, NewRoot(), os.Stderr)
 }
 
