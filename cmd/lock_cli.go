@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/payouts/payouts/lock"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
 	"github.com/payouts/payouts/lock/pgbackend"
@@ -226,16 +227,21 @@ func newLockGrantsCmd() *cobra.Command {
 
 func newLockBumpCmd() *cobra.Command {
 	var (
-		to     int64
-		url    string
-		output string
+		to         int64
+		url        string
+		output     string
+		fromGuards bool
+		margin     int64
+		guards     = []lock.Guard{{Name: "payment"}, {Name: "proxy"}}
 	)
 	c := &cobra.Command{
-		Use:   "bump-tokens --to N --database-url URL",
-		Short: "After restoring lockdb (PostgreSQL backend), make every future token greater than N (D-13); never moves tokens down",
-		Long: "After restoring lockdb from a backup, run this with N at or above the highest fence either guard\n" +
-			"has stored (payouts reconcile prints it) before the lock service grants again. It refuses to move\n" +
-			"the token sequence down. For the etcd backend use etcdutl snapshot restore --bump-revision instead.",
+		Use:   "bump-tokens (--to N | --from-guards) --database-url URL",
+		Short: "After restoring lockdb or promoting a replica (PostgreSQL backend), make every future token greater than N (D-13); never moves tokens down",
+		Long: "After restoring lockdb from a backup, or promoting an asynchronous replica of it, run this before the\n" +
+			"lock service grants again: with --to N, N at or above the highest fence either guard has stored\n" +
+			"(payouts reconcile prints it); with --from-guards, it reads both guards' GET /v1/fences/high itself\n" +
+			"and bumps to the larger plus --margin. It refuses to move the token sequence down. For the etcd\n" +
+			"backend use etcdutl snapshot restore --bump-revision instead.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if output != "table" && output != "json" {
@@ -244,21 +250,43 @@ func newLockBumpCmd() *cobra.Command {
 			if url == "" {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--database-url (or %s) is required: bump-tokens acts on lockdb directly", EnvName("database-url"))}
 			}
-			if to <= 0 {
+			if fromGuards == (to != 0) {
+				return &ExitError{Code: 2, Err: fmt.Errorf("give exactly one of --to N and --from-guards")}
+			}
+			if !fromGuards && to <= 0 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--to must be a positive token")}
+			}
+			if margin < 0 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--margin must not be negative")}
 			}
 			ctx, cancel := lockCtx(cmd)
 			defer cancel()
+			var fences []lock.GuardFence
+			if fromGuards {
+				var err error
+				if fences, err = lock.GuardsHighFence(ctx, guards); err != nil {
+					return err
+				}
+				t, err := lock.BumpTarget(fences, margin)
+				if err != nil {
+					return err
+				}
+				to = int64(t)
+			}
 			from, err := pgbackend.BumpTokens(ctx, url, fencing.Token(to))
 			if err != nil {
 				return err
 			}
 			out := struct {
-				From fencing.Token `json:"from"`
-				To   fencing.Token `json:"to"`
-			}{from, fencing.Token(max(to, int64(from)))}
+				From   fencing.Token     `json:"from"`
+				To     fencing.Token     `json:"to"`
+				Guards []lock.GuardFence `json:"guards,omitempty"`
+			}{from, fencing.Token(max(to, int64(from))), fences}
 			if output == "json" {
 				return lockWriteJSON(cmd.OutOrStdout(), out)
+			}
+			for _, f := range fences {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s guard %s: highest fence %s\n", f.Guard, f.URL, f.Token)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "tokens bumped: highest issued was %s; every future token is above %s\n",
 				strconv.FormatInt(int64(out.From), 10), strconv.FormatInt(int64(out.To), 10))
@@ -266,6 +294,12 @@ func newLockBumpCmd() *cobra.Command {
 		},
 	}
 	c.Flags().Int64Var(&to, "to", 0, "every future token will be greater than this")
+	c.Flags().BoolVar(&fromGuards, "from-guards", false, "read both guards' highest fence (GET /v1/fences/high) and bump above the larger plus --margin")
+	c.Flags().Int64Var(&margin, "margin", 1000, "with --from-guards: how far above the guards' highest fence to bump")
+	c.Flags().StringVar(&guards[0].URL, "payment-url", "http://127.0.0.1:7102", "with --from-guards: payment resource URL")
+	c.Flags().StringVar(&guards[0].Token, "payment-token", "", "with --from-guards: bearer token for the payment resource")
+	c.Flags().StringVar(&guards[1].URL, "proxy-url", "http://127.0.0.1:7103", "with --from-guards: rail proxy URL")
+	c.Flags().StringVar(&guards[1].Token, "proxy-token", "", "with --from-guards: bearer token for the rail proxy")
 	c.Flags().StringVar(&url, "database-url", "", "PostgreSQL URL of lockdb")
 	c.Flags().StringVar(&output, "output", "table", "output format: table or json")
 	return c
