@@ -63,6 +63,7 @@ type Tokens struct {
 	Executor   string `json:"executor"`
 	Reconciler string `json:"reconciler"`
 	Operator   string `json:"operator"`
+	Proxy      string `json:"proxy"` // the rail proxy's credential at the rail
 }
 
 // DatabaseURLs are the three databases.
@@ -132,6 +133,7 @@ func loadOrCreateAuth(path string) (Tokens, error) {
 			{Token: randomToken(), Role: auth.Executor, Name: "dev-executor"},
 			{Token: randomToken(), Role: auth.Reconciler, Name: "dev-reconciler"},
 			{Token: randomToken(), Role: auth.Operator, Name: "dev-operator"},
+			{Token: randomToken(), Role: auth.Proxy, Name: "dev-proxy"},
 		}
 		b, _ := json.MarshalIndent(f, "", "  ")
 		if err := os.WriteFile(path, b, 0o600); err != nil {
@@ -147,9 +149,11 @@ func loadOrCreateAuth(path string) (Tokens, error) {
 			t.Reconciler = e.Token
 		case auth.Operator:
 			t.Operator = e.Token
+		case auth.Proxy:
+			t.Proxy = e.Token
 		}
 	}
-	if t.Executor == "" || t.Reconciler == "" || t.Operator == "" {
+	if t.Executor == "" || t.Reconciler == "" || t.Operator == "" || t.Proxy == "" {
 		return t, fmt.Errorf("%s lacks a token for some role; delete it to regenerate", path)
 	}
 	return t, nil
@@ -272,7 +276,7 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 		return nil, err
 	}
 	if s.Ready.ProxyURL, err = start("proxy", p.proxy, "serve", "proxy", "--database-url", urls.ProxyDB, "--rail-url", s.Ready.RailURL,
-		"--rail-token", tokens.Executor, "--rail-timeout", opts.RailTimeout.String()); err != nil {
+		"--rail-token", tokens.Proxy, "--rail-timeout", opts.RailTimeout.String()); err != nil {
 		return nil, err
 	}
 	for name, u := range map[string]string{"rail": s.Ready.RailURL, "lock": s.Ready.LockURL, "payment": s.Ready.PaymentURL, "proxy": s.Ready.ProxyURL} {

@@ -25,12 +25,13 @@ const (
 	Executor   Role = "executor"
 	Reconciler Role = "reconciler"
 	Operator   Role = "operator"
+	Proxy      Role = "proxy" // the rail proxy's own credential at the rail, and nowhere else
 )
 
 // AllRoles lists every role.
-var AllRoles = []Role{Executor, Reconciler, Operator}
+var AllRoles = []Role{Executor, Reconciler, Operator, Proxy}
 
-func (r Role) valid() bool { return r == Executor || r == Reconciler || r == Operator }
+func (r Role) valid() bool { return r == Executor || r == Reconciler || r == Operator || r == Proxy }
 
 // Principal is an authenticated caller.
 type Principal struct {
@@ -92,7 +93,7 @@ func Parse(b []byte) (*Authenticator, error) {
 			return nil, fmt.Errorf("auth: token #%d (%s) is shorter than 16 characters", i+1, t.Name)
 		}
 		if !t.Role.valid() {
-			return nil, fmt.Errorf("auth: token #%d (%s) has role %q; want executor, reconciler or operator", i+1, t.Name, t.Role)
+			return nil, fmt.Errorf("auth: token #%d (%s) has role %q; want executor, reconciler, operator or proxy", i+1, t.Name, t.Role)
 		}
 		if t.Name == "" {
 			return nil, fmt.Errorf("auth: token #%d has no name", i+1)
