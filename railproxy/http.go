@@ -74,14 +74,17 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	// commit would leave us not knowing whether the intent was written.
 	detached := context.WithoutCancel(r.Context())
 	ctx, cancel := context.WithTimeout(detached, dbTimeout)
-	rec, res, err := s.st.writeIntent(ctx, req)
+	rec, hw, res, err := s.st.writeIntent(ctx, req)
 	cancel()
 	if err != nil {
 		return problem.Wrap(problem.Unavailable, err, "the submission could not be recorded; it was not forwarded")
 	}
 	switch res {
 	case intentFenced:
-		return s.fencedOut(detached, log, req)
+		if hook := s.afterRefusal.Load(); hook != nil {
+			(*hook)()
+		}
+		return s.fencedOut(detached, log, req, hw)
 	case intentExists:
 		return s.duplicate(detached, log, req)
 	}
@@ -111,11 +114,11 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	}
 }
 
-func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, req proxyclient.SubmitRequest) error {
+func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, req proxyclient.SubmitRequest, refusedBy mark) error {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	key := fencing.Key(req.AccountID)
-	ev, err := s.st.recordFenced(ctx, req, fmt.Sprintf("submission of payout %s refused at the proxy: token %d is not above the account's high-water mark", req.PayoutID, req.Token))
+	ev, err := s.st.recordFenced(ctx, req, refusedBy, fmt.Sprintf("submission of payout %s refused at the proxy: token %d is not above the account's high-water mark", req.PayoutID, req.Token))
 	s.m.fencedOut.Inc()
 	s.m.submissions.WithLabelValues(string(proxyclient.OutcomeFenced)).Inc()
 	s.m.safetyEvents.WithLabelValues(proxyclient.KindFencedOut).Inc()

@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -75,6 +76,10 @@ type Server struct {
 
 	forwards sync.WaitGroup // detached rail calls still running
 	inflight sync.Map       // payout id -> struct{} while its rail call runs
+
+	// afterRefusal, when set (tests only), runs after a fenced-out
+	// submission's transaction has ended and before its evidence is recorded.
+	afterRefusal atomic.Pointer[func()]
 }
 
 // New connects to proxydb and builds the proxy. Close releases the pool.
