@@ -15,6 +15,7 @@ type Tokens struct {
 	Executor   string `json:"executor"`
 	Reconciler string `json:"reconciler"`
 	Operator   string `json:"operator"`
+	Proxy      string `json:"proxy"` // the rail proxy's credential at the rail
 }
 
 func randomToken() string {
@@ -35,6 +36,7 @@ func loadOrCreateAuth(path string) (Tokens, error) {
 			{Token: randomToken(), Role: auth.Executor, Name: "dev-executor"},
 			{Token: randomToken(), Role: auth.Reconciler, Name: "dev-reconciler"},
 			{Token: randomToken(), Role: auth.Operator, Name: "dev-operator"},
+			{Token: randomToken(), Role: auth.Proxy, Name: "dev-proxy"},
 		}
 		b, _ := json.MarshalIndent(f, "", "  ")
 		if err := os.WriteFile(path, b, 0o600); err != nil {
@@ -50,9 +52,11 @@ func loadOrCreateAuth(path string) (Tokens, error) {
 			t.Reconciler = e.Token
 		case auth.Operator:
 			t.Operator = e.Token
+		case auth.Proxy:
+			t.Proxy = e.Token
 		}
 	}
-	if t.Executor == "" || t.Reconciler == "" || t.Operator == "" {
+	if t.Executor == "" || t.Reconciler == "" || t.Operator == "" || t.Proxy == "" {
 		return t, fmt.Errorf("%s lacks a token for some role; delete it to regenerate", path)
 	}
 	return t, nil

@@ -226,7 +226,7 @@ func (s *Stack) startServers(ctx context.Context, p ports, tokens Tokens) error 
 		return err
 	}
 	if r.ProxyURL, err = s.startServer(rctx, "proxy", listen(p.proxy), "serve", "proxy", "--database-url", r.DatabaseURLs.ProxyDB, "--rail-url", r.RailURL,
-		"--rail-token", tokens.Executor, "--rail-timeout", opts.RailTimeout.String()); err != nil {
+		"--rail-token", tokens.Proxy, "--rail-timeout", opts.RailTimeout.String()); err != nil {
 		return err
 	}
 	for name, u := range map[string]string{"rail": r.RailURL, "lock": r.LockURL, "payment": r.PaymentURL, "proxy": r.ProxyURL} {
