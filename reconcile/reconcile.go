@@ -34,6 +34,7 @@ const (
 	DefaultSettlementWindow = 5 * time.Minute
 	DefaultAmbiguitySLA     = 24 * time.Hour
 	DefaultSessionTTL       = 15 * time.Second
+	DefaultWorkers          = 8
 )
 
 // Options tune a Reconciler.
@@ -51,6 +52,9 @@ type Options struct {
 	PageSize int
 	// MaxFindings caps how many findings a report lists (all are counted).
 	MaxFindings int
+	// Workers is how many payouts are checked at once (each check is a
+	// few round trips to the payment resource and the proxy).
+	Workers int
 	// Owner names the reconciler's lock session (logs, grant log).
 	Owner string
 	// SessionTTL is the lock session's TTL while resolving.
@@ -83,6 +87,9 @@ func (o *Options) defaults() {
 	}
 	if o.PageSize > 1000 {
 		o.PageSize = 1000
+	}
+	if o.Workers <= 0 {
+		o.Workers = DefaultWorkers
 	}
 	if o.MaxFindings <= 0 {
 		o.MaxFindings = DefaultMaxFindings

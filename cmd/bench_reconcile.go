@@ -1,0 +1,63 @@
+package cmd
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/payouts/payouts/dev/bench"
+	"github.com/payouts/payouts/internal/obs"
+)
+
+func init() {
+	register(func(root, serve, run, dev *cobra.Command) { benchCmd(root).AddCommand(newBenchReconcileCmd()) })
+}
+
+// benchCmd is `payouts bench`, the parent of every benchmark.
+func benchCmd(root *cobra.Command) *cobra.Command {
+	for _, c := range root.Commands() {
+		if c.Name() == "bench" {
+			return c
+		}
+	}
+	c := &cobra.Command{Use: "bench", Short: "Benchmarks, each on a throwaway local stack (see docs/benchmarks.md)"}
+	root.AddCommand(c)
+	return c
+}
+
+func newBenchReconcileCmd() *cobra.Command {
+	var (
+		opts   bench.ReconcileOptions
+		asJSON bool
+	)
+	c := &cobra.Command{
+		Use:   "reconcile",
+		Short: "Load N terminal payouts in bulk into a throwaway stack and time one `payouts reconcile --once` pass",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			level, _ := cmd.Flags().GetString("log-level")
+			opts.Logger = obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), "bench")
+			res, err := bench.Reconcile(cmd.Context(), opts)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if asJSON {
+				b, _ := json.Marshal(res)
+				fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "payouts %d (accounts %d, loaded in %.1f s)\npass    %.2f s (%.0f payouts/s), exit %d\nfindings %d\npeak RSS %.1f MB\n",
+				res.Payouts, res.Accounts, res.LoadSeconds, res.Seconds, float64(res.Payouts)/res.Seconds, res.ExitCode, res.Findings, res.PeakRSSMB)
+			return nil
+		},
+	}
+	fl := c.Flags()
+	fl.IntVar(&opts.Payouts, "payouts", 10_000, "terminal payouts to load")
+	fl.IntVar(&opts.PerGrant, "per-grant", 50, "payouts per account (one grant each)")
+	fl.StringVar(&opts.Dir, "dir", "", "directory of the throwaway stack (default: a temporary one, removed afterwards)")
+	fl.StringArrayVar(&opts.ReconcileArgs, "reconcile-arg", nil, "extra flag for the measured `payouts reconcile` (repeatable)")
+	fl.StringVar(&opts.CPUProfile, "cpu-profile", "", "run the pass in this process and write its CPU profile (pprof) to this file")
+	fl.BoolVar(&asJSON, "json", false, `print one JSON line: {"payouts","seconds","findings","peak_rss_mb",...}`)
+	return c
+}
