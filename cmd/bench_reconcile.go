@@ -1,13 +1,22 @@
 package cmd
 
 import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 
 	"github.com/spf13/cobra"
 
 	"github.com/payouts/payouts/dev/bench"
+	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/lock/etcdbackend"
+	"github.com/payouts/payouts/rail"
+	"github.com/payouts/payouts/reconcile"
 )
 
 func init() {
@@ -38,6 +47,9 @@ func newBenchReconcileCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			level, _ := cmd.Flags().GetString("log-level")
 			opts.Logger = obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), "bench")
+			if err := wireBenchReconcile(&opts); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
 			res, err := bench.Reconcile(cmd.Context(), opts)
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -60,4 +72,32 @@ func newBenchReconcileCmd() *cobra.Command {
 	fl.StringVar(&opts.CPUProfile, "cpu-profile", "", "run the pass in this process and write its CPU profile (pprof) to this file")
 	fl.BoolVar(&asJSON, "json", false, `print one JSON line: {"payouts","seconds","findings","peak_rss_mb",...}`)
 	return c
+}
+
+// wireBenchReconcile gives the bench the roles it runs in this process: a
+// rail stub (its payments live in memory) and, for --cpu-profile, the
+// reconciler itself.
+func wireBenchReconcile(opts *bench.ReconcileOptions) error {
+	tok := make([]byte, 16)
+	if _, err := rand.Read(tok); err != nil {
+		return err
+	}
+	opts.RailToken = hex.EncodeToString(tok)
+	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"operator","name":"bench"}]}`, opts.RailToken)))
+	if err != nil {
+		return err
+	}
+	srv, err := rail.New(rail.Config{Logger: slog.New(slog.DiscardHandler), Registry: obs.NewRegistry(), Auth: a})
+	if err != nil {
+		return err
+	}
+	opts.Rail, opts.EtcdPrefix = srv.Handler(), etcdbackend.DefaultPrefix
+	opts.InProcessPass = func(ctx context.Context, u bench.PassURLs) ([]byte, int, error) {
+		var out bytes.Buffer
+		code, err := reconcile.Run(ctx, reconcile.Config{LockURL: u.LockURL, PaymentURL: u.PaymentURL, ProxyURL: u.ProxyURL, RailURL: u.RailURL,
+			Token: u.Token, RailToken: u.RailToken, Once: true, JSON: true, Out: &out, Logger: slog.New(slog.DiscardHandler),
+			Options: reconcile.Options{Resolve: true, Owner: "bench"}})
+		return out.Bytes(), code, err
+	}
+	return nil
 }

@@ -25,14 +25,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/payouts/payouts/dev/stack"
-	"github.com/payouts/payouts/internal/auth"
-	"github.com/payouts/payouts/internal/obs"
-	"github.com/payouts/payouts/lock/etcdbackend"
 	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
-	"github.com/payouts/payouts/rail"
 	"github.com/payouts/payouts/rail/railclient"
-	"github.com/payouts/payouts/reconcile"
 )
 
 // ReconcileOptions configure `payouts bench reconcile`.
@@ -48,11 +43,28 @@ type ReconcileOptions struct {
 	Binary string
 	// ReconcileArgs are extra flags of the measured `payouts reconcile`.
 	ReconcileArgs []string
-	// CPUProfile, when set, runs the pass in this process instead of a
-	// child and writes its CPU profile there (peak RSS is then this
-	// process's, loader included).
+	// CPUProfile, when set, runs the pass in this process (InProcessPass)
+	// instead of a child and writes its CPU profile there (peak RSS is then
+	// this process's, loader included).
 	CPUProfile string
+	// InProcessPass runs one `reconcile --once --json` pass in this process
+	// and returns its JSON report and exit code (the command tree wires
+	// the reconciler in: dev tooling sees roles only through clients).
+	InProcessPass func(ctx context.Context, urls PassURLs) (report []byte, exitCode int, err error)
+	// Rail is the rail stub's handler, run in this process (its payments
+	// live in memory, so the bench loads it through this handler). Its
+	// authenticator must accept RailToken for payments and the report.
+	Rail      http.Handler
+	RailToken string
+	// EtcdPrefix is the lock service's etcd key prefix.
+	EtcdPrefix string
 	Logger     *slog.Logger
+}
+
+// PassURLs is where the measured pass finds the services.
+type PassURLs struct {
+	LockURL, PaymentURL, ProxyURL, RailURL string
+	Token, RailToken                       string
 }
 
 // ReconcileResult is the JSON line of `payouts bench reconcile --json`.
@@ -101,13 +113,13 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 
 	// The rail stub keeps its payments in memory: the bench runs one in
 	// this process and loads it through its own API, in process.
-	railURL, railLoad, stopRail, err := startRail(st.Ready.Tokens.Operator)
+	railURL, railLoad, stopRail, err := serveRail(opts.Rail, opts.RailToken)
 	if err != nil {
 		return ReconcileResult{}, err
 	}
 	defer stopRail()
 
-	l := &loader{n: opts.Payouts, perGrant: opts.PerGrant, ready: st.Ready}
+	l := &loader{n: opts.Payouts, perGrant: opts.PerGrant, ready: st.Ready, etcdPrefix: opts.EtcdPrefix}
 	l.accounts = (l.n + l.perGrant - 1) / l.perGrant
 	start := time.Now()
 	if err := l.load(ctx, railLoad); err != nil {
@@ -118,7 +130,8 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 
 	before := cpuByRole(st.Ready.PIDs)
 	if opts.CPUProfile != "" {
-		res, err = profilePass(ctx, res, st.Ready, railURL, opts.CPUProfile)
+		res, err = profilePass(ctx, res, opts, PassURLs{LockURL: st.Ready.LockURL, PaymentURL: st.Ready.PaymentURL, ProxyURL: st.Ready.ProxyURL,
+			RailURL: railURL, Token: st.Ready.Tokens.Reconciler, RailToken: opts.RailToken})
 		res.CPUSeconds = cpuDelta(before, cpuByRole(st.Ready.PIDs))
 		return res, err
 	}
@@ -130,7 +143,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 	}
 	r := st.Ready
 	args := append([]string{"reconcile", "--once", "--json", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL,
-		"--proxy-url", r.ProxyURL, "--rail-url", railURL, "--rail-token", r.Tokens.Operator, "--log-level", "warn"}, opts.ReconcileArgs...)
+		"--proxy-url", r.ProxyURL, "--rail-url", railURL, "--rail-token", opts.RailToken, "--log-level", "warn"}, opts.ReconcileArgs...)
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "PAYOUTS_TOKEN="+r.Tokens.Reconciler)
 	var out, errb bytes.Buffer
@@ -163,18 +176,13 @@ func tail(s string, n int) string {
 	return s
 }
 
-// startRail runs a rail stub in this process. load pays one payment
-// through its HTTP handler (no socket) and returns its rail reference.
-func startRail(token string) (url string, load func(railclient.PaymentRequest) (string, error), stop func(), err error) {
-	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"operator","name":"bench"}]}`, token)))
-	if err != nil {
-		return "", nil, nil, err
+// serveRail serves the rail handler on a loopback port. load pays one
+// payment through the handler directly (no socket) and returns its rail
+// reference.
+func serveRail(h http.Handler, token string) (url string, load func(railclient.PaymentRequest) (string, error), stop func(), err error) {
+	if h == nil {
+		return "", nil, nil, errors.New("bench reconcile: no rail handler")
 	}
-	srv, err := rail.New(rail.Config{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler), Registry: obs.NewRegistry(), Auth: a})
-	if err != nil {
-		return "", nil, nil, err
-	}
-	h := srv.Handler()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, nil, err
@@ -207,6 +215,7 @@ func startRail(token string) (url string, load func(railclient.PaymentRequest) (
 type loader struct {
 	n, perGrant, accounts int
 	ready                 stack.Ready
+	etcdPrefix            string
 	tokens                []fencing.Token // per account
 	railRefs              []string        // per payout
 }
@@ -248,7 +257,7 @@ func (l *loader) grants(ctx context.Context) error {
 		at := time.Now().UTC()
 		v, _ := json.Marshal(map[string]any{"key": fencing.Key(accountID(a)), "owner": "bench", "session_id": holder(a),
 			"granted_at": at, "ended_at": at, "end_reason": "released"})
-		resp, err := cli.Put(ctx, fmt.Sprintf("%s/grants/bench-%07d", etcdbackend.DefaultPrefix, a), string(v))
+		resp, err := cli.Put(ctx, fmt.Sprintf("%s/grants/bench-%07d", l.etcdPrefix, a), string(v))
 		if err != nil {
 			return err
 		}
@@ -433,8 +442,11 @@ func (l *loader) proxydb(ctx context.Context) error {
 }
 
 // profilePass runs the pass in this process under the CPU profiler.
-func profilePass(ctx context.Context, res ReconcileResult, r stack.Ready, railURL, path string) (ReconcileResult, error) {
-	f, err := os.Create(path)
+func profilePass(ctx context.Context, res ReconcileResult, opts ReconcileOptions, urls PassURLs) (ReconcileResult, error) {
+	if opts.InProcessPass == nil {
+		return res, errors.New("bench reconcile: no in-process pass to profile")
+	}
+	f, err := os.Create(opts.CPUProfile)
 	if err != nil {
 		return res, err
 	}
@@ -442,11 +454,8 @@ func profilePass(ctx context.Context, res ReconcileResult, r stack.Ready, railUR
 	if err := pprof.StartCPUProfile(f); err != nil {
 		return res, err
 	}
-	var out bytes.Buffer
 	t0 := time.Now()
-	code, err := reconcile.Run(ctx, reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: railURL,
-		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Operator, Once: true, JSON: true, Out: &out, Logger: slog.New(slog.DiscardHandler),
-		Options: reconcile.Options{Resolve: true, Owner: "bench"}})
+	report, code, err := opts.InProcessPass(ctx, urls)
 	res.Seconds = time.Since(t0).Seconds()
 	pprof.StopCPUProfile()
 	res.ExitCode = code
@@ -457,7 +466,7 @@ func profilePass(ctx context.Context, res ReconcileResult, r stack.Ready, railUR
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		res.PeakRSSMB = float64(ru.Maxrss) / 1024
 	}
-	return res, countFindings(&res, out.Bytes())
+	return res, countFindings(&res, report)
 }
 
 func countFindings(res *ReconcileResult, report []byte) error {
