@@ -72,6 +72,7 @@ on --listen. docs/operations.md explains every finding.`,
 	fl.DurationVar(&cfg.AmbiguitySLA, "ambiguity-sla", reconcile.DefaultAmbiguitySLA, "report ambiguous payouts older than this for an operator")
 	fl.StringVar(&cfg.RailToken, "rail-token", "", "bearer sent to the rail instead of --token (its settlement report may need another credential)")
 	fl.StringVar(&cfg.Owner, "owner", "", "owner name of the reconciler's lock session (default reconciler@host/pid)")
+	fl.BoolVar(&cfg.RailPerPayout, "rail-per-payout", false, "look each payout up at the rail instead of reading the rail's settlement report (flat memory for very large histories; payments under unknown references are then not checked)")
 	fl.IntVar(&cfg.PageSize, "page-size", reconcile.DefaultPageSize, "page size of every list read (1..1000)")
 	fl.IntVar(&cfg.MaxFindings, "max-findings", reconcile.DefaultMaxFindings, "list at most this many findings (all are counted)")
 	fl.DurationVar(&cfg.RequestTimeout, "request-timeout", 30*time.Second, "timeout of each call to a service")

@@ -52,6 +52,13 @@ type Options struct {
 	PageSize int
 	// MaxFindings caps how many findings a report lists (all are counted).
 	MaxFindings int
+	// RailPerPayout asks the rail about each payout's client reference
+	// instead of reading its settlement report. The rail serves the report
+	// in one piece, so reading it costs memory in proportion to every
+	// payment ever made (and a response size limit); per payout, memory
+	// stays flat, but payments carrying a reference that belongs to no
+	// payout are not seen.
+	RailPerPayout bool
 	// Workers is how many payouts are checked at once (each check is a
 	// few round trips to the payment resource and the proxy).
 	Workers int
