@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,9 @@ type Config struct {
 	ProxyURL   string
 	// Token is the executor's bearer token (the same for every service).
 	Token string
+	// HTTPClient carries every call (httpx.NewHTTPClient: TLS settings);
+	// nil: the default client.
+	HTTPClient *http.Client
 
 	// MetricsAddr, when not empty, serves /metrics and /healthz there.
 	MetricsAddr string
@@ -150,17 +154,17 @@ func New(cfg Config) (*Executor, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	pay, err := paymentclient.New(cfg.PaymentURL, cfg.Token, httpx.WithTimeout(cfg.CallTimeout))
+	pay, err := paymentclient.New(cfg.PaymentURL, cfg.Token, httpx.WithTimeout(cfg.CallTimeout), httpx.WithHTTPClient(cfg.HTTPClient))
 	if err != nil {
 		return nil, fmt.Errorf("executor: --payment-url: %w", err)
 	}
-	proxy, err := proxyclient.New(cfg.ProxyURL, cfg.Token)
+	proxy, err := proxyclient.New(cfg.ProxyURL, cfg.Token, httpx.WithHTTPClient(cfg.HTTPClient))
 	if err != nil {
 		return nil, fmt.Errorf("executor: --proxy-url: %w", err)
 	}
 	lk := cfg.locker
 	if lk == nil {
-		if lk, err = newLockService(cfg.LockURL, cfg.Token, cfg.SessionTTL, cfg.CallTimeout, cfg.Logger); err != nil {
+		if lk, err = newLockService(cfg.LockURL, cfg.Token, cfg.SessionTTL, cfg.CallTimeout, cfg.Logger, cfg.HTTPClient); err != nil {
 			return nil, fmt.Errorf("executor: --lock-url: %w", err)
 		}
 	}

@@ -33,9 +33,10 @@ type lockService struct {
 }
 
 // NewLockService returns the lock service at url as the reconciler uses
-// it: bearer token, session owner and TTL, and per-request timeout.
-func NewLockService(url, token, owner string, ttl, requestTimeout time.Duration) (LockService, error) {
-	opts := []lockclient.Option{lockclient.WithToken(token), lockclient.WithTTL(ttl), lockclient.WithRequestTimeout(requestTimeout)}
+// it: bearer token, session owner and TTL, and per-request timeout (extra:
+// further options, such as the HTTP client with the TLS settings).
+func NewLockService(url, token, owner string, ttl, requestTimeout time.Duration, extra ...lockclient.Option) (LockService, error) {
+	opts := append([]lockclient.Option{lockclient.WithToken(token), lockclient.WithTTL(ttl), lockclient.WithRequestTimeout(requestTimeout)}, extra...)
 	c, err := lockclient.New(url, opts...)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,6 +14,7 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/lockclient"
 	"github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
@@ -36,6 +38,9 @@ type Config struct {
 	// RailToken, when set, is sent to the rail instead of Token (the rail's
 	// settlement report may need a different credential).
 	RailToken string
+	// HTTPClient carries every call (httpx.NewHTTPClient: TLS settings);
+	// nil: the default client.
+	HTTPClient *http.Client
 	// Once runs one pass and returns its exit code.
 	Once bool
 	// Interval is the pause between passes in continuous mode.
@@ -72,7 +77,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 30 * time.Second
 	}
-	opts := []httpx.ClientOption{httpx.WithTimeout(cfg.RequestTimeout)}
+	opts := []httpx.ClientOption{httpx.WithTimeout(cfg.RequestTimeout), httpx.WithHTTPClient(cfg.HTTPClient)}
 	payment, err := paymentclient.New(cfg.PaymentURL, cfg.Token, opts...)
 	if err != nil {
 		return ExitCannotRun, fmt.Errorf("--payment-url: %w", err)
@@ -92,7 +97,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	if cfg.Options.SessionTTL <= 0 {
 		cfg.Options.SessionTTL = DefaultSessionTTL
 	}
-	lock, err := NewLockService(cfg.LockURL, cfg.Token, cfg.Options.Owner, cfg.Options.SessionTTL, cfg.RequestTimeout)
+	lock, err := NewLockService(cfg.LockURL, cfg.Token, cfg.Options.Owner, cfg.Options.SessionTTL, cfg.RequestTimeout, lockclient.WithHTTPClient(cfg.HTTPClient))
 	if err != nil {
 		return ExitCannotRun, fmt.Errorf("--lock-url: %w", err)
 	}
