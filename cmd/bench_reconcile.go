@@ -19,22 +19,6 @@ import (
 	"github.com/payouts/payouts/reconcile"
 )
 
-func init() {
-	register(func(root, serve, run, dev *cobra.Command) { benchCmd(root).AddCommand(newBenchReconcileCmd()) })
-}
-
-// benchCmd is `payouts bench`, the parent of every benchmark.
-func benchCmd(root *cobra.Command) *cobra.Command {
-	for _, c := range root.Commands() {
-		if c.Name() == "bench" {
-			return c
-		}
-	}
-	c := &cobra.Command{Use: "bench", Short: "Benchmarks, each on a throwaway local stack (see docs/benchmarks.md)"}
-	root.AddCommand(c)
-	return c
-}
-
 func newBenchReconcileCmd() *cobra.Command {
 	var (
 		opts   bench.ReconcileOptions
@@ -78,12 +62,19 @@ func newBenchReconcileCmd() *cobra.Command {
 // rail stub (its payments live in memory) and, for --cpu-profile, the
 // reconciler itself.
 func wireBenchReconcile(opts *bench.ReconcileOptions) error {
-	tok := make([]byte, 16)
-	if _, err := rand.Read(tok); err != nil {
-		return err
+	var toks [2]string
+	for i := range toks {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		toks[i] = hex.EncodeToString(b)
 	}
-	opts.RailToken = hex.EncodeToString(tok)
-	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"operator","name":"bench"}]}`, opts.RailToken)))
+	// The loader pays as the proxy would; the reconciler reads the
+	// settlement report as an operator.
+	opts.RailPayToken, opts.RailToken = toks[0], toks[1]
+	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"proxy","name":"bench-proxy"},{"token":%q,"role":"operator","name":"bench-operator"}]}`,
+		opts.RailPayToken, opts.RailToken)))
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -54,8 +53,10 @@ type ReconcileOptions struct {
 	// Rail is the rail stub's handler, run in this process (its payments
 	// live in memory, so the bench loads it through this handler). Its
 	// authenticator must accept RailToken for payments and the report.
-	Rail      http.Handler
-	RailToken string
+	Rail http.Handler
+	// RailPayToken pays at the rail (the proxy's role); RailToken reads
+	// its settlement report (an operator's).
+	RailPayToken, RailToken string
 	// EtcdPrefix is the lock service's etcd key prefix.
 	EtcdPrefix string
 	Logger     *slog.Logger
@@ -113,7 +114,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 
 	// The rail stub keeps its payments in memory: the bench runs one in
 	// this process and loads it through its own API, in process.
-	railURL, railLoad, stopRail, err := serveRail(opts.Rail, opts.RailToken)
+	railURL, railLoad, stopRail, err := serveRail(opts.Rail, opts.RailPayToken)
 	if err != nil {
 		return ReconcileResult{}, err
 	}
@@ -128,11 +129,17 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 	res = ReconcileResult{Payouts: l.n, Accounts: l.accounts, LoadSeconds: time.Since(start).Seconds()}
 	opts.Logger.Info("loaded", "payouts", l.n, "accounts", l.accounts, "seconds", res.LoadSeconds)
 
-	before := cpuByRole(st.Ready.PIDs)
+	meter := newCPUMeter()
+	for name, pid := range st.Ready.PIDs {
+		meter.add(name, pid, name == "postgres")
+	}
+	if err := meter.start(); err != nil {
+		return res, err
+	}
 	if opts.CPUProfile != "" {
 		res, err = profilePass(ctx, res, opts, PassURLs{LockURL: st.Ready.LockURL, PaymentURL: st.Ready.PaymentURL, ProxyURL: st.Ready.ProxyURL,
 			RailURL: railURL, Token: st.Ready.Tokens.Reconciler, RailToken: opts.RailToken})
-		res.CPUSeconds = cpuDelta(before, cpuByRole(st.Ready.PIDs))
+		res.CPUSeconds = cpuSeconds(meter)
 		return res, err
 	}
 	bin := opts.Binary
@@ -151,7 +158,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 	t0 := time.Now()
 	err = cmd.Run()
 	res.Seconds = time.Since(t0).Seconds()
-	res.CPUSeconds = cpuDelta(before, cpuByRole(st.Ready.PIDs))
+	res.CPUSeconds = cpuSeconds(meter)
 	var ee *exec.ExitError
 	switch {
 	case errors.As(err, &ee):
@@ -161,15 +168,31 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 	}
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		res.PeakRSSMB = float64(ru.Maxrss) / 1024 // KiB on Linux
-		res.CPUSeconds["reconcile"] = float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+		if res.CPUSeconds != nil {
+			res.CPUSeconds["reconcile"] = float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+		}
 	}
 	if res.ExitCode > 1 || countFindings(&res, out.Bytes()) != nil {
-		return res, fmt.Errorf("reconcile exited %d: %s", res.ExitCode, tail(errb.String(), 2000))
+		return res, fmt.Errorf("reconcile exited %d: %s", res.ExitCode, tailText(errb.String(), 2000))
 	}
 	return res, nil
 }
 
-func tail(s string, n int) string {
+// cpuSeconds is each watched process's CPU seconds since the meter
+// started (nil when a process could not be read).
+func cpuSeconds(m *cpuMeter) map[string]float64 {
+	d, err := m.since()
+	if err != nil {
+		return nil
+	}
+	out := make(map[string]float64, len(d))
+	for k, v := range d {
+		out[k] = v.Seconds()
+	}
+	return out
+}
+
+func tailText(s string, n int) string {
 	if len(s) > n {
 		return s[len(s)-n:]
 	}
@@ -231,7 +254,7 @@ func (l *loader) load(ctx context.Context, railLoad func(railclient.PaymentReque
 	if err := l.grants(ctx); err != nil {
 		return fmt.Errorf("load the grant log: %w", err)
 	}
-	if err := l.rail(railLoad); err != nil {
+	if err := l.rail(ctx, railLoad); err != nil {
 		return fmt.Errorf("load the rail: %w", err)
 	}
 	if err := l.paydb(ctx); err != nil {
@@ -253,7 +276,7 @@ func (l *loader) grants(ctx context.Context) error {
 	}
 	defer cli.Close()
 	l.tokens = make([]fencing.Token, l.accounts)
-	return parallel(l.accounts, 32, func(a int) error {
+	return parallel(ctx, l.accounts, 32, func(ctx context.Context, a int) error {
 		at := time.Now().UTC()
 		v, _ := json.Marshal(map[string]any{"key": fencing.Key(accountID(a)), "owner": "bench", "session_id": holder(a),
 			"granted_at": at, "ended_at": at, "end_reason": "released"})
@@ -266,46 +289,13 @@ func (l *loader) grants(ctx context.Context) error {
 	})
 }
 
-func (l *loader) rail(load func(railclient.PaymentRequest) (string, error)) error {
+func (l *loader) rail(ctx context.Context, load func(railclient.PaymentRequest) (string, error)) error {
 	l.railRefs = make([]string, l.n)
-	return parallel(l.n, runtime.GOMAXPROCS(0), func(i int) error {
+	return parallel(ctx, l.n, runtime.GOMAXPROCS(0), func(_ context.Context, i int) error {
 		ref, err := load(railclient.PaymentRequest{ClientRef: pc.ClientRef(payoutID(i)), Amount: benchAmount, Currency: "EUR", BeneficiaryRef: "BEN-bench"})
 		l.railRefs[i] = ref
 		return err
 	})
-}
-
-// parallel runs fn(0..n-1) on workers goroutines; the first error wins.
-func parallel(n, workers int, fn func(int) error) error {
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		next int
-		ferr error
-	)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				mu.Lock()
-				i := next
-				next++
-				stop := ferr != nil || i >= n
-				mu.Unlock()
-				if stop {
-					return
-				}
-				if err := fn(i); err != nil {
-					mu.Lock()
-					ferr = errors.Join(ferr, err)
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return ferr
 }
 
 // copyRows streams rows into table with COPY, triggers off (the rows are
