@@ -52,6 +52,7 @@ func newBenchReconcileCmd() *cobra.Command {
 	fl.IntVar(&opts.Payouts, "payouts", 10_000, "terminal payouts to load")
 	fl.IntVar(&opts.PerGrant, "per-grant", 50, "payouts per account (one grant each)")
 	fl.StringVar(&opts.Dir, "dir", "", "directory of the throwaway stack (default: a temporary one, removed afterwards)")
+	fl.BoolVar(&opts.RailPerPayout, "rail-per-payout", false, "run the pass with --rail-per-payout (flat memory; the rail is asked per payout)")
 	fl.StringArrayVar(&opts.ReconcileArgs, "reconcile-arg", nil, "extra flag for the measured `payouts reconcile` (repeatable)")
 	fl.StringVar(&opts.CPUProfile, "cpu-profile", "", "run the pass in this process and write its CPU profile (pprof) to this file")
 	fl.BoolVar(&asJSON, "json", false, `print one JSON line: {"payouts","seconds","findings","peak_rss_mb",...}`)
@@ -87,7 +88,7 @@ func wireBenchReconcile(opts *bench.ReconcileOptions) error {
 		var out bytes.Buffer
 		code, err := reconcile.Run(ctx, reconcile.Config{LockURL: u.LockURL, PaymentURL: u.PaymentURL, ProxyURL: u.ProxyURL, RailURL: u.RailURL,
 			Token: u.Token, RailToken: u.RailToken, Once: true, JSON: true, Out: &out, Logger: slog.New(slog.DiscardHandler),
-			Options: reconcile.Options{Resolve: true, Owner: "bench"}})
+			Options: reconcile.Options{Resolve: true, Owner: "bench", RailPerPayout: u.RailPerPayout}})
 		return out.Bytes(), code, err
 	}
 	return nil

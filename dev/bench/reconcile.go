@@ -40,6 +40,8 @@ type ReconcileOptions struct {
 	Dir string
 	// Binary is the payouts executable (default: this one).
 	Binary string
+	// RailPerPayout runs the pass with --rail-per-payout.
+	RailPerPayout bool
 	// ReconcileArgs are extra flags of the measured `payouts reconcile`.
 	ReconcileArgs []string
 	// CPUProfile, when set, runs the pass in this process (InProcessPass)
@@ -66,6 +68,7 @@ type ReconcileOptions struct {
 type PassURLs struct {
 	LockURL, PaymentURL, ProxyURL, RailURL string
 	Token, RailToken                       string
+	RailPerPayout                          bool
 }
 
 // ReconcileResult is the JSON line of `payouts bench reconcile --json`.
@@ -151,6 +154,9 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 	r := st.Ready
 	args := append([]string{"reconcile", "--once", "--json", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL,
 		"--proxy-url", r.ProxyURL, "--rail-url", railURL, "--rail-token", opts.RailToken, "--log-level", "warn"}, opts.ReconcileArgs...)
+	if opts.RailPerPayout {
+		args = append(args, "--rail-per-payout")
+	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "PAYOUTS_TOKEN="+r.Tokens.Reconciler)
 	var out, errb bytes.Buffer
@@ -298,9 +304,10 @@ func (l *loader) rail(ctx context.Context, load func(railclient.PaymentRequest) 
 	})
 }
 
-// copyRows streams rows into table with COPY, triggers off (the rows are
-// a finished history, written as the services would have left it).
-func copyRows(ctx context.Context, url, table string, cols []string, n int, row func(i int) []any) error {
+// inReplicaTx runs fn in one transaction on url with triggers off (the
+// rows are a finished history, written as the services would have left
+// it).
+func inReplicaTx(ctx context.Context, url string, fn func(pgx.Tx) error) error {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return err
@@ -314,39 +321,38 @@ func copyRows(ctx context.Context, url, table string, cols []string, n int, row 
 	if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil {
 		return err
 	}
-	i := 0
-	src := pgx.CopyFromFunc(func() ([]any, error) {
-		if i >= n {
-			return nil, nil
-		}
-		r := row(i)
-		i++
-		return r, nil
-	})
-	if _, err := tx.CopyFrom(ctx, pgx.Identifier{table}, cols, src); err != nil {
-		return fmt.Errorf("copy %s: %w", table, err)
+	if err := fn(tx); err != nil {
+		return err
 	}
 	return tx.Commit(ctx)
 }
 
+// copyRows streams n rows into table with COPY.
+func copyRows(ctx context.Context, url, table string, cols []string, n int, row func(i int) []any) error {
+	return inReplicaTx(ctx, url, func(tx pgx.Tx) error {
+		i := 0
+		src := pgx.CopyFromFunc(func() ([]any, error) {
+			if i >= n {
+				return nil, nil
+			}
+			r := row(i)
+			i++
+			return r, nil
+		})
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{table}, cols, src); err != nil {
+			return fmt.Errorf("copy %s: %w", table, err)
+		}
+		return nil
+	})
+}
+
 func exec1(ctx context.Context, url, sql string, args ...any) error {
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, sql, args...); err != nil {
-		return fmt.Errorf("%s: %w", sql, err)
-	}
-	return tx.Commit(ctx)
+	return inReplicaTx(ctx, url, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sql, args...); err != nil {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
+		return nil
+	})
 }
 
 const opening = 1000 // each account's balance once its payouts are posted
@@ -433,6 +439,7 @@ func (l *loader) proxydb(ctx context.Context) error {
 
 // profilePass runs the pass in this process under the CPU profiler.
 func profilePass(ctx context.Context, res ReconcileResult, opts ReconcileOptions, urls PassURLs) (ReconcileResult, error) {
+	urls.RailPerPayout = opts.RailPerPayout
 	if opts.InProcessPass == nil {
 		return res, errors.New("bench reconcile: no in-process pass to profile")
 	}
