@@ -8,6 +8,7 @@ func newBenchCmd(a *app) *cobra.Command {
 	b := &cobra.Command{Use: "bench", Short: "Benchmarks with their baselines in one run"}
 	b.AddCommand(
 		newBenchE2ECmd(),
+		newBenchReconcileCmd(),
 	)
 	return b
 }

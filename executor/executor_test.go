@@ -245,7 +245,12 @@ func TestExecutorInProcess(t *testing.T) {
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- Run(rctx, cfg) }()
-		waitFor(t, time.Minute, "ip-4 to be RAIL_SUBMITTED", func() bool { return s.state(t, "ip-4") == pc.RailSubmitted })
+		// The proxy writes its intent row before it calls the rail: once the
+		// row is there, the executor is inside the submission.
+		waitFor(t, time.Minute, "ip-4's submission to reach the proxy", func() bool {
+			_, err := s.prx.Get(ctx, "ip-4")
+			return err == nil
+		})
 		stop() // the rail is still thinking
 		select {
 		case err := <-done:

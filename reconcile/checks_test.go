@@ -133,6 +133,23 @@ func TestRailDuplicatePayment(t *testing.T) {
 	mustFind(t, rep, reconcile.INV02, reconcile.CheckSettledPerClientRef, map[string]any{"payout_id": p.ID})
 }
 
+// TestRailDuplicatePaymentPerPayout: without the settlement report (flat
+// memory for a long history) the duplicate is still found, by asking the
+// rail about the payout's reference, and the report says what was skipped.
+func TestRailDuplicatePaymentPerPayout(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.payOut(t, e.newPayout(t, acc, 260))
+	if _, err := e.rail.Pay(ctxT(t), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
+		t.Fatal(err)
+	}
+	rep := pass(t, e.reconciler(t, reconcile.Options{RailPerPayout: true}, ""))
+	mustFind(t, rep, reconcile.INV02, reconcile.CheckSettledPerClientRef, map[string]any{"payout_id": p.ID})
+	if rep.Scanned.RailPayments != 0 || len(rep.Notes) == 0 || !strings.Contains(strings.Join(rep.Notes, "\n"), "per payout") {
+		t.Fatalf("per-payout pass read the settlement report or did not say so: scanned %d rail payments, notes %v", rep.Scanned.RailPayments, rep.Notes)
+	}
+}
+
 func TestRailPaymentWithoutSubmission(t *testing.T) {
 	e := setup(t)
 	acc := e.newAccount(t, 10_000)

@@ -172,7 +172,7 @@ func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, 
 			// than the grant's session means the token was issued twice
 			// (a rewound lock service) and this write rode on a grant that
 			// was never its own.
-			if sess := grants.sessions[s.FenceToken]; sess != "" && sess != string(s.Holder) {
+			if sess := grants.session(s.FenceToken); sess != "" && sess != string(s.Holder) {
 				objs["granted_session"] = sess
 				rep.add(CheckSubmissionWithoutGrant, objs, "submission %d of payout %s was forwarded with token %d by holder %s, but the lock service granted that token to session %s", s.ID, p.ID, s.FenceToken, s.Holder, sess)
 			}

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"sync"
 
 	"github.com/payouts/payouts/lock/fencing"
 )
@@ -15,6 +16,8 @@ type grantIndex struct {
 	// sessions is the session each token was granted to.
 	sessions map[fencing.Token]string
 	last     fencing.Token
+	// mu serialises lookups: payouts are checked concurrently.
+	mu sync.Mutex
 }
 
 // load reads the grant log from where it stopped last time.
@@ -46,6 +49,8 @@ func (g *grantIndex) load(ctx context.Context) error {
 // committed by now: a token the index lacks is looked up on its own before
 // anything is reported.
 func (g *grantIndex) granted(ctx context.Context, token fencing.Token, key string) (bool, string, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if k, ok := g.keys[token]; ok {
 		return k == key, k, nil
 	}
@@ -70,4 +75,11 @@ func (g *grantIndex) granted(ctx context.Context, token fencing.Token, key strin
 	g.keys[token] = items[0].Key
 	g.sessions[token] = items[0].SessionID
 	return items[0].Key == key, items[0].Key, nil
+}
+
+// session is the session token was granted to ("" when unknown).
+func (g *grantIndex) session(token fencing.Token) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.sessions[token]
 }

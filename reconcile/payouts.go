@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"strconv"
+	"sync"
 	"time"
 
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -41,12 +42,9 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 						"payout %s has been RAIL_AMBIGUOUS for %s, longer than the SLA %s: the rail has not given final evidence; an operator must decide (abandon to finance)", p.ID, age.Round(time.Second), r.opts.AmbiguitySLA)
 				}
 			}
-			if err := r.checkClaimHistory(ctx, rep, p); err != nil {
-				return err
-			}
-			if err := r.checkPayout(ctx, rep, p, ri, grants); err != nil {
-				return err
-			}
+		}
+		if err := r.checkPage(ctx, rep, page.Items, ri, grants); err != nil {
+			return err
 		}
 		if page.Next == "" || len(page.Items) == 0 {
 			break
@@ -66,6 +64,46 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 			"the rail holds %d payment(s) with client reference %s, which belongs to no payout: money was sent around the system", len(pays), ref)
 	}
 	return nil
+}
+
+// checkPage runs the per-payout checks of one page on up to
+// Options.Workers goroutines. Each payout's checks are round trips to the
+// payment resource and the proxy; one at a time, the pass would wait on
+// the network, not work. The first error stops the page.
+func (r *Reconciler) checkPage(ctx context.Context, rep *Report, items []pc.Payout, ri *railIndex, grants *grantIndex) error {
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sem := make(chan struct{}, r.opts.Workers)
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	for _, p := range items {
+		select {
+		case sem <- struct{}{}:
+		case <-pctx.Done():
+		}
+		if pctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func(p pc.Payout) {
+			defer func() { <-sem; wg.Done() }()
+			err := r.checkClaimHistory(pctx, rep, p)
+			if err == nil {
+				err = r.checkPayout(pctx, rep, p, ri, grants)
+			}
+			if err != nil {
+				once.Do(func() { first = err; cancel() })
+			}
+		}(p)
+	}
+	wg.Wait()
+	if first == nil && ctx.Err() != nil {
+		return cannotRun("check the payouts", ctx.Err())
+	}
+	return first
 }
 
 // ambiguousSince is when a payout's ending became unknown.

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"sync"
 
 	"github.com/payouts/payouts/rail/railclient"
 )
@@ -15,10 +16,15 @@ type railIndex struct {
 	rail   *railclient.Client
 	byRef  map[string][]railclient.Payment // nil: ask per reference
 	orphan map[string]bool                 // client refs not yet matched to a payout
+	mu     sync.Mutex                      // guards orphan: payouts are checked concurrently
 }
 
 func (r *Reconciler) loadRail(ctx context.Context, rep *Report) (*railIndex, error) {
 	ri := &railIndex{rail: r.c.Rail}
+	if r.opts.RailPerPayout {
+		rep.note("rail payments were looked up per payout (--rail-per-payout); payments carrying no known client reference were not checked")
+		return ri, nil
+	}
 	items, err := r.c.Rail.SettlementReport(ctx)
 	switch {
 	case isForbidden(err):
@@ -40,7 +46,9 @@ func (r *Reconciler) loadRail(ctx context.Context, rep *Report) (*railIndex, err
 
 func (ri *railIndex) find(ctx context.Context, clientRef string) ([]railclient.Payment, error) {
 	if ri.byRef != nil {
+		ri.mu.Lock()
 		delete(ri.orphan, clientRef)
+		ri.mu.Unlock()
 		return ri.byRef[clientRef], nil
 	}
 	l, err := ri.rail.Find(ctx, clientRef)

@@ -33,6 +33,7 @@ const (
 	DefaultSettlementWindow = 5 * time.Minute
 	DefaultAmbiguitySLA     = 24 * time.Hour
 	DefaultSessionTTL       = 15 * time.Second
+	DefaultWorkers          = 8
 )
 
 // Options tune a Reconciler.
@@ -50,6 +51,16 @@ type Options struct {
 	PageSize int
 	// MaxFindings caps how many findings a report lists (all are counted).
 	MaxFindings int
+	// RailPerPayout asks the rail about each payout's client reference
+	// instead of reading its settlement report. The rail serves the report
+	// in one piece, so reading it costs memory in proportion to every
+	// payment ever made (and a response size limit); per payout, memory
+	// stays flat, but payments carrying a reference that belongs to no
+	// payout are not seen.
+	RailPerPayout bool
+	// Workers is how many payouts are checked at once (each check is a
+	// few round trips to the payment resource and the proxy).
+	Workers int
 	// Owner names the reconciler's lock session (logs, grant log).
 	Owner string
 	// SessionTTL is the lock session's TTL while resolving.
@@ -82,6 +93,9 @@ func (o *Options) defaults() {
 	}
 	if o.PageSize > 1000 {
 		o.PageSize = 1000
+	}
+	if o.Workers <= 0 {
+		o.Workers = DefaultWorkers
 	}
 	if o.MaxFindings <= 0 {
 		o.MaxFindings = DefaultMaxFindings
