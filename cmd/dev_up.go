@@ -12,14 +12,10 @@ import (
 	"github.com/payouts/payouts/internal/obs"
 )
 
-func init() {
-	register(func(root, serve, run, dev *cobra.Command) { dev.AddCommand(newDevUpCmd()) })
-}
-
-func newDevUpCmd() *cobra.Command {
+func newDevUpCmd(a *app) *cobra.Command {
 	var (
 		dir        string
-		asJSON     bool
+		out        output
 		portBase   int
 		settlement time.Duration
 	)
@@ -28,14 +24,13 @@ func newDevUpCmd() *cobra.Command {
 		Short: "Run every role locally on throwaway PostgreSQL and embedded etcd (foreground; Ctrl-C stops)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			level, _ := cmd.Flags().GetString("log-level")
-			logger := obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), "dev")
+			logger := a.logger(cmd, "dev")
 			ctx := cmd.Context()
 			st, err := stack.Start(ctx, stack.Options{Dir: dir, PortBase: portBase, Logger: logger, SettlementWindow: settlement})
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			if asJSON {
+			if out.isJSON() {
 				b, _ := json.Marshal(st.Ready)
 				fmt.Fprintln(cmd.OutOrStdout(), string(b))
 			} else {
@@ -58,7 +53,7 @@ func newDevUpCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&dir, "dir", ".dev/stack", "directory for the databases, etcd data, auth file and logs (reused on the next run)")
-	c.Flags().BoolVar(&asJSON, "json", false, "print the ready line as one JSON object")
+	out.register(c, true)
 	c.Flags().IntVar(&portBase, "port-base", 7100, "ports: lock +1, payment +2, proxy +3, rail +4, PostgreSQL +5, etcd +6/+7; 0 picks free ports")
 	c.Flags().DurationVar(&settlement, "settlement-window", 3*time.Second, "the rail stub's settlement window")
 	return c

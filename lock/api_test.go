@@ -41,7 +41,7 @@ func rawPost(t *testing.T, url, token, body string) (int, string) {
 
 func TestClientFlow(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
-		svc := startService(t, newStore(t, kind))
+		svc := setup(t, kind).svc
 		ctx := testCtx(t)
 		a, err := lockclient.Open(ctx, svc.URL, "worker-a", lockclient.WithToken(executorToken), lockclient.WithTTL(5*time.Second))
 		if err != nil {
@@ -132,7 +132,7 @@ func testCtxNoT() context.Context { return context.Background() }
 
 func TestAuth(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
-		svc := startService(t, newStore(t, kind))
+		svc := setup(t, kind).svc
 		ctx := testCtx(t)
 		code, _ := rawPost(t, svc.URL+"/v1/sessions", "", `{"owner":"x","ttl_ms":5000}`)
 		if code != http.StatusUnauthorized {
@@ -177,7 +177,7 @@ func TestAuth(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
-		svc := startService(t, newStore(t, kind))
+		svc := setup(t, kind).svc
 		ctx := testCtx(t)
 		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
 		if err != nil {

@@ -36,8 +36,8 @@ func TestCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the payouts binary")
 	}
-	st := newStore(t, "postgres")
-	svc := startService(t, st)
+	sys := setup(t, "postgres")
+	st, svc := sys.store, sys.svc
 	ctx := testCtx(t)
 	s, err := lockclient.Open(ctx, svc.URL, "cli-holder", lockclient.WithToken(executorToken), lockclient.WithTTL(30*time.Second))
 	if err != nil {
@@ -61,7 +61,7 @@ func TestCLI(t *testing.T) {
 	}
 	// Revoke: refused without a reason, or with a non-operator token.
 	runCLI(t, 2, append([]string{"lock", "revoke", "payout:cli-1"}, common...)...)
-	runCLI(t, 1, "lock", "revoke", "payout:cli-1", "--reason", "x", "--lock-url", svc.URL, "--token", executorToken)
+	runCLI(t, 2, "lock", "revoke", "payout:cli-1", "--reason", "x", "--lock-url", svc.URL, "--token", executorToken) // a refused credential exits 2
 	var rec lockclient.GrantRecord
 	out = runCLI(t, 0, append([]string{"lock", "revoke", "payout:cli-1", "--reason", "wedged worker", "--output", "json"}, common...)...)
 	if err := json.Unmarshal([]byte(out), &rec); err != nil || rec.Token != g.Token || *rec.EndReason != "revoked" || rec.Actor != "alice" {

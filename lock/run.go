@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,6 +34,7 @@ type Config struct {
 	Logger        *slog.Logger
 	Registry      *prometheus.Registry
 	Auth          *auth.Authenticator
+	TLS           *tls.Config // serve HTTPS (nil: plain HTTP)
 	// OnListen is told the bound address before serving (tests, dev up).
 	OnListen func(net.Addr)
 }
@@ -122,6 +124,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Role: "lock", Addr: cfg.Listen, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,
 		RequestTimeout: backend.MaxWait + opTimeout + 5*time.Second,
 		Ready:          []httpx.Check{b.Ping},
+		TLS:            cfg.TLS,
 	})
 	NewService(b, cfg.Registry, cfg.Logger).Mount(srv.Router())
 	addr, err := srv.Listen()

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/dev/proctest"
@@ -44,6 +45,12 @@ func TestMain(m *testing.M) {
 	os.Setenv("PAYOUTS_LEDGER_CHECK_INTERVAL", "1s")
 	code := m.Run()
 	proctest.Cleanup()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
@@ -126,6 +133,13 @@ func startSys(t *testing.T) *sys {
 			t.Fatalf("lock session %s: %v", h.owner, err)
 		}
 		*h.dst = sess
+		// Closed before the stack stops (cleanups run last-in first-out), so
+		// no keepalive outlives the test.
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = sess.Close(ctx) // stops the keepalive loop whatever the service answers
+		})
 	}
 	return s
 }

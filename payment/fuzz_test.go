@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 )
 
 // checkDecodeErr: a decoder either accepts or answers a 4xx problem; it
@@ -70,8 +71,8 @@ func FuzzDecodeCreatePayout(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if req.Amount <= 0 || req.Amount >= MaxAmount || req.Currency != "EUR" || !idRE.MatchString(req.ID) ||
-			!idRE.MatchString(req.AccountID) || reservedAccount(req.AccountID) || req.BeneficiaryRef == "" {
+		if req.Amount <= 0 || req.Amount >= MaxAmount || req.Currency != "EUR" || !wire.IDPattern.MatchString(req.ID) ||
+			!wire.IDPattern.MatchString(req.AccountID) || reservedAccount(req.AccountID) || req.BeneficiaryRef == "" {
 			t.Fatalf("accepted an invalid payout: %+v", req)
 		}
 	})
@@ -92,7 +93,7 @@ func FuzzDecodeCreateAccount(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if req.OpeningBalance < 0 || req.OpeningBalance >= MaxAmount || req.Currency != "EUR" || !idRE.MatchString(req.ID) || reservedAccount(req.ID) {
+		if req.OpeningBalance < 0 || req.OpeningBalance >= MaxAmount || req.Currency != "EUR" || !wire.IDPattern.MatchString(req.ID) || reservedAccount(req.ID) {
 			t.Fatalf("accepted an invalid account: %+v", req)
 		}
 	})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/internal/auth"
@@ -26,7 +27,16 @@ import (
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	code := pgtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 const (
 	executorBearer   = "executor-token-0123456789"
@@ -52,9 +62,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// testEnv is a payment resource on a fresh paydb behind a real HTTP server,
+// testBundle is a payment resource on a fresh paydb behind a real HTTP server,
 // with a client per caller role.
-type testEnv struct {
+type testBundle struct {
 	svc   *Service
 	reg   *prometheus.Registry
 	logs  *syncBuffer
@@ -64,7 +74,7 @@ type testEnv struct {
 	oper  *pc.Client
 }
 
-func newEnv(t testing.TB) *testEnv {
+func setup(t testing.TB) *testBundle {
 	t.Helper()
 	dbURL := pgtest.NewDB(t, migrations.PayDB)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -88,7 +98,7 @@ func newEnv(t testing.TB) *testEnv {
 	svc.Mount(srv.Router())
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	e := &testEnv{svc: svc, reg: reg, logs: logs, url: ts.URL}
+	e := &testBundle{svc: svc, reg: reg, logs: logs, url: ts.URL}
 	for _, c := range []struct {
 		dst    **pc.Client
 		bearer string
@@ -112,7 +122,7 @@ func tctx(t testing.TB) context.Context {
 	return ctx
 }
 
-func (e *testEnv) account(t testing.TB, id string, opening int64) pc.Account {
+func (e *testBundle) account(t testing.TB, id string, opening int64) pc.Account {
 	t.Helper()
 	a, err := e.oper.CreateAccount(tctx(t), pc.CreateAccountRequest{ID: id, Currency: "EUR", OpeningBalance: opening})
 	if err != nil {
@@ -121,7 +131,7 @@ func (e *testEnv) account(t testing.TB, id string, opening int64) pc.Account {
 	return a
 }
 
-func (e *testEnv) payout(t testing.TB, id, account string, amount int64) pc.Payout {
+func (e *testBundle) payout(t testing.TB, id, account string, amount int64) pc.Payout {
 	t.Helper()
 	p, err := e.oper.CreatePayout(tctx(t), pc.CreatePayoutRequest{ID: id, AccountID: account, Amount: amount, Currency: "EUR", BeneficiaryRef: "ben-" + id})
 	if err != nil {
@@ -132,7 +142,7 @@ func (e *testEnv) payout(t testing.TB, id, account string, amount int64) pc.Payo
 
 // drive moves a fresh PENDING payout to state along the happy paths, every
 // step under (token, holder).
-func (e *testEnv) drive(t testing.TB, id string, state pc.State, token fencing.Token, holder fencing.Holder) pc.Payout {
+func (e *testBundle) drive(t testing.TB, id string, state pc.State, token fencing.Token, holder fencing.Holder) pc.Payout {
 	t.Helper()
 	ctx := tctx(t)
 	must := func(p pc.Payout, err error) pc.Payout {
@@ -174,7 +184,7 @@ func (e *testEnv) drive(t testing.TB, id string, state pc.State, token fencing.T
 }
 
 // counts returns the number of rows of every paydb table.
-func (e *testEnv) counts(t testing.TB) map[string]int64 {
+func (e *testBundle) counts(t testing.TB) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
 	for _, tbl := range []string{"account", "payout", "ledger_entry", "payout_event", "safety_event"} {
@@ -188,7 +198,7 @@ func (e *testEnv) counts(t testing.TB) map[string]int64 {
 }
 
 // safetyKinds returns the kinds of safety events recorded for a payout.
-func (e *testEnv) safetyKinds(t testing.TB, payoutID string) []string {
+func (e *testBundle) safetyKinds(t testing.TB, payoutID string) []string {
 	t.Helper()
 	rows, err := e.svc.pool.Query(tctx(t), `SELECT kind FROM safety_event WHERE payout_id = $1 ORDER BY id`, payoutID)
 	if err != nil {
@@ -206,7 +216,7 @@ func (e *testEnv) safetyKinds(t testing.TB, payoutID string) []string {
 	return out
 }
 
-func (e *testEnv) eventCount(t testing.TB, payoutID string) int {
+func (e *testBundle) eventCount(t testing.TB, payoutID string) int {
 	t.Helper()
 	var n int
 	if err := e.svc.pool.QueryRow(tctx(t), `SELECT count(*) FROM payout_event WHERE payout_id = $1`, payoutID).Scan(&n); err != nil {
@@ -217,7 +227,7 @@ func (e *testEnv) eventCount(t testing.TB, payoutID string) int {
 
 // assertLedger checks INV-03 over the whole database and available >= 0
 // for every customer account.
-func (e *testEnv) assertLedger(t testing.TB) {
+func (e *testBundle) assertLedger(t testing.TB) {
 	t.Helper()
 	rep, err := e.svc.CheckLedger(tctx(t), time.Time{}, nil, nil)
 	if err != nil {

@@ -7,10 +7,10 @@ package payment
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,6 +19,8 @@ import (
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/pgpool"
+	"github.com/payouts/payouts/internal/wire"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
@@ -36,14 +38,13 @@ type Config struct {
 	Logger      *slog.Logger
 	Registry    *prometheus.Registry
 	Auth        *auth.Authenticator // Run only
+	TLS         *tls.Config         // Run only: serve HTTPS (nil: plain HTTP)
 	// LedgerCheckInterval is how often the continuous INV-03 check runs
 	// (default 30s).
 	LedgerCheckInterval time.Duration
-	// MaxConns bounds the database pool (default 16).
+	// MaxConns bounds the database pool (default pgpool.DefaultMaxConns).
 	MaxConns int32
 }
-
-var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
 
 // Service is the payment resource over one paydb.
 type Service struct {
@@ -60,7 +61,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Currency == "" {
 		cfg.Currency = DefaultCurrency
 	}
-	if !currencyRE.MatchString(cfg.Currency) {
+	if !wire.CurrencyPattern.MatchString(cfg.Currency) {
 		return nil, fmt.Errorf("payment: currency %q is not a three-letter upper-case ISO 4217 code", cfg.Currency)
 	}
 	if cfg.DatabaseURL == "" {
@@ -75,17 +76,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.LedgerCheckInterval <= 0 {
 		cfg.LedgerCheckInterval = 30 * time.Second
 	}
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	pool, err := pgpool.New(ctx, "payment: paydb", cfg.DatabaseURL, pgpool.Options{MaxConns: cfg.MaxConns})
 	if err != nil {
-		return nil, fmt.Errorf("payment: database URL: %w", err)
-	}
-	pcfg.MaxConns = 16
-	if cfg.MaxConns > 0 {
-		pcfg.MaxConns = cfg.MaxConns
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, fmt.Errorf("payment: connect: %w", err)
+		return nil, err
 	}
 	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval}
 	if err := s.ensureSystemAccounts(ctx); err != nil {
@@ -136,7 +129,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer svc.Close()
 	srv := httpx.NewServer(httpx.Config{
 		Role: Role, Addr: cfg.Addr, Logger: svc.log, Registry: cfg.Registry, Auth: cfg.Auth,
-		Ready: []httpx.Check{svc.Ping},
+		Ready: []httpx.Check{svc.Ping}, TLS: cfg.TLS,
 	})
 	svc.Mount(srv.Router())
 	if _, err := srv.Listen(); err != nil {

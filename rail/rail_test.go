@@ -35,14 +35,22 @@ func (c *clock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-func start(t *testing.T, window time.Duration) (op, ex *railclient.Client, clk *clock) {
+// bundle is a rail stub on a loopback port with a client per caller role
+// and its clock.
+type bundle struct {
+	op, ex *railclient.Client
+	clk    *clock
+}
+
+func setup(t *testing.T, window time.Duration) *bundle {
 	t.Helper()
+	b := &bundle{}
 	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + operatorToken + `","role":"operator","name":"op"},{"token":"` + executorToken + `","role":"executor","name":"ex"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk = &clock{t: time.Now()}
-	s, err := New(Config{Addr: "127.0.0.1:0", Logger: obs.NewLogger(io.Discard, slog.LevelInfo, "rail"), Auth: a, SettlementWindow: window, Now: clk.Now})
+	b.clk = &clock{t: time.Now()}
+	s, err := New(Config{Addr: "127.0.0.1:0", Logger: obs.NewLogger(io.Discard, slog.LevelInfo, "rail"), Auth: a, SettlementWindow: window, Now: b.clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,13 +68,13 @@ func start(t *testing.T, window time.Duration) (op, ex *railclient.Client, clk *
 		}
 	})
 	url := "http://" + addr.String()
-	if op, err = railclient.New(url, operatorToken); err != nil {
+	if b.op, err = railclient.New(url, operatorToken); err != nil {
 		t.Fatal(err)
 	}
-	if ex, err = railclient.New(url, executorToken); err != nil {
+	if b.ex, err = railclient.New(url, executorToken); err != nil {
 		t.Fatal(err)
 	}
-	return op, ex, clk
+	return b
 }
 
 func ctxFor(t *testing.T) context.Context {
@@ -82,18 +90,19 @@ func req(ref string) railclient.PaymentRequest {
 // The rail is not idempotent: the same request twice is two payments.
 func TestDuplicatesAreRealAndReported(t *testing.T) {
 	t.Parallel()
-	op, ex, _ := start(t, time.Minute)
+	b := setup(t, time.Minute)
+	op, ex := b.op, b.ex
 	ctx := ctxFor(t)
 	a, err := ex.Pay(ctx, req("ref-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := ex.Pay(ctx, req("ref-1"))
+	a2, err := ex.Pay(ctx, req("ref-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.RailRef == b.RailRef || a.Status != railclient.StatusSettled {
-		t.Fatalf("two payments expected: %+v %+v", a, b)
+	if a.RailRef == a2.RailRef || a.Status != railclient.StatusSettled {
+		t.Fatalf("two payments expected: %+v %+v", a, a2)
 	}
 	d := req("ref-2")
 	d.BeneficiaryRef = "DECLINE-x"
@@ -114,7 +123,8 @@ func TestDuplicatesAreRealAndReported(t *testing.T) {
 
 func TestFindIsFinalOnlyAfterTheWindow(t *testing.T) {
 	t.Parallel()
-	op, ex, clk := start(t, 10*time.Minute)
+	b := setup(t, 10*time.Minute)
+	op, ex, clk := b.op, b.ex, b.clk
 	ctx := ctxFor(t)
 	if _, err := ex.Pay(ctx, req("ref-w")); err != nil {
 		t.Fatal(err)
@@ -148,7 +158,8 @@ func ptr[T any](v T) *T { return &v }
 // caller gives up — the stub does not hang.
 func TestTimeoutAfterAcceptHoldsUntilTheCallerLeaves(t *testing.T) {
 	t.Parallel()
-	op, ex, _ := start(t, time.Minute)
+	b := setup(t, time.Minute)
+	op, ex := b.op, b.ex
 	ctx := ctxFor(t)
 	f, err := op.SetFaults(ctx, railclient.FaultsUpdate{TimeoutAfterAccept: ptr(1.0)})
 	if err != nil || f.TimeoutAfterAccept != 1 || f.DeclineBeneficiaryPrefix != railclient.DefaultDeclinePrefix {
@@ -177,7 +188,8 @@ func TestTimeoutAfterAcceptHoldsUntilTheCallerLeaves(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	op, ex, _ := start(t, time.Minute)
+	b := setup(t, time.Minute)
+	op, ex := b.op, b.ex
 	ctx := ctxFor(t)
 	for _, u := range []railclient.FaultsUpdate{
 		{TimeoutAfterAccept: ptr(1.5)}, {DropBeforeAccept: ptr(-0.1)}, {LatencyMS: ptr(int64(-1))}, {LatencyMS: ptr(int64(10_000_000))},

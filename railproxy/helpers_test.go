@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/internal/auth"
@@ -37,7 +38,14 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(runCrashHelper())
 	}
-	os.Exit(pgtest.Main(m))
+	code := pgtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // syncBuffer collects log output from several goroutines.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -243,50 +242,31 @@ func (st *store) all(ctx context.Context, payoutID string) ([]proxyclient.Record
 	return collectRecords(rows)
 }
 
-func (st *store) list(ctx context.Context, after int64, limit int) (proxyclient.RecordPage, error) {
+func (st *store) list(ctx context.Context, after int64, limit int) ([]proxyclient.Record, error) {
 	rows, err := st.pool.Query(ctx, `SELECT `+recordCols+` FROM rail_submission WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
 	if err != nil {
-		return proxyclient.RecordPage{}, err
+		return nil, err
 	}
-	items, err := collectRecords(rows)
-	if err != nil {
-		return proxyclient.RecordPage{}, err
-	}
-	p := proxyclient.RecordPage{Items: items}
-	if len(items) == limit {
-		p.Next = strconv.FormatInt(items[len(items)-1].ID, 10)
-	}
-	return p, nil
+	return collectRecords(rows)
 }
 
-func (st *store) safetyEvents(ctx context.Context, after int64, limit int) (proxyclient.SafetyEventPage, error) {
+func (st *store) safetyEvents(ctx context.Context, after int64, limit int) ([]proxyclient.SafetyEvent, error) {
 	rows, err := st.pool.Query(ctx, `
 		SELECT id, kind, coalesce(key, ''), coalesce(presented_token, 0), coalesce(stored_token, 0),
 		       coalesce(holder, ''), coalesce(stored_holder, ''), coalesce(payout_id, ''), coalesce(detail, ''), at
 		  FROM safety_event WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
 	if err != nil {
-		return proxyclient.SafetyEventPage{}, err
+		return nil, err
 	}
-	defer rows.Close()
-	p := proxyclient.SafetyEventPage{Items: []proxyclient.SafetyEvent{}}
-	for rows.Next() {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (proxyclient.SafetyEvent, error) {
 		var e proxyclient.SafetyEvent
 		var presented, stored int64
 		var holder, storedHolder string
-		if err := rows.Scan(&e.ID, &e.Kind, &e.Key, &presented, &stored, &holder, &storedHolder, &e.PayoutID, &e.Detail, &e.At); err != nil {
-			return p, err
-		}
+		err := row.Scan(&e.ID, &e.Kind, &e.Key, &presented, &stored, &holder, &storedHolder, &e.PayoutID, &e.Detail, &e.At)
 		e.PresentedToken, e.StoredToken = fencing.Token(presented), fencing.Token(stored)
 		e.Holder, e.StoredHolder = fencing.Holder(holder), fencing.Holder(storedHolder)
-		p.Items = append(p.Items, e)
-	}
-	if err := rows.Err(); err != nil {
-		return p, err
-	}
-	if len(p.Items) == limit {
-		p.Next = strconv.FormatInt(p.Items[len(p.Items)-1].ID, 10)
-	}
-	return p, nil
+		return e, err
+	})
 }
 
 func (st *store) highFence(ctx context.Context) (fencing.Token, error) {
@@ -295,31 +275,20 @@ func (st *store) highFence(ctx context.Context) (fencing.Token, error) {
 	return fencing.Token(t), err
 }
 
-func (st *store) highWater(ctx context.Context, after string, limit int) (proxyclient.HighWaterPage, error) {
+func (st *store) highWater(ctx context.Context, after string, limit int) ([]proxyclient.HighWater, error) {
 	rows, err := st.pool.Query(ctx, `SELECT account_id, token, holder, updated_at FROM account_high_water
 		WHERE account_id > $1 ORDER BY account_id LIMIT $2`, after, limit)
 	if err != nil {
-		return proxyclient.HighWaterPage{}, err
+		return nil, err
 	}
-	defer rows.Close()
-	p := proxyclient.HighWaterPage{Items: []proxyclient.HighWater{}}
-	for rows.Next() {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (proxyclient.HighWater, error) {
 		var h proxyclient.HighWater
 		var t int64
 		var holder string
-		if err := rows.Scan(&h.AccountID, &t, &holder, &h.UpdatedAt); err != nil {
-			return p, err
-		}
+		err := row.Scan(&h.AccountID, &t, &holder, &h.UpdatedAt)
 		h.Token, h.Holder = fencing.Token(t), fencing.Holder(holder)
-		p.Items = append(p.Items, h)
-	}
-	if err := rows.Err(); err != nil {
-		return p, err
-	}
-	if len(p.Items) == limit {
-		p.Next = p.Items[len(p.Items)-1].AccountID
-	}
-	return p, nil
+		return h, err
+	})
 }
 
 // unresolvedCounts counts forwarded rows with no outcome older than age

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/payment/paymentclient"
@@ -138,6 +139,11 @@ func cannotRun(what string, err error) error {
 // wraps ErrCannotRun and the report must not be trusted as clean.
 func (r *Reconciler) Pass(ctx context.Context) (*Report, error) {
 	rep := newReport(r.opts.MaxFindings)
+	// A key this reconciler failed to release would keep every executor
+	// off the account; give it back before anything else.
+	if n, err := r.c.Lock.RetryReleases(ctx); n > 0 {
+		r.log.Warn("lock releases still not acknowledged; retrying on the next pass", "pending", n, obs.KeyError, errText(err))
+	}
 	if r.opts.Resolve {
 		if err := r.resolveAmbiguous(ctx, rep); err != nil {
 			return rep, err
@@ -148,6 +154,13 @@ func (r *Reconciler) Pass(ctx context.Context) (*Report, error) {
 	}
 	rep.sort()
 	return rep, nil
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // isNotFound reports a not_found problem answer.

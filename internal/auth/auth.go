@@ -25,12 +25,14 @@ const (
 	Executor   Role = "executor"
 	Reconciler Role = "reconciler"
 	Operator   Role = "operator"
+	// Proxy is the rail proxy's own identity towards the rail.
+	Proxy Role = "proxy"
 )
 
 // AllRoles lists every role.
-var AllRoles = []Role{Executor, Reconciler, Operator}
+var AllRoles = []Role{Executor, Reconciler, Operator, Proxy}
 
-func (r Role) valid() bool { return r == Executor || r == Reconciler || r == Operator }
+func (r Role) valid() bool { return r == Executor || r == Reconciler || r == Operator || r == Proxy }
 
 // Principal is an authenticated caller.
 type Principal struct {
@@ -65,13 +67,31 @@ type Authenticator struct {
 // operator named "insecure" (development only: --insecure-no-auth).
 func Insecure() *Authenticator { return &Authenticator{insecure: true} }
 
-// LoadFile reads an auth file.
+// LoadFile reads an auth file. Like ssh with a private key, it refuses a
+// file that group or others may read or write: the tokens in it are
+// credentials.
 func LoadFile(path string) (*Authenticator, error) {
+	if err := CheckPrivate(path); err != nil {
+		return nil, err
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("auth: read auth file: %w", err)
 	}
 	return Parse(b)
+}
+
+// CheckPrivate fails when group or others have any permission on the file
+// at path, with the command that fixes it.
+func CheckPrivate(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("auth: %w", err)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return fmt.Errorf("auth: %s is accessible by group or others (mode %04o); it holds credentials, so it must be private to its owner: chmod 600 %s", path, perm, path)
+	}
+	return nil
 }
 
 // Parse reads auth file contents.
@@ -92,7 +112,7 @@ func Parse(b []byte) (*Authenticator, error) {
 			return nil, fmt.Errorf("auth: token #%d (%s) is shorter than 16 characters", i+1, t.Name)
 		}
 		if !t.Role.valid() {
-			return nil, fmt.Errorf("auth: token #%d (%s) has role %q; want executor, reconciler or operator", i+1, t.Name, t.Role)
+			return nil, fmt.Errorf("auth: token #%d (%s) has role %q; want executor, reconciler, operator or proxy", i+1, t.Name, t.Role)
 		}
 		if t.Name == "" {
 			return nil, fmt.Errorf("auth: token #%d has no name", i+1)

@@ -1,0 +1,198 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/dev/faultproxy"
+	"github.com/payouts/payouts/dev/proctest"
+)
+
+// The processes of a chaos run: every server role but the rail stub runs
+// as the test's own child so that it can be signalled, and every link the
+// run partitions goes through a fault proxy link.
+
+// chaosService is one server process, restarted on the same address.
+type chaosService struct {
+	role string   // lock, payment, proxy
+	name string   // lock-a, payment, ...
+	addr string   // host:port; "127.0.0.1:0" until the first start
+	args []string // serve ... without --listen
+	gen  int
+	p    *proctest.Proc
+}
+
+func (sv *chaosService) url() string { return "http://" + sv.addr }
+
+// start runs the service (again) on its address and waits until it is ready.
+func (sv *chaosService) start(t *testing.T, authFile string) {
+	t.Helper()
+	sv.gen++
+	name := fmt.Sprintf("%s-%d", sv.name, sv.gen)
+	args := append(append([]string(nil), sv.args...), "--listen", sv.addr, "--auth-file", authFile)
+	sv.p = proctest.Start(t, name, nil, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if strings.HasSuffix(sv.addr, ":0") {
+		addr, err := listenAddr(ctx, sv.p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sv.addr = addr
+	}
+	if err := proctest.WaitReady(ctx, sv.url()); err != nil {
+		t.Fatalf("%s: %v\n%s", name, err, tailLines(sv.p.Log(), 30))
+	}
+}
+
+// listenAddr waits for the address a server logs once it is bound.
+func listenAddr(ctx context.Context, p *proctest.Proc) (string, error) {
+	for {
+		for _, m := range logLines(p.Log(), "listening") {
+			if a, _ := m["addr"].(string); a != "" {
+				return a, nil
+			}
+		}
+		if p.Exited() {
+			return "", fmt.Errorf("%s exited before listening:\n%s", p.Name, tailLines(p.Log(), 30))
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("%s never logged its listen address: %w", p.Name, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// stop ends the service: SIGKILL, or SIGTERM and a clean exit 0.
+func (sv *chaosService) stop(t *testing.T, kill bool) {
+	t.Helper()
+	if kill {
+		sv.p.Kill()
+		return
+	}
+	if err := sv.p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM %s: %v", sv.p.Name, err)
+	}
+	if code, err := sv.p.Wait(2 * time.Minute); err != nil || code != 0 {
+		t.Fatalf("%s after SIGTERM: exit %d, %v\n%s", sv.p.Name, code, err, tailLines(sv.p.Log(), 30))
+	}
+}
+
+// chaosServices starts the run's own lock replicas, payment resource and
+// rail proxy in place of the stack's (the first lock replica, the payment
+// resource and the proxy keep the stack's addresses, so the shared helpers
+// and the reconciler find them). The proxy reaches the rail through a
+// fault proxy link.
+func (c *chaosRun) startServices() {
+	t, r := c.t, c.s.st.Ready
+	for _, role := range []string{"lock", "payment", "proxy"} {
+		c.s.st.StopRole(role, 20*time.Second)
+	}
+	var lockArgs []string
+	switch c.backend {
+	case "etcd":
+		lockArgs = []string{"serve", "lock", "--backend", "etcd", "--etcd-endpoints", strings.Join(r.Etcd, ",")}
+	case "postgres":
+		lockArgs = []string{"serve", "lock", "--backend", "postgres", "--database-url", r.DatabaseURLs.LockDB}
+	default:
+		t.Fatalf("unknown lock backend %q", c.backend)
+	}
+	c.locks = []*chaosService{
+		{role: "lock", name: "lock-a", addr: hostPort(t, r.LockURL), args: lockArgs},
+		{role: "lock", name: "lock-b", addr: "127.0.0.1:0", args: lockArgs},
+	}
+	var err error
+	if c.railLink, err = c.fp.Link("proxy-rail", hostPort(t, r.RailURL)); err != nil {
+		t.Fatal(err)
+	}
+	c.payment = &chaosService{role: "payment", name: "payment", addr: hostPort(t, r.PaymentURL),
+		args: []string{"serve", "payment", "--database-url", r.DatabaseURLs.PayDB}}
+	c.proxy = &chaosService{role: "proxy", name: "proxy", addr: hostPort(t, r.ProxyURL),
+		args: []string{"serve", "proxy", "--database-url", r.DatabaseURLs.ProxyDB, "--rail-url", c.railLink.URL("http"),
+			"--rail-token", r.Tokens.Executor, "--rail-timeout", chaosRailTimeout.String()}}
+	for _, sv := range c.services() {
+		sv.start(t, c.authFile())
+	}
+}
+
+func (c *chaosRun) authFile() string { return filepath.Join(c.s.st.Ready.Dir, "auth.json") }
+
+func (c *chaosRun) services() []*chaosService {
+	return append(append([]*chaosService(nil), c.locks...), c.payment, c.proxy)
+}
+
+// chaosExec is one executor and its own links to the lock service, the
+// payment resource and the proxy.
+type chaosExec struct {
+	p           *proctest.Proc
+	links       map[string]*faultproxy.Link // lock, payment, proxy
+	paused      bool
+	resumeAt    time.Time
+	killedByUs  bool
+	exitChecked bool
+}
+
+// startExecutor runs one more executor; executors alternate between the
+// lock replicas.
+func (c *chaosRun) startExecutor() {
+	t, r := c.t, c.s.st.Ready
+	c.started++
+	name := fmt.Sprintf("exec-%d", c.started)
+	e := &chaosExec{links: map[string]*faultproxy.Link{}}
+	for _, to := range []struct{ link, target string }{
+		{"lock", c.locks[c.started%len(c.locks)].addr}, {"payment", c.payment.addr}, {"proxy", c.proxy.addr},
+	} {
+		l, err := c.fp.Link(name+"-"+to.link, to.target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.links[to.link] = l
+	}
+	args := []string{"run", "executor", "--owner", name, "--lock-url", e.links["lock"].URL("http"),
+		"--payment-url", e.links["payment"].URL("http"), "--proxy-url", e.links["proxy"].URL("http"),
+		"--session-ttl", executorTTL, "--poll-interval", "200ms", "--call-timeout", "5s",
+		"--concurrency", fmt.Sprint(c.cfg.concurrency)}
+	e.p = proctest.Start(t, name, []string{"PAYOUTS_TOKEN=" + r.Tokens.Executor}, args...)
+	c.execs = append(c.execs, e)
+}
+
+// pick chooses a running, unfrozen executor; nil when only one is left
+// working (the run keeps one).
+func (c *chaosRun) pick() *chaosExec {
+	var live []*chaosExec
+	for _, e := range c.execs {
+		if !e.paused && !e.p.Exited() {
+			live = append(live, e)
+		}
+	}
+	if len(live) <= 1 {
+		return nil
+	}
+	return live[c.rng.IntN(len(live))]
+}
+
+// checkProcesses: no process the chaos did not kill may have exited.
+func (c *chaosRun) checkProcesses() {
+	t := c.t
+	for _, e := range c.execs {
+		if e.killedByUs || e.exitChecked || !e.p.Exited() {
+			continue
+		}
+		e.exitChecked = true
+		code, _ := e.p.Wait(time.Second)
+		t.Errorf("executor %s exited on its own (exit %d):\n%s", e.p.Name, code, tailLines(e.p.Log(), 40))
+		c.startExecutor()
+	}
+	for _, sv := range c.services() {
+		if sv.p.Exited() {
+			code, _ := sv.p.Wait(time.Second)
+			t.Fatalf("%s exited on its own (exit %d):\n%s", sv.p.Name, code, tailLines(sv.p.Log(), 40))
+		}
+	}
+}
