@@ -33,7 +33,7 @@ var wantSeries = []string{
 	"payouts_proxy_guard_disabled", "payouts_rail_payments_total",
 	"payouts_executor_payouts_total", "payouts_executor_step_duration_seconds_bucket",
 	"payouts_reconcile_findings", "payouts_reconcile_last_success_timestamp_seconds",
-	"payouts_http_requests_total",
+	"payouts_http_requests_total", "payouts_build_info",
 }
 
 // TestPrometheusScrapesEveryRole runs Debian's Prometheus server against a
@@ -127,6 +127,13 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 		t.Errorf("settled payments at the rail through Prometheus: %+v, %v; want 1", res, err)
 	}
 
+	// Every dashboard query runs against the real series.
+	for _, q := range dashboardQueries(t) {
+		if _, err := promQuery(api, q); err != nil {
+			t.Errorf("dashboard query %s: %v", q, err)
+		}
+	}
+
 	// The alert rules load and evaluate against real series.
 	waitUntil(t, time.Minute, "every rule group evaluated", func() (bool, error) {
 		var body struct {
@@ -156,6 +163,48 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 		}
 		return true, nil
 	})
+}
+
+// dashboardQueries reads every query of deploy/grafana/payouts.json, with
+// Grafana's interval variables replaced.
+func dashboardQueries(t *testing.T) []string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "deploy", "grafana", "payouts.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type panel struct {
+		Targets []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+		Panels []json.RawMessage `json:"panels"`
+	}
+	vars := strings.NewReplacer("$__rate_interval", "1m", "$__interval", "15s", "$__range", "1h")
+	var out []string
+	var walk func([]json.RawMessage)
+	walk = func(raws []json.RawMessage) {
+		for _, r := range raws {
+			var p panel
+			if err := json.Unmarshal(r, &p); err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range p.Targets {
+				out = append(out, vars.Replace(q.Expr))
+			}
+			walk(p.Panels)
+		}
+	}
+	var dash struct {
+		Panels []json.RawMessage `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	walk(dash.Panels)
+	if len(out) == 0 {
+		t.Fatal("the dashboard has no queries")
+	}
+	return out
 }
 
 // requireTool finds a command a whole-system test needs. CI installs it
