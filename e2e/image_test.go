@@ -116,7 +116,7 @@ func TestImage(t *testing.T) {
 	containers["proxy"] = server("proxy", proxyPort, "--migrate", "--database-url-file", "/run/secrets/proxydb_url",
 		"--rail-url", url(railPort), "--rail-token-file", "/run/secrets/proxy_rail_token", "--rail-timeout", "5s")
 	for role, p := range map[string]int{"rail": railPort, "lock": lockPort, "payment": payPort, "proxy": proxyPort} {
-		if err := proctest.WaitReady(ctxT(t, 2*time.Minute), url(p)); err != nil {
+		if err := proctest.WaitReady(ctxT(t, 5*time.Minute), url(p)); err != nil {
 			t.Fatalf("%s in the image: %v\n%s", role, err, d.logs(containers[role]))
 		}
 	}
@@ -139,7 +139,7 @@ func TestImage(t *testing.T) {
 		s.createPayout(t, id, fmt.Sprintf("img-acc-%d", i%2+1), int64(1000+i), "NL00BANK"+strconv.Itoa(i))
 	}
 	for _, id := range ids {
-		p := s.waitPayoutState(t, id, 3*time.Minute, pc.Posted)
+		p := s.waitPayoutState(t, id, 5*time.Minute, pc.Posted)
 		if paid := s.railPayments(t)[p.ClientRef]; len(paid) != 1 {
 			t.Errorf("payout %s: %d payments at the rail, want 1", id, len(paid))
 		}
@@ -320,7 +320,7 @@ func dockerDaemon(t *testing.T) *docker {
 		_ = os.RemoveAll(root)
 	})
 	d.env = []string{"DOCKER_HOST=unix://" + sock}
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(5 * time.Minute)
 	for d.cmd("info").Run() != nil {
 		select {
 		case <-done:
@@ -330,7 +330,7 @@ func dockerDaemon(t *testing.T) *docker {
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(filepath.Join(root, "dockerd.log"))
-			unavailable("dockerd did not answer within 2 minutes:\n%s", tailLines(string(log), 20))
+			unavailable("dockerd did not answer within 5 minutes:\n%s", tailLines(string(log), 20))
 		}
 	}
 	return d

@@ -61,7 +61,7 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 		addr string
 		p    *proctest.Proc
 	}{{execAddr, ex}, {recAddr, rec}} {
-		waitUntil(t, 2*time.Minute, w.p.Name+" /metrics", func() (bool, error) {
+		waitUntil(t, 5*time.Minute, w.p.Name+" /metrics", func() (bool, error) {
 			resp, err := http.Get("http://" + w.addr + "/metrics")
 			if err != nil {
 				if w.p.Exited() {
@@ -76,7 +76,7 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 
 	s.createAccount(t, "prom-acc", 100_000)
 	s.createPayout(t, "prom-po-1", "prom-acc", 1234, "NL00PROM1")
-	s.waitPayoutState(t, "prom-po-1", 2*time.Minute, pc.Posted)
+	s.waitPayoutState(t, "prom-po-1", 5*time.Minute, pc.Posted)
 
 	targets := map[string]string{
 		"lock": hostPort(t, r.LockURL), "payment": hostPort(t, r.PaymentURL), "proxy": hostPort(t, r.ProxyURL),
@@ -85,7 +85,7 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 	api := startPrometheus(t, prometheus, targets, r.Tokens.Operator)
 
 	// Every role is up.
-	waitUntil(t, 2*time.Minute, "every payouts job up", func() (bool, error) {
+	waitUntil(t, 5*time.Minute, "every payouts job up", func() (bool, error) {
 		res, err := promQuery(api, `up{job=~"payouts-.*"}`)
 		if err != nil {
 			return false, err
@@ -103,7 +103,7 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 	})
 
 	// The project's counters arrived.
-	waitUntil(t, time.Minute, "the project's series", func() (bool, error) {
+	waitUntil(t, 3*time.Minute, "the project's series", func() (bool, error) {
 		res, err := promQuery(api, `count by (__name__) ({__name__=~"payouts_.+"})`)
 		if err != nil {
 			return false, err
@@ -135,7 +135,7 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 	}
 
 	// The alert rules load and evaluate against real series.
-	waitUntil(t, time.Minute, "every rule group evaluated", func() (bool, error) {
+	waitUntil(t, 3*time.Minute, "every rule group evaluated", func() (bool, error) {
 		var body struct {
 			Data struct {
 				Groups []struct {
@@ -281,7 +281,7 @@ func startPrometheus(t *testing.T, bin string, targets map[string]string, token 
 		}
 	})
 	api := "http://" + addr
-	waitUntil(t, 2*time.Minute, "prometheus ready", func() (bool, error) {
+	waitUntil(t, 5*time.Minute, "prometheus ready", func() (bool, error) {
 		select {
 		case <-done:
 			b, _ := os.ReadFile(logPath)
