@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
 )
 
@@ -80,15 +82,24 @@ func newRoot(a *app) *cobra.Command {
 
 // Execute runs the command line and returns the process exit code. The
 // first SIGINT or SIGTERM cancels the command's context (servers drain,
-// the executor finishes its steps and releases its locks); after it the
-// signals' default action is restored, so a second one ends the process at
-// once.
+// the executor finishes its steps and releases its locks); a second one
+// ends the process at once with exit 1, saying so on stderr.
 func Execute() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
 	go func() {
-		<-ctx.Done()
-		stop()
+		if _, ok := <-sigs; !ok {
+			return
+		}
+		cancel()
+		if _, ok := <-sigs; !ok {
+			return
+		}
+		obs.NewLogger(os.Stderr, slog.LevelInfo, "").Warn("second signal: exiting at once; held locks expire with the session TTL")
+		os.Exit(1)
 	}()
 	return run(ctx, NewRoot(), os.Stderr)
 }
