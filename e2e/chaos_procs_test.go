@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -175,6 +177,56 @@ func (c *chaosRun) pick() *chaosExec {
 		return nil
 	}
 	return live[c.rng.IntN(len(live))]
+}
+
+// startReconciler runs `payouts reconcile --once` every few seconds while
+// the chaos runs, as cron would: each pass resolves the ambiguous payouts
+// whose settlement window has passed and ends its lock session on exit.
+// A pass that cannot run (exit 2) is expected while a store is down.
+func (c *chaosRun) startReconciler() {
+	r := c.s.st.Ready
+	bin := proctest.Binary(c.t)
+	args := []string{"reconcile", "--once", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL,
+		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Operator, "--settlement-window", chaosSettleWindow.String(),
+		"--owner", "chaos-reconciler", "--request-timeout", "10s"}
+	c.recStop, c.recDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(c.recDone)
+		for {
+			cmd := exec.Command(bin, args...)
+			cmd.Env = append(os.Environ(), "PAYOUTS_TOKEN="+r.Tokens.Reconciler)
+			out, err := cmd.CombinedOutput()
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			} else if err != nil {
+				code = -1
+			}
+			c.recMu.Lock()
+			c.recPasses[code]++
+			if code < 0 || code > 2 {
+				c.recErr = fmt.Errorf("reconcile --once: exit %d (%v):\n%s", code, err, tailLines(string(out), 30))
+			}
+			c.recMu.Unlock()
+			select {
+			case <-c.recStop:
+				return
+			case <-time.After(5 * time.Second): // the pass interval
+			}
+		}
+	}()
+}
+
+// stopReconciler ends the reconciler passes (the one running finishes).
+func (c *chaosRun) stopReconciler() {
+	close(c.recStop)
+	<-c.recDone
+	c.recMu.Lock()
+	defer c.recMu.Unlock()
+	c.t.Logf("reconciler passes during the run, by exit code: %v", c.recPasses)
+	if c.recErr != nil {
+		c.t.Error(c.recErr)
+	}
 }
 
 // checkProcesses: no process the chaos did not kill may have exited.
