@@ -13,6 +13,7 @@ import (
 
 	"github.com/payouts/payouts/dev/faultproxy"
 	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/executor"
 )
 
 // The processes of a chaos run: every server role but the rail stub runs
@@ -143,12 +144,26 @@ type chaosExec struct {
 // startExecutor runs one more executor; executors alternate between the
 // lock replicas.
 func (c *chaosRun) startExecutor() {
-	t, r := c.t, c.s.st.Ready
 	c.started++
-	name := fmt.Sprintf("exec-%d", c.started)
+	e := c.spawnExecutor(fmt.Sprintf("exec-%d", c.started), c.cfg.concurrency)
+	c.execs = append(c.execs, e)
+}
+
+// startStaleWriter runs the stale writer: an executor whose test hook holds
+// each grant's work after RAIL_SUBMITTED until its grant is lost, then
+// calls the proxy and reports WITHOUT its client-side grant check — a
+// process paused between its check and its write (UC-03). The chaos
+// freezes it past its session TTL from time to time; its late writes must
+// be fenced out by the guards.
+func (c *chaosRun) startStaleWriter() {
+	c.stale = c.spawnExecutor("stale-writer", 2, executor.HoldAfterEnv+"="+string(executor.AfterSubmitting))
+}
+
+func (c *chaosRun) spawnExecutor(name string, concurrency int, env ...string) *chaosExec {
+	t, r := c.t, c.s.st.Ready
 	e := &chaosExec{links: map[string]*faultproxy.Link{}}
 	for _, to := range []struct{ link, target string }{
-		{"lock", c.locks[c.started%len(c.locks)].addr}, {"payment", c.payment.addr}, {"proxy", c.proxy.addr},
+		{"lock", c.locks[len(c.execs)%len(c.locks)].addr}, {"payment", c.payment.addr}, {"proxy", c.proxy.addr},
 	} {
 		l, err := c.fp.Link(name+"-"+to.link, to.target)
 		if err != nil {
@@ -159,9 +174,9 @@ func (c *chaosRun) startExecutor() {
 	args := []string{"run", "executor", "--owner", name, "--lock-url", e.links["lock"].URL("http"),
 		"--payment-url", e.links["payment"].URL("http"), "--proxy-url", e.links["proxy"].URL("http"),
 		"--session-ttl", executorTTL, "--poll-interval", "200ms", "--call-timeout", "5s",
-		"--concurrency", fmt.Sprint(c.cfg.concurrency)}
-	e.p = proctest.Start(t, name, []string{"PAYOUTS_TOKEN=" + r.Tokens.Executor}, args...)
-	c.execs = append(c.execs, e)
+		"--concurrency", fmt.Sprint(concurrency)}
+	e.p = proctest.Start(t, name, append(env, "PAYOUTS_TOKEN="+r.Tokens.Executor), args...)
+	return e
 }
 
 // pick chooses a running, unfrozen executor; nil when only one is left
@@ -189,6 +204,9 @@ func (c *chaosRun) startReconciler() {
 	args := []string{"reconcile", "--once", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL,
 		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Operator, "--settlement-window", chaosSettleWindow.String(),
 		"--owner", "chaos-reconciler", "--request-timeout", "10s"}
+	// A pass reads every payout, ledger entry, grant and submission: on a
+	// big run, fewer passes leave the machine to the workload.
+	interval := 5*time.Second + time.Duration(c.cfg.payouts)*time.Millisecond
 	c.recStop, c.recDone = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(c.recDone)
@@ -211,7 +229,7 @@ func (c *chaosRun) startReconciler() {
 			select {
 			case <-c.recStop:
 				return
-			case <-time.After(5 * time.Second): // the pass interval
+			case <-time.After(interval): // the pass interval
 			}
 		}
 	}()
@@ -232,6 +250,11 @@ func (c *chaosRun) stopReconciler() {
 // checkProcesses: no process the chaos did not kill may have exited.
 func (c *chaosRun) checkProcesses() {
 	t := c.t
+	if c.stale != nil && !c.stale.exitChecked && c.stale.p.Exited() {
+		c.stale.exitChecked = true
+		code, _ := c.stale.p.Wait(time.Second)
+		t.Errorf("the stale writer exited on its own (exit %d):\n%s", code, tailLines(c.stale.p.Log(), 40))
+	}
 	for _, e := range c.execs {
 		if e.killedByUs || e.exitChecked || !e.p.Exited() {
 			continue

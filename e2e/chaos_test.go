@@ -209,6 +209,7 @@ type chaosRun struct {
 	payment, proxy   *chaosService
 	railLink         *faultproxy.Link
 	execs            []*chaosExec
+	stale            *chaosExec
 	started          int
 	pauses           map[*chaosExec]int
 	partitions       map[*faultproxy.Link]partition
@@ -274,6 +275,7 @@ func runChaos(t *testing.T, cfg chaosConfig, backend string) chaosSummary {
 	for i := 0; i < cfg.executors; i++ {
 		c.startExecutor()
 	}
+	c.startStaleWriter()
 	c.startReconciler()
 
 	// The rest of the payouts arrive while the chaos runs; each create is
