@@ -89,7 +89,7 @@ func callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // reconcile runs `payouts reconcile --once --json` as a child process and
 // returns its report and exit code. Exit 2 (could not run) is an error.
-func (dm *demo) reconcile(ctx context.Context, pass int) (reconcile.Report, int, error) {
+func (dm *demo) reconcile(ctx context.Context, pass int) (*reconcile.Report, int, error) {
 	r := dm.st.Ready
 	name := fmt.Sprintf("reconcile-%d", pass)
 	logPath := filepath.Join(r.Dir, "logs", name+".log")
@@ -100,22 +100,22 @@ func (dm *demo) reconcile(ctx context.Context, pass int) (reconcile.Report, int,
 			"--token", r.Tokens.Reconciler, "--rail-token", r.Tokens.Operator, "--owner", "demo-" + name,
 			"--settlement-window", dm.cfg.SettlementWindow.String(), "--ambiguity-sla", "1h", "--max-findings", "100000"}})
 	if err != nil {
-		return reconcile.Report{}, 0, fmt.Errorf("run the reconciler: %w", err)
+		return nil, 0, fmt.Errorf("run the reconciler: %w", err)
 	}
 	select {
 	case <-p.Done():
 	case <-ctx.Done():
 		p.Stop(10 * time.Second)
-		return reconcile.Report{}, 0, fmt.Errorf("the reconciler: %w", context.Cause(ctx))
+		return nil, 0, fmt.Errorf("the reconciler: %w", context.Cause(ctx))
 	}
 	code, err := p.Wait(0)
 	if err != nil {
-		return reconcile.Report{}, 0, fmt.Errorf("run the reconciler: %w", err)
+		return nil, 0, fmt.Errorf("run the reconciler: %w", err)
 	}
-	var rep reconcile.Report
+	rep := &reconcile.Report{}
 	b, _ := os.ReadFile(reportPath)
-	if code == reconcile.ExitCannotRun || json.Unmarshal(b, &rep) != nil {
-		return rep, code, fmt.Errorf("the reconciler could not run (exit %d); see %s", code, logPath)
+	if code == reconcile.ExitCannotRun || json.Unmarshal(b, rep) != nil {
+		return nil, code, fmt.Errorf("the reconciler could not run (exit %d); see %s", code, logPath)
 	}
 	return rep, code, nil
 }
