@@ -190,16 +190,8 @@ func (cs *children) start(name string, args ...string) (*child, error) {
 // listenAddr waits for a server child to log the address it bound.
 func (c *child) listenAddr(ctx context.Context) (string, error) {
 	for {
-		if b, err := os.ReadFile(c.log); err == nil {
-			for _, line := range strings.Split(string(b), "\n") {
-				var rec struct {
-					Msg  string `json:"msg"`
-					Addr string `json:"addr"`
-				}
-				if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
-					return rec.Addr, nil
-				}
-			}
+		if addr, err := loggedAddr(c.log, "listening"); err == nil {
+			return addr, nil
 		}
 		select {
 		case <-c.done:
@@ -209,6 +201,25 @@ func (c *child) listenAddr(ctx context.Context) (string, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// loggedAddr finds the address a process logged with message msg
+// ({"msg":msg,"addr":...}) in its log file.
+func loggedAddr(path, msg string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var rec struct {
+			Msg  string `json:"msg"`
+			Addr string `json:"addr"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == msg && rec.Addr != "" {
+			return rec.Addr, nil
+		}
+	}
+	return "", fmt.Errorf("%s has no %q line", path, msg)
 }
 
 // exited reports whether the child has ended.

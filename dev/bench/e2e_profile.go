@@ -8,17 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 )
 
-// E2EProfileEnv names the directory where a payouts process built with
-// -tags pprof writes the address of its net/http/pprof listener, as
-// PID.addr. `bench e2e --profile DIR` sets it for every child it starts
-// and collects CPU profiles from each during the run.
-const E2EProfileEnv = "PAYOUTS_PPROF_ADDR_DIR"
+// pprofEnv makes every child the bench starts serve net/http/pprof on a
+// loopback port of its own (--pprof-listen from the environment); each
+// logs the address it bound as {"msg":"pprof listening","addr":...}.
+const pprofEnv = "PAYOUTS_PPROF_LISTEN"
 
 // profileSlice is the length of one CPU profile; a run yields one file
 // per slice per process (`go tool pprof` merges them).
@@ -33,7 +30,8 @@ type profiler struct {
 // startProfiles fetches consecutive CPU profiles from every child that
 // serves pprof until stop is called.
 func (sys *e2eSystem) startProfiles(ctx context.Context, o E2EOptions) *profiler {
-	ctx, cancel := context.WithCancel(ctx)
+	// done ends the loop of slices; the slice in progress is finished.
+	done, cancel := context.WithCancel(ctx)
 	p := &profiler{cancel: cancel}
 	if o.ProfileDir == "" {
 		return p
@@ -45,25 +43,18 @@ func (sys *e2eSystem) startProfiles(ctx context.Context, o E2EOptions) *profiler
 			f.Close()
 		}
 	}
-	addrDir := os.Getenv(E2EProfileEnv)
-	for name, pid := range sys.cpu.pids {
-		if name == "bench" {
-			continue // profiled in process above
-		}
-		b, err := os.ReadFile(filepath.Join(addrDir, strconv.Itoa(pid)+".addr"))
+	for name, logPath := range sys.logs {
+		addr, err := loggedAddr(logPath, "pprof listening")
 		if err != nil {
-			if name != "postgres" {
-				o.Logger.Warn("no pprof address for a process (build with -tags pprof to profile it)", "process", name)
-			}
+			o.Logger.Warn("no pprof address for a process", "process", name, "error", err.Error())
 			continue
 		}
-		addr := strings.TrimSpace(string(b))
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			for k := 0; ctx.Err() == nil; k++ {
+			for k := 0; done.Err() == nil; k++ {
 				path := filepath.Join(o.ProfileDir, fmt.Sprintf("%s-%03d.pprof", name, k))
-				if err := fetchProfile(ctx, addr, path); err != nil && ctx.Err() == nil {
+				if err := fetchProfile(ctx, addr, path); err != nil {
 					o.Logger.Warn("cpu profile failed", "process", name, "error", err.Error())
 					return
 				}
@@ -73,7 +64,7 @@ func (sys *e2eSystem) startProfiles(ctx context.Context, o E2EOptions) *profiler
 	return p
 }
 
-// stop ends profiling; the slice in progress is dropped.
+// stop ends profiling once every slice in progress is written.
 func (p *profiler) stop() {
 	p.cancel()
 	p.wg.Wait()
