@@ -198,12 +198,12 @@ func bringUp(ctx context.Context, o E2EOptions) (*e2eSystem, error) {
 	}
 	for i := 1; i <= o.Executors; i++ {
 		name := "executor-" + strconv.Itoa(i)
-		c, err := sys.procs.start(name, false, "run", "executor",
+		// The token travels in the environment, never on a command line.
+		c, err := sys.procs.start(name, []string{"PAYOUTS_TOKEN=" + sys.executorToken}, "run", "executor",
 			"--owner", "bench-"+name,
 			"--lock-url", sys.lockURL,
 			"--payment-url", sys.paymentURLs[(i-1)%len(sys.paymentURLs)],
 			"--proxy-url", sys.proxyURLs[(i-1)%len(sys.proxyURLs)],
-			"--token", sys.executorToken,
 			"--concurrency", strconv.Itoa(o.Concurrency),
 			"--poll-interval", o.PollInterval.String())
 		if err != nil {
@@ -242,7 +242,7 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 			return err
 		}
 		prx, err := sys.startServer(ctx, "proxy-"+strconv.Itoa(i), "serve", "proxy",
-			"--database-url", r.DatabaseURLs.ProxyDB, "--rail-url", r.RailURL, "--rail-token", r.Tokens.Executor,
+			"--database-url", r.DatabaseURLs.ProxyDB, "--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["proxy"],
 			"--listen", "127.0.0.1:0", "--auth-file", authFile)
 		if err != nil {
 			return err
@@ -254,7 +254,7 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 }
 
 func (sys *e2eSystem) startServer(ctx context.Context, name string, args ...string) (string, error) {
-	c, err := sys.procs.start(name, true, args...)
+	c, err := sys.procs.startServer(name, args...)
 	if err != nil {
 		return "", err
 	}

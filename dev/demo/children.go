@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/dev/supervise"
 	"github.com/payouts/payouts/reconcile"
 )
@@ -20,7 +21,9 @@ func (dm *demo) startExecutor(name string, concurrency int, hold string) error {
 	r := dm.st.Ready
 	args := []string{"run", "executor", "--owner", name, "--concurrency", strconv.Itoa(concurrency),
 		"--session-ttl", dm.cfg.SessionTTL.String(), "--poll-interval", "200ms",
-		"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--token", r.Tokens.Executor}
+		"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL,
+		"--token-file", r.TokenFiles["executor"]}
+	args = append(args, caArgs(r)...)
 	var env []string
 	if dm.cfg.HoldEnv != "" {
 		// Armed (or, with "", disarmed) for this one child only.
@@ -95,10 +98,12 @@ func (dm *demo) reconcile(ctx context.Context, pass int) (*reconcile.Report, int
 	logPath := filepath.Join(r.Dir, "logs", name+".log")
 	reportPath := filepath.Join(r.Dir, "logs", name+".json")
 	p, err := supervise.Start(supervise.Spec{Name: name, Path: dm.cfg.Binary, Log: logPath, Stdout: reportPath,
-		Args: []string{"reconcile", "--once", "--json",
+		Args: append([]string{"reconcile", "--once", "--json",
 			"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL,
-			"--token", r.Tokens.Reconciler, "--rail-token", r.Tokens.Operator, "--owner", "demo-" + name,
-			"--settlement-window", dm.cfg.SettlementWindow.String(), "--ambiguity-sla", "1h", "--max-findings", "100000"}})
+			// The rail's settlement report is the operator's to read: the
+			// reconciler is given that credential explicitly.
+			"--token-file", r.TokenFiles["reconciler"], "--rail-token-file", r.TokenFiles["operator"], "--owner", "demo-" + name,
+			"--settlement-window", dm.cfg.SettlementWindow.String(), "--ambiguity-sla", "1h", "--max-findings", "100000"}, caArgs(r)...)})
 	if err != nil {
 		return nil, 0, fmt.Errorf("run the reconciler: %w", err)
 	}
@@ -118,4 +123,12 @@ func (dm *demo) reconcile(ctx context.Context, pass int) (*reconcile.Report, int
 		return nil, code, fmt.Errorf("the reconciler could not run (exit %d); see %s", code, logPath)
 	}
 	return rep, code, nil
+}
+
+// caArgs makes a client child trust the stack's throwaway CA, if it has one.
+func caArgs(r stack.Ready) []string {
+	if r.TLS == nil {
+		return nil
+	}
+	return []string{"--ca-file", r.TLS.CA}
 }
