@@ -19,6 +19,7 @@ func newServePaymentCmd() *cobra.Command {
 		currency    string
 		ledgerCheck time.Duration
 		maxConns    int32
+		sla         time.Duration
 	)
 	c := &cobra.Command{
 		Use:   "payment",
@@ -38,6 +39,7 @@ func newServePaymentCmd() *cobra.Command {
 				Auth:                env.Auth,
 				LedgerCheckInterval: ledgerCheck,
 				MaxConns:            maxConns,
+				ResolutionSLA:       sla,
 			})
 		},
 	}
@@ -45,5 +47,6 @@ func newServePaymentCmd() *cobra.Command {
 	c.Flags().StringVar(&currency, "currency", payment.DefaultCurrency, "the one currency of every account and payout (ISO 4217 code)")
 	c.Flags().DurationVar(&ledgerCheck, "ledger-check-interval", 30*time.Second, "how often balances are compared with the ledger (INV-03)")
 	c.Flags().Int32Var(&maxConns, "max-db-conns", 16, "largest number of paydb connections")
+	c.Flags().DurationVar(&sla, "resolution-sla", payment.DefaultResolutionSLA, "how long a payout must have been RAIL_AMBIGUOUS before an operator may abandon it")
 	return c
 }
