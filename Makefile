@@ -70,7 +70,6 @@ bench:
 # engine has; set DOCKER_BUILDKIT=1 where buildx is installed.
 IMAGE ?= payouts
 IMAGE_CONTEXT := bin/image
-REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 DOCKER ?= docker
 DOCKER_BUILDKIT ?= 0
 

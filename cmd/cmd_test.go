@@ -79,7 +79,7 @@ func TestCommandFlags(t *testing.T) {
 		"payouts lock bump-tokens": nil,
 		"payouts serve proxy":      {"rail-url"},
 	}
-	withOutput := []string{"payouts payout", "payouts lock", "payouts version", "payouts migrate", "payouts reconcile", "payouts dev up"}
+	withOutput := []string{"payouts payout", "payouts lock", "payouts version", "payouts migrate", "payouts reconcile", "payouts dev up", "payouts status"}
 	withJSON := map[string]bool{"payouts reconcile": true, "payouts dev up": true}
 	seen := map[string]bool{}
 	walk(NewRoot(), func(c *cobra.Command) {

@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/payouts/payouts/dev/stack"
-	"github.com/payouts/payouts/internal/obs"
 )
 
 func newDevUpCmd(a *app) *cobra.Command {
@@ -41,13 +40,15 @@ func newDevUpCmd(a *app) *cobra.Command {
 			case <-ctx.Done():
 				logger.Info("stopping the stack")
 			case runErr = <-st.Failed():
-				logger.Error("a role exited; stopping the stack", obs.KeyError, runErr.Error())
+				// Said once, on one line, by the exit below.
 			}
 			if err := st.Stop(); err != nil && runErr == nil {
 				runErr = err
+			} else if err != nil {
+				runErr = fmt.Errorf("%w; %w", runErr, err)
 			}
 			if runErr != nil {
-				return &ExitError{Code: 1, Err: runErr}
+				return &ExitError{Code: 1, Err: fmt.Errorf("the stack stopped: %w", runErr)}
 			}
 			return nil
 		},

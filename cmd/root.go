@@ -10,9 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -71,6 +69,7 @@ func newRoot(a *app) *cobra.Command {
 		newPayoutCmd(a),
 		newLockCmd(a),
 		newMigrateCmd(a),
+		newStatusCmd(a),
 		dev,
 		newBenchCmd(a),
 		newVersionCmd(a),
@@ -78,18 +77,11 @@ func newRoot(a *app) *cobra.Command {
 	return root
 }
 
-// Execute runs the command line and returns the process exit code. The
-// first SIGINT or SIGTERM cancels the command's context (servers drain,
-// the executor finishes its steps and releases its locks); after it the
-// signals' default action is restored, so a second one ends the process at
-// once.
+// Execute runs the command line and returns the process exit code; see
+// interruptContext for what SIGINT and SIGTERM do.
 func Execute() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := interruptContext()
 	defer stop()
-	go func() {
-		<-ctx.Done()
-		stop()
-	}()
 	return run(ctx, NewRoot(), os.Stderr)
 }
 

@@ -55,13 +55,14 @@ type serverEnv struct {
 	TLS         *tls.Config // nil: plain HTTP
 	DatabaseURL string
 	pprof       string
+	reloads     map[string]func() error // on SIGHUP
 }
 
 // setup validates the common flags, builds the authenticator and the TLS
 // configuration, and applies migrations when asked.
 func (f *serverFlags) setup(cmd *cobra.Command, a *app) (*serverEnv, error) {
 	usage := func(err error) error { return &ExitError{Code: 2, Err: err} }
-	env := &serverEnv{Logger: a.logger(cmd, f.role), Registry: a.registry, pprof: f.pprof.addr}
+	env := &serverEnv{Logger: a.logger(cmd, f.role), Registry: a.registry, pprof: f.pprof.addr, reloads: map[string]func() error{}}
 	if err := f.pprof.check(); err != nil {
 		return nil, usage(err)
 	}
@@ -72,14 +73,19 @@ func (f *serverFlags) setup(cmd *cobra.Command, a *app) (*serverEnv, error) {
 	if env.Auth, err = auth.FromFlags(f.authFile, f.insecure); err != nil {
 		return nil, usage(err)
 	}
+	if f.authFile != "" {
+		env.reloads["auth file "+f.authFile] = env.Auth.Reload
+	}
 	if f.insecure {
 		env.Logger.Warn("authentication is off (--insecure-no-auth): every caller is treated as an operator")
 	}
 	switch {
 	case f.tlsCert != "" || f.tlsKey != "":
-		if env.TLS, err = httpx.ServerTLS(f.tlsCert, f.tlsKey, f.tlsClientCA); err != nil {
+		st, err := httpx.NewServerTLS(f.tlsCert, f.tlsKey, f.tlsClientCA)
+		if err != nil {
 			return nil, usage(err)
 		}
+		env.TLS, env.reloads["TLS certificate "+f.tlsCert] = st.Config(), st.Reload
 	case f.tlsClientCA != "":
 		return nil, usage(errors.New("--tls-client-ca-file needs --tls-cert-file and --tls-key-file"))
 	}
@@ -101,7 +107,14 @@ func (f *serverFlags) setup(cmd *cobra.Command, a *app) (*serverEnv, error) {
 }
 
 // run runs the role (and the pprof listener, when asked for) until ctx
-// ends or one of them fails.
+// ends or one of them fails; SIGHUP re-reads the auth file and the TLS
+// certificate and key.
 func (e *serverEnv) run(ctx context.Context, role func(context.Context) error) error {
-	return runWithPprof(ctx, e.pprof, e.Logger, role)
+	if len(e.reloads) == 0 {
+		return runWithPprof(ctx, e.pprof, e.Logger, role)
+	}
+	var g httpx.Group
+	g.Add(func(ctx context.Context) error { return runWithPprof(ctx, e.pprof, e.Logger, role) })
+	g.Add(func(ctx context.Context) error { return reloadOnHangup(ctx, e.Logger, e.reloads) })
+	return g.Run(ctx)
 }

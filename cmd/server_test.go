@@ -2,9 +2,12 @@ package cmd
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -86,5 +89,31 @@ func TestSecretFiles(t *testing.T) {
 	code, _, errOut := runArgs(t, "migrate", "--db", "paydb", "--database-url-file", filepath.Join(dir, "missing"))
 	if code != 2 || !strings.Contains(errOut, "--database-url-file") {
 		t.Fatalf("migrate with a missing --database-url-file: exit %d, %q", code, errOut)
+	}
+}
+
+// Each SIGHUP runs every reload; a failing one is logged and the others
+// still run.
+func TestReloadOnHangup(t *testing.T) {
+	hup := make(chan os.Signal)
+	ctx, cancel := context.WithCancel(context.Background())
+	calls := make(chan string, 8)
+	done := make(chan error, 1)
+	go func() {
+		done <- reloadOn(ctx, hup, slog.New(slog.DiscardHandler), map[string]func() error{
+			"auth": func() error { calls <- "auth"; return nil },
+			"tls":  func() error { calls <- "tls"; return errors.New("broken key") },
+		})
+	}()
+	for range 2 {
+		hup <- syscall.SIGHUP
+		got := map[string]bool{<-calls: true, <-calls: true}
+		if !got["auth"] || !got["tls"] {
+			t.Fatalf("one SIGHUP ran %v; want both reloads", got)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,6 +1,7 @@
 package deploy_test
 
 import (
+	"context"
 	"net/url"
 	"os"
 	"os/exec"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/compose-spec/compose-go/v2/cli"
+	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v2"
 
@@ -16,41 +19,19 @@ import (
 
 const composeFile = "compose.yaml"
 
-type composeService struct {
-	Image       string            `yaml:"image"`
-	Command     []string          `yaml:"command"`
-	Environment map[string]string `yaml:"environment"`
-	Secrets     []string          `yaml:"secrets"`
-	ReadOnly    bool              `yaml:"read_only"`
-	Deploy      struct {
-		Replicas int `yaml:"replicas"`
-	} `yaml:"deploy"`
-}
-
-func loadCompose(t *testing.T) map[string]composeService {
+// loadCompose loads deploy/compose.yaml as Docker Compose does: schema
+// validation, anchors and merges resolved, then checked for consistency.
+func loadCompose(t *testing.T) *types.Project {
 	t.Helper()
-	raw, err := os.ReadFile(composeFile)
+	opts, err := cli.NewProjectOptions([]string{composeFile}, cli.WithName("payouts"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var doc struct {
-		Services map[string]composeService `yaml:"services"`
-		Secrets  map[string]struct {
-			File string `yaml:"file"`
-		} `yaml:"secrets"`
-	}
-	// Not strict: the file's x- extension blocks and keys this test does not read.
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
+	p, err := opts.LoadProject(context.Background())
+	if err != nil {
 		t.Fatalf("%s: %v", composeFile, err)
 	}
-	for name, s := range doc.Services {
-		for _, sec := range s.Secrets {
-			if doc.Secrets[sec].File == "" {
-				t.Errorf("service %s uses secret %q, which is not declared as a file", name, sec)
-			}
-		}
-	}
-	return doc.Services
+	return p
 }
 
 // secretFlags must never be given on a command line: each has a -file form.
@@ -60,9 +41,9 @@ var secretFlags = []string{"token", "rail-token", "insecure-no-auth"}
 // deploy/compose.yaml with the binary's own command tree, so a renamed or
 // removed flag breaks this test rather than a deployment.
 func TestComposeCommandLines(t *testing.T) {
-	services := loadCompose(t)
+	project := loadCompose(t)
 	replicas := map[string]int{}
-	for name, s := range services {
+	for name, s := range project.Services {
 		if !strings.HasPrefix(s.Image, "payouts:") {
 			continue
 		}
@@ -74,9 +55,9 @@ func TestComposeCommandLines(t *testing.T) {
 			continue
 		}
 		path, flags := checkCommandLine(t, name, s.Command)
-		n := s.Deploy.Replicas
-		if n == 0 {
-			n = 1
+		n := 1
+		if s.Deploy != nil && s.Deploy.Replicas != nil {
+			n = *s.Deploy.Replicas
 		}
 		replicas[path] += n
 		for _, f := range secretFlags {
@@ -100,6 +81,11 @@ func TestComposeCommandLines(t *testing.T) {
 				t.Errorf("%s: %s: give flags on the command line and secrets as files", name, k)
 			}
 		}
+		for _, sec := range s.Secrets {
+			if project.Secrets[sec.Source].File == "" {
+				t.Errorf("%s: secret %q is not a file", name, sec.Source)
+			}
+		}
 	}
 	want := map[string]int{"serve lock": 2, "serve payment": 1, "serve proxy": 1, "serve rail": 1, "run executor": 2, "reconcile": 1}
 	for path, n := range want {
@@ -108,13 +94,13 @@ func TestComposeCommandLines(t *testing.T) {
 		}
 	}
 	etcd := 0
-	for _, s := range services {
+	for _, s := range project.Services {
 		if strings.Contains(s.Image, "etcd") {
 			etcd++
 		}
 	}
 	for _, svc := range []string{"postgres", "prometheus", "grafana"} {
-		if _, ok := services[svc]; !ok {
+		if _, ok := project.Services[svc]; !ok {
 			t.Errorf("compose has no %s service", svc)
 		}
 	}

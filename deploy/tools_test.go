@@ -30,13 +30,13 @@ func tool(t *testing.T, name string) string {
 }
 
 var (
-	metricLiteralRE = regexp.MustCompile(`"(payouts_[a-z0-9_]+)"`)
+	metricLiteralRE = regexp.MustCompile(`(?:Name:\s*|NewDesc\(\s*)"(payouts_[a-z0-9_]+)"`)
 	metricRefRE     = regexp.MustCompile(`\bpayouts_[a-z0-9_]+\b`)
 )
 
 // exportedMetrics reads the names of the metrics the roles register from
-// their source: every "payouts_..." string literal in a production Go file
-// outside the dev tooling and the tests.
+// their source: every "payouts_..." metric name given as Name: or to
+// NewDesc in a production Go file outside the dev tooling and the tests.
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}

@@ -57,8 +57,11 @@ func TestImage(t *testing.T) {
 	if out, err := d.cmd("run", "--rm", "--network", "host", "--entrypoint", "/bin/sh", image, "-c", "true").CombinedOutput(); err == nil {
 		t.Errorf("the image has a shell (/bin/sh ran):\n%s", out)
 	}
-	if out, err := d.cmd("run", "--rm", "--network", "host", "--read-only", image, "version").CombinedOutput(); err != nil || !strings.Contains(string(out), "payouts") {
+	var version struct{ Version, Revision, Go string }
+	if out, err := d.cmd("run", "--rm", "--network", "host", "--read-only", image, "version", "-o", "json").Output(); err != nil {
 		t.Errorf("payouts version in the image: %v\n%s", err, out)
+	} else if err := json.Unmarshal(out, &version); err != nil || version.Version != "e2e" || len(version.Revision) < 7 {
+		t.Errorf("payouts version in the image: %q (%v), want version e2e and the revision stamped", out, err)
 	}
 
 	// The test's infrastructure, on loopback.
@@ -83,13 +86,15 @@ func TestImage(t *testing.T) {
 	}
 	t.Cleanup(etcd.Close)
 
-	// Secrets as files, mounted read-only and readable only by the image's user.
+	// Secrets as files, mounted read-only and readable only by the image's
+	// user; none is on a command line or in the environment.
 	secrets := filepath.Join(dir, "secrets")
 	tokens := writeImageAuth(t, secrets)
-	railToken := tokens[auth.Executor]
-	if tok, ok := tokens["proxy"]; ok {
-		railToken = tok
-	}
+	writeSecret(t, secrets, "executor_token", tokens[auth.Executor])
+	writeSecret(t, secrets, "proxy_rail_token", tokens[auth.Proxy])
+	writeSecret(t, secrets, "paydb_url", pg.URL("paydb"))
+	writeSecret(t, secrets, "proxydb_url", pg.URL("proxydb"))
+	mounts := []string{secrets + ":/run/secrets:ro"}
 
 	url := func(port int) string { return "http://127.0.0.1:" + strconv.Itoa(port) }
 	port := func() int {
@@ -100,23 +105,23 @@ func TestImage(t *testing.T) {
 		return p
 	}
 	lockPort, payPort, proxyPort, railPort := port(), port(), port(), port()
-	server := func(role string, p int, env []string, args ...string) string {
+	server := func(role string, p int, args ...string) string {
 		args = append([]string{"serve", role, "--listen", "127.0.0.1:" + strconv.Itoa(p), "--auth-file", "/run/secrets/auth.json"}, args...)
-		return d.run(t, role, []string{secrets + "/auth.json:/run/secrets/auth.json:ro"}, env, image, args...)
+		return d.run(t, role, mounts, image, args...)
 	}
 	containers := map[string]string{}
-	containers["rail"] = server("rail", railPort, nil, "--settlement-window", "2s")
-	containers["lock"] = server("lock", lockPort, nil, "--backend", "etcd", "--etcd-endpoints", strings.Join(etcd.Endpoints(), ","))
-	containers["payment"] = server("payment", payPort, []string{"PAYOUTS_DATABASE_URL=" + pg.URL("paydb")}, "--migrate")
-	containers["proxy"] = server("proxy", proxyPort, []string{"PAYOUTS_DATABASE_URL=" + pg.URL("proxydb"), "PAYOUTS_RAIL_TOKEN=" + railToken},
-		"--migrate", "--rail-url", url(railPort), "--rail-timeout", "5s")
+	containers["rail"] = server("rail", railPort, "--settlement-window", "2s")
+	containers["lock"] = server("lock", lockPort, "--backend", "etcd", "--etcd-endpoints", strings.Join(etcd.Endpoints(), ","))
+	containers["payment"] = server("payment", payPort, "--migrate", "--database-url-file", "/run/secrets/paydb_url")
+	containers["proxy"] = server("proxy", proxyPort, "--migrate", "--database-url-file", "/run/secrets/proxydb_url",
+		"--rail-url", url(railPort), "--rail-token-file", "/run/secrets/proxy_rail_token", "--rail-timeout", "5s")
 	for role, p := range map[string]int{"rail": railPort, "lock": lockPort, "payment": payPort, "proxy": proxyPort} {
-		if err := proctest.WaitReady(ctxT(t, 2*time.Minute), url(p)); err != nil {
+		if err := proctest.WaitReady(ctxT(t, 5*time.Minute), url(p)); err != nil {
 			t.Fatalf("%s in the image: %v\n%s", role, err, d.logs(containers[role]))
 		}
 	}
-	containers["executor"] = d.run(t, "executor", nil, []string{"PAYOUTS_TOKEN=" + tokens[auth.Executor]}, image,
-		"run", "executor", "--lock-url", url(lockPort), "--payment-url", url(payPort), "--proxy-url", url(proxyPort),
+	containers["executor"] = d.run(t, "executor", mounts, image,
+		"run", "executor", "--token-file", "/run/secrets/executor_token", "--lock-url", url(lockPort), "--payment-url", url(payPort), "--proxy-url", url(proxyPort),
 		"--owner", "image-executor", "--poll-interval", "200ms", "--session-ttl", "10s")
 
 	// Pay a few payouts end to end.
@@ -134,7 +139,7 @@ func TestImage(t *testing.T) {
 		s.createPayout(t, id, fmt.Sprintf("img-acc-%d", i%2+1), int64(1000+i), "NL00BANK"+strconv.Itoa(i))
 	}
 	for _, id := range ids {
-		p := s.waitPayoutState(t, id, 3*time.Minute, pc.Posted)
+		p := s.waitPayoutState(t, id, 5*time.Minute, pc.Posted)
 		if paid := s.railPayments(t)[p.ClientRef]; len(paid) != 1 {
 			t.Errorf("payout %s: %d payments at the rail, want 1", id, len(paid))
 		}
@@ -181,8 +186,8 @@ func TestImage(t *testing.T) {
 	}
 }
 
-// writeImageAuth writes an auth file with one token per role into dir,
-// owned by the image's user and readable by it alone, and returns the tokens.
+// writeImageAuth writes an auth file with one token per role into dir and
+// returns the tokens.
 func writeImageAuth(t *testing.T, dir string) map[auth.Role]string {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -200,20 +205,21 @@ func writeImageAuth(t *testing.T, dir string) map[auth.Role]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(dir, "auth.json")
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if os.Getuid() == 0 {
-		if err := os.Chown(path, imageUID, imageUID); err != nil {
-			t.Fatal(err)
-		}
-	} else if err := os.Chmod(path, 0o644); err != nil {
-		// Not root: the file cannot be given to the image's user, so it
-		// must be readable by everyone for the container to read it.
-		t.Fatal(err)
-	}
+	writeSecret(t, dir, "auth.json", string(b))
 	return tokens
+}
+
+// writeSecret writes one secret file, owned by the image's user and
+// readable by it alone (servers refuse an auth file others can read).
+func writeSecret(t *testing.T, dir, name, content string) {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(path, imageUID, imageUID); err != nil {
+		t.Fatalf("give %s to the image's user %d: %v (the image test runs as root)", name, imageUID, err)
+	}
 }
 
 // processUID reads the real uid of a host process.
@@ -314,7 +320,7 @@ func dockerDaemon(t *testing.T) *docker {
 		_ = os.RemoveAll(root)
 	})
 	d.env = []string{"DOCKER_HOST=unix://" + sock}
-	deadline := time.Now().Add(2 * time.Minute)
+	deadline := time.Now().Add(5 * time.Minute)
 	for d.cmd("info").Run() != nil {
 		select {
 		case <-done:
@@ -324,7 +330,7 @@ func dockerDaemon(t *testing.T) *docker {
 		}
 		if time.Now().After(deadline) {
 			log, _ := os.ReadFile(filepath.Join(root, "dockerd.log"))
-			unavailable("dockerd did not answer within 2 minutes:\n%s", tailLines(string(log), 20))
+			unavailable("dockerd did not answer within 5 minutes:\n%s", tailLines(string(log), 20))
 		}
 	}
 	return d
@@ -367,15 +373,12 @@ func (d *docker) buildImage(t *testing.T) string {
 
 // run starts a detached container on the host network with a read-only
 // root filesystem and returns its id; it is removed at the end.
-func (d *docker) run(t *testing.T, name string, mounts, env []string, image string, args ...string) string {
+func (d *docker) run(t *testing.T, name string, mounts []string, image string, args ...string) string {
 	t.Helper()
 	full := []string{"run", "--detach", "--name", d.prefix + "-" + name, "--network", "host", "--read-only",
 		"--cap-drop", "ALL", "--security-opt", "no-new-privileges"}
 	for _, m := range mounts {
 		full = append(full, "--volume", m)
-	}
-	for _, e := range env {
-		full = append(full, "--env", e)
 	}
 	full = append(append(full, image), args...)
 	out, err := d.cmd(full...).Output()

@@ -33,7 +33,7 @@ var wantSeries = []string{
 	"payouts_proxy_guard_disabled", "payouts_rail_payments_total",
 	"payouts_executor_payouts_total", "payouts_executor_step_duration_seconds_bucket",
 	"payouts_reconcile_findings", "payouts_reconcile_last_success_timestamp_seconds",
-	"payouts_http_requests_total",
+	"payouts_http_requests_total", "payouts_build_info",
 }
 
 // TestPrometheusScrapesEveryRole runs Debian's Prometheus server against a
@@ -61,7 +61,7 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 		addr string
 		p    *proctest.Proc
 	}{{execAddr, ex}, {recAddr, rec}} {
-		waitUntil(t, 2*time.Minute, w.p.Name+" /metrics", func() (bool, error) {
+		waitUntil(t, 5*time.Minute, w.p.Name+" /metrics", func() (bool, error) {
 			resp, err := http.Get("http://" + w.addr + "/metrics")
 			if err != nil {
 				if w.p.Exited() {
@@ -76,7 +76,7 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 
 	s.createAccount(t, "prom-acc", 100_000)
 	s.createPayout(t, "prom-po-1", "prom-acc", 1234, "NL00PROM1")
-	s.waitPayoutState(t, "prom-po-1", 2*time.Minute, pc.Posted)
+	s.waitPayoutState(t, "prom-po-1", 5*time.Minute, pc.Posted)
 
 	targets := map[string]string{
 		"lock": hostPort(t, r.LockURL), "payment": hostPort(t, r.PaymentURL), "proxy": hostPort(t, r.ProxyURL),
@@ -85,7 +85,7 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 	api := startPrometheus(t, prometheus, targets, r.Tokens.Operator)
 
 	// Every role is up.
-	waitUntil(t, 2*time.Minute, "every payouts job up", func() (bool, error) {
+	waitUntil(t, 5*time.Minute, "every payouts job up", func() (bool, error) {
 		res, err := promQuery(api, `up{job=~"payouts-.*"}`)
 		if err != nil {
 			return false, err
@@ -103,7 +103,7 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 	})
 
 	// The project's counters arrived.
-	waitUntil(t, time.Minute, "the project's series", func() (bool, error) {
+	waitUntil(t, 3*time.Minute, "the project's series", func() (bool, error) {
 		res, err := promQuery(api, `count by (__name__) ({__name__=~"payouts_.+"})`)
 		if err != nil {
 			return false, err
@@ -127,8 +127,15 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 		t.Errorf("settled payments at the rail through Prometheus: %+v, %v; want 1", res, err)
 	}
 
+	// Every dashboard query runs against the real series.
+	for _, q := range dashboardQueries(t) {
+		if _, err := promQuery(api, q); err != nil {
+			t.Errorf("dashboard query %s: %v", q, err)
+		}
+	}
+
 	// The alert rules load and evaluate against real series.
-	waitUntil(t, time.Minute, "every rule group evaluated", func() (bool, error) {
+	waitUntil(t, 3*time.Minute, "every rule group evaluated", func() (bool, error) {
 		var body struct {
 			Data struct {
 				Groups []struct {
@@ -156,6 +163,48 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 		}
 		return true, nil
 	})
+}
+
+// dashboardQueries reads every query of deploy/grafana/payouts.json, with
+// Grafana's interval variables replaced.
+func dashboardQueries(t *testing.T) []string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "deploy", "grafana", "payouts.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type panel struct {
+		Targets []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+		Panels []json.RawMessage `json:"panels"`
+	}
+	vars := strings.NewReplacer("$__rate_interval", "1m", "$__interval", "15s", "$__range", "1h")
+	var out []string
+	var walk func([]json.RawMessage)
+	walk = func(raws []json.RawMessage) {
+		for _, r := range raws {
+			var p panel
+			if err := json.Unmarshal(r, &p); err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range p.Targets {
+				out = append(out, vars.Replace(q.Expr))
+			}
+			walk(p.Panels)
+		}
+	}
+	var dash struct {
+		Panels []json.RawMessage `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	walk(dash.Panels)
+	if len(out) == 0 {
+		t.Fatal("the dashboard has no queries")
+	}
+	return out
 }
 
 // requireTool finds a command a whole-system test needs. CI installs it
@@ -232,7 +281,7 @@ func startPrometheus(t *testing.T, bin string, targets map[string]string, token 
 		}
 	})
 	api := "http://" + addr
-	waitUntil(t, 2*time.Minute, "prometheus ready", func() (bool, error) {
+	waitUntil(t, 5*time.Minute, "prometheus ready", func() (bool, error) {
 		select {
 		case <-done:
 			b, _ := os.ReadFile(logPath)

@@ -92,6 +92,7 @@ func (o observer) ActiveSessions(n int) { o.s.m.activeSessions.Set(float64(n)) }
 // Mount adds the /v1 routes to r (an authenticated router).
 func (s *Service) Mount(r chi.Router) {
 	r.Route("/v1", func(r chi.Router) {
+		r.Use(auth.Require(auth.Executor, auth.Reconciler, auth.Operator)) // the proxy role is a credential at the rail only
 		r.Post("/sessions", httpx.Handler(s.createSession))
 		r.Get("/sessions/{id}", httpx.Handler(s.getSession))
 		r.Delete("/sessions/{id}", httpx.Handler(s.closeSession))

@@ -127,6 +127,13 @@ func TestRoles(t *testing.T) {
 	wantCode(t, err, problem.Forbidden)
 	_, err = e.recon.Claim(bg, "po-1", 1, "h")
 	wantCode(t, err, problem.Forbidden)
+	// The proxy role is a credential at the rail only: it reads nothing here.
+	_, err = e.proxy.Payout(bg, "po-1")
+	wantCode(t, err, problem.Forbidden)
+	_, err = e.proxy.Work(bg, 10)
+	wantCode(t, err, problem.Forbidden)
+	_, err = e.proxy.Claim(bg, "po-1", 1, "h")
+	wantCode(t, err, problem.Forbidden)
 	if a, _ := e.exec.Account(bg, "acc-1"); a.FenceToken != 0 {
 		t.Fatalf("forbidden request moved the fence: %+v", a)
 	}

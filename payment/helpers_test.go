@@ -42,6 +42,7 @@ const (
 	executorBearer   = "executor-token-0123456789"
 	reconcilerBearer = "reconciler-token-0123456789"
 	operatorBearer   = "operator-token-0123456789"
+	proxyBearer      = "proxy-token-0123456789"
 )
 
 // syncBuffer collects log output from many goroutines.
@@ -72,6 +73,7 @@ type testBundle struct {
 	exec  *pc.Client
 	recon *pc.Client
 	oper  *pc.Client
+	proxy *pc.Client // the rail proxy's credential: valid, but for the rail only
 }
 
 func setup(t testing.TB) *testBundle {
@@ -90,7 +92,8 @@ func setup(t testing.TB) *testBundle {
 	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[
 		{"token":%q,"role":"executor","name":"exec-1"},
 		{"token":%q,"role":"reconciler","name":"recon-1"},
-		{"token":%q,"role":"operator","name":"alice"}]}`, executorBearer, reconcilerBearer, operatorBearer)))
+		{"token":%q,"role":"operator","name":"alice"},
+		{"token":%q,"role":"proxy","name":"proxy-1"}]}`, executorBearer, reconcilerBearer, operatorBearer, proxyBearer)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +105,7 @@ func setup(t testing.TB) *testBundle {
 	for _, c := range []struct {
 		dst    **pc.Client
 		bearer string
-	}{{&e.exec, executorBearer}, {&e.recon, reconcilerBearer}, {&e.oper, operatorBearer}} {
+	}{{&e.exec, executorBearer}, {&e.recon, reconcilerBearer}, {&e.oper, operatorBearer}, {&e.proxy, proxyBearer}} {
 		cl, err := pc.New(ts.URL, c.bearer, httpx.WithTimeout(time.Minute))
 		if err != nil {
 			t.Fatal(err)

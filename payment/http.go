@@ -29,19 +29,24 @@ var opRoles = map[Op][]auth.Role{
 func (s *Service) Mount(r chi.Router) {
 	r.Route("/v1", func(r chi.Router) {
 		r.With(auth.Require(auth.Operator)).Post("/accounts", httpx.Handler(s.handleCreateAccount))
-		r.Get("/accounts", httpx.Handler(s.handleListAccounts))
-		r.Get("/accounts/{id}", httpx.Handler(s.handleGetAccount))
 		r.With(auth.Require(auth.Operator)).Post("/payouts", httpx.Handler(s.handleCreatePayout))
-		r.Get("/payouts", httpx.Handler(s.handleListPayouts))
-		r.Get("/payouts/{id}", httpx.Handler(s.handleGetPayout))
-		r.Get("/payouts/{id}/events", httpx.Handler(s.handlePayoutEvents))
 		for _, op := range Ops {
 			r.With(auth.Require(opRoles[op]...)).Post("/payouts/{id}/"+string(op), httpx.Handler(s.handleMutation(op)))
 		}
-		r.Get("/work", httpx.Handler(s.handleWork))
-		r.Get("/ledger", httpx.Handler(s.handleLedger))
-		r.Get("/safety-events", httpx.Handler(s.handleSafetyEvents))
-		r.Get("/fences/high", httpx.Handler(s.handleHighFence))
+		r.Group(func(r chi.Router) {
+			// Every caller role reads; the proxy role is a credential at the
+			// rail only.
+			r.Use(auth.Require(auth.Executor, auth.Reconciler, auth.Operator))
+			r.Get("/accounts", httpx.Handler(s.handleListAccounts))
+			r.Get("/accounts/{id}", httpx.Handler(s.handleGetAccount))
+			r.Get("/payouts", httpx.Handler(s.handleListPayouts))
+			r.Get("/payouts/{id}", httpx.Handler(s.handleGetPayout))
+			r.Get("/payouts/{id}/events", httpx.Handler(s.handlePayoutEvents))
+			r.Get("/work", httpx.Handler(s.handleWork))
+			r.Get("/ledger", httpx.Handler(s.handleLedger))
+			r.Get("/safety-events", httpx.Handler(s.handleSafetyEvents))
+			r.Get("/fences/high", httpx.Handler(s.handleHighFence))
+		})
 	})
 }
 

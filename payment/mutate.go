@@ -81,7 +81,8 @@ func (c Command) event() Event {
 // rejection is why a fenced transaction was rolled back; it is recorded as
 // a safety event after the rollback, in a transaction of its own.
 type rejection struct {
-	fenced bool // guard 1 refused the token
+	fenced bool  // guard 1 refused the token
+	fence  fence // what guard 1 answered (the fence that refused)
 	state  pc.State
 	event  Event
 	payout pc.Payout
@@ -113,6 +114,9 @@ func (s *Service) Apply(ctx context.Context, payoutID string, cmd Command) (pc.P
 		return pc.Payout{}, err
 	}
 	if rej != nil {
+		if hook := s.afterRefusal.Load(); hook != nil {
+			(*hook)()
+		}
 		return pc.Payout{}, s.reject(ctx, accountID, payoutID, cmd, rej)
 	}
 	return p, nil
@@ -125,13 +129,14 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 
-	balance, ok, err := advanceFence(ctx, tx, accountID, cmd.Token, cmd.Holder)
+	f, err := advanceFence(ctx, tx, accountID, cmd.Token, cmd.Holder)
 	if err != nil {
 		return pc.Payout{}, nil, fmt.Errorf("advance fence: %w", err)
 	}
-	if !ok {
-		return pc.Payout{}, &rejection{fenced: true}, nil
+	if !f.accepted {
+		return pc.Payout{}, &rejection{fenced: true, fence: f}, nil
 	}
+	balance := f.balance
 	p, err := getPayout(ctx, tx, payoutID, true)
 	if err != nil {
 		return pc.Payout{}, nil, err
@@ -258,10 +263,16 @@ func (s *Service) reject(ctx context.Context, accountID, payoutID string, cmd Co
 	// Evidence must outlive a caller that hangs up.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	var stored int64
-	var storedHolder string
-	if err := s.pool.QueryRow(ctx, `SELECT fence_token, fence_holder FROM account WHERE id = $1`, accountID).Scan(&stored, &storedHolder); err != nil {
-		return fmt.Errorf("read fence after rejection: %w", err)
+	// A fenced-out request is judged from the fence that refused it, as
+	// guard 1's own statement returned it: a fence read now could have moved
+	// since and hide a token regression. A rejected transition passed the
+	// guard inside a transaction that was rolled back; its evidence shows
+	// the fence as it stands.
+	stored, storedHolder := int64(rej.fence.token), string(rej.fence.holder)
+	if !rej.fenced {
+		if err := s.pool.QueryRow(ctx, `SELECT fence_token, fence_holder FROM account WHERE id = $1`, accountID).Scan(&stored, &storedHolder); err != nil {
+			return fmt.Errorf("read fence after rejection: %w", err)
+		}
 	}
 	log := s.logFor(ctx).With(obs.KeyKey, key, obs.KeyToken, int64(cmd.Token), "stored_token", stored,
 		obs.KeyHolder, string(cmd.Holder), "stored_holder", storedHolder,

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,6 +54,10 @@ type Service struct {
 	log      *slog.Logger
 	m        *metrics
 	interval time.Duration
+
+	// afterRefusal, when set (tests only), runs after a refused mutation's
+	// transaction has ended and before its evidence is recorded.
+	afterRefusal atomic.Pointer[func()]
 }
 
 // New connects to paydb and creates the system accounts (funding and

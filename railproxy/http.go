@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -21,39 +19,41 @@ import (
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
-var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
-
-const (
-	maxAmount = 1_000_000_000_000_000 // exclusive (DESIGN D-14)
-	maxIDLen  = 200
-)
-
+// validateSubmit checks a submission against the limits every role shares
+// (internal/wire: the payment resource accepted this payout under the same
+// ones) and that client_ref is the payout's own reference (D-10): a
+// reference that is not derived from payout_id could plant a payment under
+// another payout's reference and mislead its later lookup.
 func validateSubmit(r proxyclient.SubmitRequest) error {
-	text := []struct{ name, v string }{
-		{"payout_id", r.PayoutID}, {"account_id", r.AccountID}, {"holder", string(r.Holder)},
-		{"client_ref", r.ClientRef}, {"beneficiary_ref", r.BeneficiaryRef},
+	if err := wire.ValidID("payout_id", r.PayoutID); err != nil {
+		return err
 	}
-	for _, f := range text {
-		if strings.TrimSpace(f.v) == "" {
-			return problem.New(problem.InvalidRequest, "%s is required", f.name)
-		}
-		if len(f.v) > maxIDLen {
-			return problem.New(problem.InvalidRequest, "%s is longer than %d characters", f.name, maxIDLen)
-		}
-		if strings.ContainsRune(f.v, 0) {
-			return problem.New(problem.InvalidRequest, "%s must not contain NUL characters", f.name)
-		}
+	if err := wire.ValidID("account_id", r.AccountID); err != nil {
+		return err
 	}
-	if !r.Token.Valid() {
-		return problem.New(problem.InvalidRequest, "token is required and must be a positive integer below 2^53, got %d", int64(r.Token))
+	if err := wire.ValidFence(r.Token, r.Holder); err != nil {
+		return err
 	}
-	if r.Amount <= 0 || r.Amount >= maxAmount {
-		return problem.New(problem.InvalidRequest, "amount must be a positive integer in minor units below 10^15, got %d", r.Amount)
+	if want := wire.ClientRef(r.PayoutID); r.ClientRef != want {
+		return wire.BadField("client_ref", "must be the payout's client reference %q (DESIGN D-10), got %q", want, r.ClientRef)
 	}
-	if !currencyRE.MatchString(r.Currency) {
-		return problem.New(problem.InvalidRequest, "currency must be a three-letter upper-case ISO 4217 code, got %q", r.Currency)
+	if err := wire.ValidAmount("amount", r.Amount, false); err != nil {
+		return err
 	}
-	return nil
+	if err := wire.ValidCurrency("currency", r.Currency); err != nil {
+		return err
+	}
+	return wire.ValidRef("beneficiary_ref", r.BeneficiaryRef)
+}
+
+// payoutParam reads the payout id of the path: an id that cannot exist is
+// not found, and never reaches SQL.
+func payoutParam(r *http.Request) (string, error) {
+	id := chi.URLParam(r, "payout_id")
+	if !wire.IDPattern.MatchString(id) {
+		return "", problem.New(problem.NotFound, "no payout %q: payout ids are 1-%d characters of A-Z a-z 0-9 . _ -", id, wire.MaxIDLen)
+	}
+	return id, nil
 }
 
 // dbTimeout bounds each detached database step of a submission.
@@ -74,14 +74,17 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	// commit would leave us not knowing whether the intent was written.
 	detached := context.WithoutCancel(r.Context())
 	ctx, cancel := context.WithTimeout(detached, dbTimeout)
-	rec, res, err := s.st.writeIntent(ctx, req)
+	rec, hw, res, err := s.st.writeIntent(ctx, req)
 	cancel()
 	if err != nil {
 		return problem.Wrap(problem.Unavailable, err, "the submission could not be recorded; it was not forwarded")
 	}
 	switch res {
 	case intentFenced:
-		return s.fencedOut(detached, log, req)
+		if hook := s.afterRefusal.Load(); hook != nil {
+			(*hook)()
+		}
+		return s.fencedOut(detached, log, req, hw)
 	case intentExists:
 		return s.duplicate(detached, log, req)
 	}
@@ -111,11 +114,11 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	}
 }
 
-func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, req proxyclient.SubmitRequest) error {
+func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, req proxyclient.SubmitRequest, refusedBy mark) error {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	key := fencing.Key(req.AccountID)
-	ev, err := s.st.recordFenced(ctx, req, fmt.Sprintf("submission of payout %s refused at the proxy: token %d is not above the account's high-water mark", req.PayoutID, req.Token))
+	ev, err := s.st.recordFenced(ctx, req, refusedBy, fmt.Sprintf("submission of payout %s refused at the proxy: token %d is not above the account's high-water mark", req.PayoutID, req.Token))
 	s.m.fencedOut.Inc()
 	s.m.submissions.WithLabelValues(string(proxyclient.OutcomeFenced)).Inc()
 	s.m.safetyEvents.WithLabelValues(proxyclient.KindFencedOut).Inc()
@@ -155,7 +158,10 @@ func (s *Server) duplicate(ctx context.Context, log *slog.Logger, req proxyclien
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
-	payoutID := chi.URLParam(r, "payout_id")
+	payoutID, err := payoutParam(r)
+	if err != nil {
+		return err
+	}
 	all := r.URL.Query().Get("all")
 	switch all {
 	case "", "false":

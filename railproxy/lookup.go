@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payouts/payouts/internal/httpx"
@@ -28,7 +27,10 @@ type evidence struct {
 
 func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
-	payoutID := chi.URLParam(r, "payout_id")
+	payoutID, err := payoutParam(r)
+	if err != nil {
+		return err
+	}
 	if r.ContentLength != 0 {
 		var body struct{}
 		if err := httpx.DecodeJSON(r, &body); err != nil {

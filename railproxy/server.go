@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -80,6 +81,10 @@ type Server struct {
 
 	forwards sync.WaitGroup // detached rail calls still running
 	inflight sync.Map       // payout id -> struct{} while its rail call runs
+
+	// afterRefusal, when set (tests only), runs after a fenced-out
+	// submission's transaction has ended and before its evidence is recorded.
+	afterRefusal atomic.Pointer[func()]
 }
 
 // New connects to proxydb and builds the proxy. Close releases the pool.
@@ -167,16 +172,24 @@ func (s *Server) Close() {
 }
 
 func (s *Server) routes(r chi.Router) {
+	readers := auth.Require(auth.Executor, auth.Reconciler, auth.Operator)
 	r.Route("/v1", func(r chi.Router) {
-		r.Post("/submissions", httpx.Handler(s.submit))
-		r.Get("/submissions", idPaged(s.st.list, func(r proxyclient.Record) int64 { return r.ID }))
-		r.Get("/submissions/{payout_id}", httpx.Handler(s.get))
-		r.Post("/submissions/{payout_id}/lookup", httpx.Handler(s.lookup))
-		r.Get("/safety-events", idPaged(s.st.safetyEvents, func(e proxyclient.SafetyEvent) int64 { return e.ID }))
-		r.Get("/fences/high", httpx.Handler(s.highFence))
-		r.Get("/high-water", httpx.Handler(s.highWater))
+		// Only an executor, holding the account's grant, submits: any other
+		// role could pay through the proxy or push an account's high-water
+		// mark out of every executor's reach.
+		r.With(auth.Require(auth.Executor)).Post("/submissions", httpx.Handler(s.submit))
+		r.With(auth.Require(auth.Reconciler, auth.Operator)).Post("/submissions/{payout_id}/lookup", httpx.Handler(s.lookup))
+		r.Group(func(r chi.Router) {
+			r.Use(readers)
+			r.Get("/submissions", idPaged(s.st.list, func(r proxyclient.Record) int64 { return r.ID }))
+			r.Get("/submissions/{payout_id}", httpx.Handler(s.get))
+			r.Get("/safety-events", idPaged(s.st.safetyEvents, func(e proxyclient.SafetyEvent) int64 { return e.ID }))
+			r.Get("/fences/high", httpx.Handler(s.highFence))
+			r.Get("/high-water", httpx.Handler(s.highWater))
+		})
 	})
 }
+
 func (s *Server) crash(log *slog.Logger, point string) {
 	if s.cfg.crashPoint == point {
 		log.Error("crash point reached: exiting", "crash_point", point)

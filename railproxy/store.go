@@ -71,36 +71,49 @@ func collectRecords(rows pgx.Rows) ([]proxyclient.Record, error) {
 	return out, rows.Err()
 }
 
+// mark is an account's high-water mark as guard 2's statement returned it.
+type mark struct {
+	token  fencing.Token
+	holder fencing.Holder
+}
+
 // writeIntent runs the submission's one transaction: the guard first, then
 // the intent row (FR-19: written before the rail is contacted). A refusal
-// rolls everything back, the high-water mark included.
-func (st *store) writeIntent(ctx context.Context, req proxyclient.SubmitRequest) (proxyclient.Record, intentResult, error) {
+// rolls everything back, the high-water mark included; for intentFenced it
+// returns the mark that refused the token.
+func (st *store) writeIntent(ctx context.Context, req proxyclient.SubmitRequest) (proxyclient.Record, mark, intentResult, error) {
+	var m mark
 	tx, err := st.pool.Begin(ctx)
 	if err != nil {
-		return proxyclient.Record{}, 0, fmt.Errorf("begin: %w", err)
+		return proxyclient.Record{}, m, 0, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	var accepted int64
-	err = tx.QueryRow(ctx, highWaterSQL, req.AccountID, int64(req.Token), string(req.Holder)).Scan(&accepted)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return proxyclient.Record{}, intentFenced, nil
-	}
+	var (
+		token    int64
+		holder   string
+		accepted bool
+	)
+	err = tx.QueryRow(ctx, highWaterSQL, req.AccountID, int64(req.Token), string(req.Holder)).Scan(&token, &holder, &accepted)
 	if err != nil {
-		return proxyclient.Record{}, 0, fmt.Errorf("advance high-water: %w", err)
+		return proxyclient.Record{}, m, 0, fmt.Errorf("advance high-water: %w", err)
+	}
+	m = mark{token: fencing.Token(token), holder: fencing.Holder(holder)}
+	if !accepted {
+		return proxyclient.Record{}, m, intentFenced, nil
 	}
 	rec, err := scanRecord(tx.QueryRow(ctx, intentSQL+recordCols,
 		req.PayoutID, req.AccountID, int64(req.Token), string(req.Holder), req.ClientRef, req.Amount, req.Currency, req.BeneficiaryRef))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return proxyclient.Record{}, intentExists, nil
+		return proxyclient.Record{}, m, intentExists, nil
 	}
 	if err != nil {
-		return proxyclient.Record{}, 0, fmt.Errorf("insert intent: %w", err)
+		return proxyclient.Record{}, m, 0, fmt.Errorf("insert intent: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return proxyclient.Record{}, 0, fmt.Errorf("commit intent: %w", err)
+		return proxyclient.Record{}, m, 0, fmt.Errorf("commit intent: %w", err)
 	}
-	return rec, intentWritten, nil
+	return rec, m, intentWritten, nil
 }
 
 // fencedEvidence is what recordFenced wrote.
@@ -112,19 +125,13 @@ type fencedEvidence struct {
 }
 
 // recordFenced writes, in a transaction of its own, the FENCED row (D-5)
-// and the safety event(s) for a refused submission. The stored fence is
-// read here for the evidence only; it decides nothing.
-func (st *store) recordFenced(ctx context.Context, req proxyclient.SubmitRequest, detail string) (fencedEvidence, error) {
-	var ev fencedEvidence
+// and the safety event(s) for a refused submission, judged from refusedBy:
+// the mark guard 2's statement refused the token against.
+func (st *store) recordFenced(ctx context.Context, req proxyclient.SubmitRequest, refusedBy mark, detail string) (fencedEvidence, error) {
+	ev := fencedEvidence{StoredToken: refusedBy.token, StoredHolder: refusedBy.holder}
+	ev.Regression = ev.StoredToken == req.Token && ev.StoredHolder != req.Holder
 	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
-		var token int64
-		var holder string
-		err := tx.QueryRow(ctx, `SELECT token, holder FROM account_high_water WHERE account_id = $1`, req.AccountID).Scan(&token, &holder)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("read high-water: %w", err)
-		}
-		ev.StoredToken, ev.StoredHolder = fencing.Token(token), fencing.Holder(holder)
-		ev.Regression = ev.StoredToken == req.Token && ev.StoredHolder != req.Holder
+		var err error
 		ev.Record, err = scanRecord(tx.QueryRow(ctx, `
 			INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, outcome, error_code)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'FENCED', 'fenced_out')

@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
@@ -182,12 +181,6 @@ func isNotFound(err error) bool { return problem.Has(err, problem.NotFound) }
 
 // isForbidden reports a forbidden problem answer.
 func isForbidden(err error) bool { return problem.Has(err, problem.Forbidden) }
-
-// transportOrServer reports whether err is a failure to talk to a service
-// (as opposed to a problem answer about the request).
-func transportOrServer(err error) bool {
-	return errors.Is(err, httpx.ErrTransport) || problem.Has(err, problem.Unavailable) || problem.Has(err, problem.Internal)
-}
 
 // Key of an account's lock (DESIGN D-3).
 func lockKey(accountID string) string { return fencing.Key(accountID) }

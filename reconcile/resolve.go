@@ -26,7 +26,6 @@ func (r *Reconciler) resolveAmbiguous(ctx context.Context, rep *Report) error {
 			return cannotRun("list the ambiguous payouts", err)
 		}
 		for _, p := range page.Items {
-			after = p.ID
 			if err := ctx.Err(); err != nil {
 				return cannotRun("resolve ambiguous payouts", err)
 			}

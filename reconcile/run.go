@@ -157,11 +157,11 @@ func (r *Reconciler) refusal(ctx context.Context, cfg Config, passErr error) err
 	return nil
 }
 
-func (r *Reconciler) timedPass(ctx context.Context) (*Report, error, time.Duration, time.Time) {
+func (r *Reconciler) timedPass(ctx context.Context) (*Report, time.Duration, time.Time, error) {
 	start := time.Now()
 	rep, err := r.Pass(ctx)
 	end := time.Now()
-	return rep, err, end.Sub(start), end
+	return rep, end.Sub(start), end, err
 }
 
 func (r *Reconciler) print(cfg Config, rep *Report) error {
@@ -186,7 +186,7 @@ func (r *Reconciler) openMetricsFile(cfg Config) *fileMetrics {
 
 func (r *Reconciler) once(ctx context.Context, cfg Config) (int, error) {
 	fm := r.openMetricsFile(cfg)
-	rep, err, took, end := r.timedPass(ctx)
+	rep, took, end, err := r.timedPass(ctx)
 	if werr := fm.write(rep, err, took, end); werr != nil && err == nil {
 		err = cannotRun("write the metrics file", werr)
 	}
@@ -237,7 +237,7 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 				return nil
 			case <-t.C:
 			}
-			rep, err, took, end := r.timedPass(ctx)
+			rep, took, end, err := r.timedPass(ctx)
 			if ctx.Err() != nil {
 				return nil
 			}

@@ -6,7 +6,6 @@ package bench
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -200,7 +199,7 @@ func bringUp(ctx context.Context, o E2EOptions) (*e2eSystem, error) {
 	}
 	for i := 1; i <= o.Executors; i++ {
 		name := "executor-" + strconv.Itoa(i)
-		c, err := sys.procs.start(name, "run", "executor",
+		c, err := sys.procs.start(name, false, "run", "executor",
 			"--owner", "bench-"+name,
 			"--lock-url", sys.lockURL,
 			"--payment-url", sys.paymentURLs[(i-1)%len(sys.paymentURLs)],
@@ -211,7 +210,7 @@ func bringUp(ctx context.Context, o E2EOptions) (*e2eSystem, error) {
 		if err != nil {
 			return sys, err
 		}
-		sys.cpu.add(name, c.cmd.Process.Pid, false)
+		sys.cpu.add(name, c.Pid(), false)
 	}
 	return sys, nil
 }
@@ -254,21 +253,21 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 }
 
 func (sys *e2eSystem) startServer(ctx context.Context, name string, args ...string) (string, error) {
-	c, err := sys.procs.start(name, args...)
+	c, err := sys.procs.start(name, true, args...)
 	if err != nil {
 		return "", err
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	addr, err := c.listenAddr(wctx)
+	addr, err := c.Addr(wctx)
 	if err != nil {
 		return "", err
 	}
 	url := "http://" + addr
-	if err := waitReady(wctx, url); err != nil {
-		return "", fmt.Errorf("%s: %w", name, err)
+	if err := c.Ready(wctx, nil, url); err != nil {
+		return "", err
 	}
-	sys.cpu.add(name, c.cmd.Process.Pid, false)
+	sys.cpu.add(name, c.Pid(), false)
 	return url, nil
 }
 

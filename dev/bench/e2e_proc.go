@@ -1,17 +1,15 @@
 package bench
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/payouts/payouts/dev/supervise"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat. It
@@ -142,83 +140,38 @@ func (m *cpuMeter) since() (map[string]time.Duration, error) {
 	return out, nil
 }
 
-// child is a process of the payouts binary the bench started itself.
-type child struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-}
-
-// children runs processes of the payouts binary, each logging to
-// DIR/logs/NAME.log, and stops them all at the end.
+// children runs processes of the payouts binary under the one supervisor
+// of child processes, each logging to DIR/logs/NAME.log, and stops them
+// all at the end.
 type children struct {
 	bin, dir string
 	mu       sync.Mutex
-	all      []*child
+	all      []*supervise.Proc
 }
 
-func (cs *children) start(name string, args ...string) (*child, error) {
-	logPath := filepath.Join(cs.dir, "logs", name+".log")
-	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
-		return nil, err
+// start runs a child; a server child (addrFile) reports the address it
+// binds through DIR/run/NAME.addr.
+func (cs *children) start(name string, server bool, args ...string) (*supervise.Proc, error) {
+	spec := supervise.Spec{Name: name, Path: cs.bin, Args: args, Log: filepath.Join(cs.dir, "logs", name+".log")}
+	if server {
+		spec.AddrFile = filepath.Join(cs.dir, "run", name+".addr")
 	}
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	for _, f := range []string{spec.Log, spec.AddrFile} {
+		if f == "" {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	c, err := supervise.Start(spec)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(cs.bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = os.Environ()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	c := &child{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		f.Close()
-		close(c.done)
-	}()
 	cs.mu.Lock()
 	cs.all = append(cs.all, c)
 	cs.mu.Unlock()
 	return c, nil
-}
-
-// listenAddr waits for a server child to log the address it bound.
-func (c *child) listenAddr(ctx context.Context) (string, error) {
-	for {
-		if b, err := os.ReadFile(c.log); err == nil {
-			for _, line := range strings.Split(string(b), "\n") {
-				var rec struct {
-					Msg  string `json:"msg"`
-					Addr string `json:"addr"`
-				}
-				if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
-					return rec.Addr, nil
-				}
-			}
-		}
-		select {
-		case <-c.done:
-			return "", fmt.Errorf("%s exited during start; see %s", c.name, c.log)
-		case <-ctx.Done():
-			return "", fmt.Errorf("%s never logged its listen address: %w; see %s", c.name, ctx.Err(), c.log)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-// exited reports whether the child has ended.
-func (c *child) exited() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
 }
 
 // stop ends every child: SIGTERM, then SIGKILL after grace.
@@ -227,22 +180,10 @@ func (cs *children) stop(grace time.Duration) {
 	all := cs.all
 	cs.all = nil
 	cs.mu.Unlock()
+	var wg sync.WaitGroup
 	for _, c := range all {
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		wg.Add(1)
+		go func() { defer wg.Done(); c.Stop(grace) }()
 	}
-	deadline := time.NewTimer(grace)
-	defer deadline.Stop()
-	late := false
-	for _, c := range all {
-		if !late {
-			select {
-			case <-c.done:
-				continue
-			case <-deadline.C:
-				late = true
-			}
-		}
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	}
+	wg.Wait()
 }

@@ -163,19 +163,19 @@ func parallel(ctx context.Context, n, workers int, fn func(ctx context.Context, 
 func (sys *e2eSystem) waitExecutors(ctx context.Context) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for _, c := range sys.procs.all {
-		if !strings.HasPrefix(c.name, "executor-") {
+		if !strings.HasPrefix(c.Name, "executor-") {
 			continue
 		}
 		for {
-			b, _ := os.ReadFile(c.log)
+			b, _ := os.ReadFile(c.Spec.Log)
 			if strings.Contains(string(b), "lock session opened") {
 				break
 			}
-			if c.exited() {
-				return fmt.Errorf("%s exited during start; see %s", c.name, c.log)
+			if c.Exited() {
+				return fmt.Errorf("%s exited during start; see %s", c.Name, c.Spec.Log)
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("%s did not open a lock session within 2m; see %s", c.name, c.log)
+				return fmt.Errorf("%s did not open a lock session within 2m; see %s", c.Name, c.Spec.Log)
 			}
 			select {
 			case <-ctx.Done():
@@ -206,8 +206,8 @@ func (sys *e2eSystem) waitTerminal(ctx context.Context, o E2EOptions, base int, 
 			lastLog = time.Now()
 		}
 		for _, c := range sys.procs.all {
-			if c.exited() {
-				return fmt.Errorf("%s exited during the run; see %s", c.name, c.log)
+			if c.Exited() {
+				return fmt.Errorf("%s exited during the run; see %s", c.Name, c.Spec.Log)
 			}
 		}
 		if time.Now().After(deadline) {
@@ -399,21 +399,3 @@ func countDuplicates(report []railclient.Payment, prefix string) int {
 func round3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }
 
 func splitFields(s string) []string { return strings.Fields(s) }
-
-// waitReady polls url/readyz until it answers 200.
-func waitReady(ctx context.Context, url string) error {
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not ready at %s: %w", url, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}

@@ -11,12 +11,20 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/payouts/payouts/dev/proctest"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
 	proctest.Cleanup()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 

@@ -57,3 +57,48 @@ func TestProxyRole(t *testing.T) {
 		t.Fatalf("unknown role: %v; want a refusal listing the roles", err)
 	}
 }
+
+// Reload swaps the token set in place (token rotation without a restart);
+// an invalid or non-private file leaves the set in force.
+func TestReload(t *testing.T) {
+	path := writeAuthFile(t, 0o600)
+	a, err := auth.LoadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const next = "executor-token-rotated-0123"
+	rotated := `{"tokens":[{"token":"executor-token-0123456789","role":"executor","name":"exec-1"},
+ {"token":"` + next + `","role":"executor","name":"exec-1"}]}`
+	if err := os.WriteFile(path, []byte(rotated), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.Authenticate(next); ok {
+		t.Fatal("a token was accepted before the reload")
+	}
+	if err := a.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range []string{next, "executor-token-0123456789"} {
+		if p, ok := a.Authenticate(tok); !ok || p.Name != "exec-1" {
+			t.Fatalf("after the reload %q: %+v %t", tok, p, ok)
+		}
+	}
+	if _, ok := a.Authenticate("proxy-token-0123456789ab"); ok {
+		t.Fatal("a token removed from the file is still accepted after the reload")
+	}
+	for _, bad := range []struct {
+		body string
+		mode os.FileMode
+	}{{`{"tokens":[]}`, 0o600}, {rotated, 0o644}} {
+		if err := os.WriteFile(path, []byte(bad.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_ = os.Chmod(path, bad.mode)
+		if err := a.Reload(); err == nil {
+			t.Fatalf("Reload accepted %q mode %04o", bad.body, bad.mode)
+		}
+		if _, ok := a.Authenticate(next); !ok {
+			t.Fatal("a failed reload dropped the tokens in force")
+		}
+	}
+}

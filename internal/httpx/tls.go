@@ -8,29 +8,55 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 )
 
-// ServerTLS builds a server's TLS configuration from PEM files: its
-// certificate chain and key, and, when clientCAFile is not empty, the CA
-// whose certificates every client must present (mutual TLS).
-func ServerTLS(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
+// ServerTLS is a server's TLS configuration read from PEM files: its
+// certificate chain and key, and, when a client CA file is given, the CA
+// whose certificates every client must present (mutual TLS). Reload
+// re-reads the files (a server does on SIGHUP): handshakes after it use the
+// new certificate, connections already open keep theirs.
+type ServerTLS struct {
+	certFile, keyFile, clientCAFile string
+	current                         atomic.Pointer[tls.Config]
+}
+
+// NewServerTLS reads the files once; an error names the file at fault.
+func NewServerTLS(certFile, keyFile, clientCAFile string) (*ServerTLS, error) {
 	if certFile == "" || keyFile == "" {
 		return nil, errors.New("tls: --tls-cert-file and --tls-key-file go together")
 	}
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	s := &ServerTLS{certFile: certFile, keyFile: keyFile, clientCAFile: clientCAFile}
+	return s, s.Reload()
+}
+
+// Reload re-reads the certificate, key and client CA; on error the
+// configuration in force stays.
+func (s *ServerTLS) Reload() error {
+	cert, err := tls.LoadX509KeyPair(s.certFile, s.keyFile)
 	if err != nil {
-		return nil, fmt.Errorf("tls: load the server certificate %s and key %s: %w", certFile, keyFile, err)
+		return fmt.Errorf("tls: load the server certificate %s and key %s: %w", s.certFile, s.keyFile, err)
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
-	if clientCAFile != "" {
-		pool, err := certPool(clientCAFile)
+	if s.clientCAFile != "" {
+		pool, err := certPool(s.clientCAFile)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}
-	return cfg, nil
+	s.current.Store(cfg)
+	return nil
+}
+
+// Config is the configuration for Config.TLS: each handshake uses the
+// files as last (re)loaded.
+func (s *ServerTLS) Config() *tls.Config {
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return s.current.Load(), nil },
+	}
 }
 
 // ClientTLS builds a client's TLS configuration: the CA that signed the

@@ -71,11 +71,11 @@ func writePEM(t *testing.T, dir, name, typ string, der []byte) string {
 // and present a certificate; plain HTTP gets no answer from the API.
 func TestMutualTLS(t *testing.T) {
 	ca := newTestCA(t, t.TempDir())
-	srvTLS, err := httpx.ServerTLS(ca.serverCert, ca.serverKey, ca.ca)
+	srvTLS, err := httpx.NewServerTLS(ca.serverCert, ca.serverKey, ca.ca)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := httpx.NewServer(httpx.Config{Role: "test", Addr: "127.0.0.1:0", Auth: auth.Insecure(), TLS: srvTLS})
+	s := httpx.NewServer(httpx.Config{Role: "test", Addr: "127.0.0.1:0", Auth: auth.Insecure(), TLS: srvTLS.Config()})
 	addr, err := s.Listen()
 	if err != nil {
 		t.Fatal(err)
@@ -121,7 +121,68 @@ func TestMutualTLS(t *testing.T) {
 	if _, err := httpx.ClientTLS("", ca.clientCert, ""); err == nil {
 		t.Fatal("--cert-file without --key-file was accepted")
 	}
-	if _, err := httpx.ServerTLS(ca.serverCert, "", ""); err == nil {
+	if _, err := httpx.NewServerTLS(ca.serverCert, "", ""); err == nil {
 		t.Fatal("--tls-cert-file without --tls-key-file was accepted")
+	}
+}
+
+// Reload puts a new certificate in force for new handshakes: after the
+// files are replaced by ones from another CA and Reload runs, a client that
+// trusts only the old CA is refused and one that trusts the new CA is
+// answered.
+func TestServerTLSReload(t *testing.T) {
+	old := newTestCA(t, t.TempDir())
+	fresh := newTestCA(t, t.TempDir())
+	srvTLS, err := httpx.NewServerTLS(old.serverCert, old.serverKey, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := httpx.NewServer(httpx.Config{Role: "test", Addr: "127.0.0.1:0", Auth: auth.Insecure(), TLS: srvTLS.Config()})
+	addr, err := s.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	get := func(caFile string) error {
+		cfg, err := httpx.ClientTLS(caFile, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, _ := httpx.NewClient("https://"+addr.String(), "", httpx.WithHTTPClient(httpx.NewHTTPClient(cfg)), httpx.WithGetRetries(0))
+		return c.Get(context.Background(), "/version", nil, nil)
+	}
+	if err := get(old.ca); err != nil {
+		t.Fatalf("before the reload: %v", err)
+	}
+	for src, dst := range map[string]string{fresh.serverCert: old.serverCert, fresh.serverKey: old.serverKey} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := srvTLS.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if err := get(old.ca); err == nil {
+		t.Fatal("after the reload the server still presents the old certificate")
+	}
+	if err := get(fresh.ca); err != nil {
+		t.Fatalf("after the reload, a client trusting the new CA: %v", err)
+	}
+	// A broken file leaves the certificate in force.
+	if err := os.WriteFile(old.serverKey, []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := srvTLS.Reload(); err == nil {
+		t.Fatal("Reload accepted a broken key file")
+	}
+	if err := get(fresh.ca); err != nil {
+		t.Fatalf("after a failed reload: %v", err)
 	}
 }

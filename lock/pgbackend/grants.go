@@ -24,17 +24,33 @@ import (
 // grant record is written in the same statement (D-9). When the key is held
 // the current entry is returned instead: by our session, that is the
 // idempotent re-acquire (same token); by another, lock_held.
+//
+// A takeover and a keepalive of the lapsed session conflict on that
+// session's row (INV-06): the takeover ends the session (EXPIRED) in the
+// same statement and happens only if that update did, re-checked on the
+// row's newest version. A keepalive in flight either commits first (the
+// session is live again: no takeover, lock_held) or waits for the takeover
+// and then finds the session expired. The acquiring session's own row is
+// read FOR SHARE for the same reason: a statement that is ending it
+// concurrently is waited for, and then no grant is made to it.
 const acquireSQL = `
 WITH ts AS MATERIALIZED (
 	SELECT clock_timestamp() AS at
 ), sess AS (
 	SELECT s.id, s.owner, s.expires_at FROM lock_session s
 	 WHERE s.id = $2 AND lock_session_live(s.state, s.expires_at)
+	   FOR SHARE
 ), cur AS (
-	SELECT e.key, e.owner, e.session_id, e.token, e.acquired_at, ls.expires_at,
+	SELECT e.key, e.owner, e.session_id, e.token, e.acquired_at, ls.expires_at, ls.state,
 	       lock_session_live(ls.state, ls.expires_at) AS live
 	  FROM lock_entry e JOIN lock_session ls ON ls.id = e.session_id
 	 WHERE e.key = $1
+), lapsed AS (
+	UPDATE lock_session ls SET state = 'EXPIRED'
+	  FROM cur
+	 WHERE ls.id = cur.session_id AND cur.session_id <> $2 AND NOT cur.live
+	   AND ls.state = 'ACTIVE' AND NOT lock_session_live(ls.state, ls.expires_at)
+	RETURNING ls.id
 ), took AS (
 	UPDATE lock_entry e
 	   SET owner = sess.owner, session_id = sess.id, token = nextval('lock_token_seq'), acquired_at = (SELECT at FROM ts)
@@ -63,15 +79,15 @@ WITH ts AS MATERIALIZED (
 )
 SELECT 'granted' AS outcome, g.key, g.owner, g.session_id, g.token, g.acquired_at,
        (SELECT expires_at FROM sess), e.token, e.owner, e.session_id, e.granted_at, e.ended_at,
-       (SELECT count(*) FROM logged)
+       (SELECT count(*) FROM logged), true
   FROM granted g LEFT JOIN ended e ON true
 UNION ALL
 SELECT 'held', c.key, c.owner, c.session_id, c.token, c.acquired_at, c.expires_at,
-       NULL, NULL, NULL, NULL, NULL, 0
+       NULL, NULL, NULL, NULL, NULL, 0, c.live
   FROM cur c
  WHERE NOT EXISTS (SELECT 1 FROM granted) AND EXISTS (SELECT 1 FROM sess)
 UNION ALL
-SELECT 'no_session', $1, '', $2, 0, now(), now(), NULL, NULL, NULL, NULL, NULL, 0
+SELECT 'no_session', $1, '', $2, 0, now(), now(), NULL, NULL, NULL, NULL, NULL, 0, true
  WHERE NOT EXISTS (SELECT 1 FROM sess)`
 
 // Acquire implements backend.Backend.
@@ -92,6 +108,7 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 		prevOwner, prevSession *string
 		prevGranted, prevEnded *time.Time
 		logged                 int64
+		holderLive             bool
 	)
 	// A sequence hands out values in call order, not commit order: two
 	// acquires of one key racing inside the database could commit a token
@@ -117,7 +134,7 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 	for rows.Next() {
 		found = true
 		if err := rows.Scan(&outcome, &g.Key, &g.Owner, &g.SessionID, &token, new(time.Time), &g.ServerExpiry,
-			&prevToken, &prevOwner, &prevSession, &prevGranted, &prevEnded, &logged); err != nil {
+			&prevToken, &prevOwner, &prevSession, &prevGranted, &prevEnded, &logged, &holderLive); err != nil {
 			rows.Close()
 			return g, false, b.classify("acquire", err)
 		}
@@ -138,6 +155,12 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 	case "no_session":
 		return backend.Grant{}, false, backend.ErrSessionGone(sessionID)
 	case "held":
+		if !holderLive && g.SessionID != sessionID {
+			// The holder had lapsed in our snapshot but was not taken over:
+			// a keepalive renewed it first, or another statement ended it.
+			// Ask again with a fresh snapshot.
+			return backend.Grant{}, true, backend.ErrHeld(key, backend.Lock{})
+		}
 		if g.SessionID == sessionID {
 			g.Existing = true
 			return g, false, nil // idempotent re-acquire: the same token

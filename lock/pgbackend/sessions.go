@@ -47,14 +47,20 @@ func (b *Backend) CreateSession(ctx context.Context, owner string, ttl time.Dura
 	return s, b.classify("create session", err)
 }
 
+// keepAliveSQL renews a live session. It updates the session's row, so it
+// conflicts with an acquire taking over one of the session's lapsed locks
+// (which ends the session on that row): whichever commits second sees the
+// other's effect (INV-06).
+const keepAliveSQL = `
+	UPDATE lock_session
+	   SET last_heartbeat_at = now(), expires_at = now() + ttl_ms * interval '1 millisecond'
+	 WHERE id = $1 AND lock_session_live(state, expires_at)
+	RETURNING ` + sessionCols
+
 // KeepAlive implements backend.Backend. Renewal only ever updates a live
 // row: it never inserts, so an expired session cannot come back.
 func (b *Backend) KeepAlive(ctx context.Context, id string) (backend.Session, error) {
-	row := b.pool.QueryRow(ctx, `
-		UPDATE lock_session
-		   SET last_heartbeat_at = now(), expires_at = now() + ttl_ms * interval '1 millisecond'
-		 WHERE id = $1 AND lock_session_live(state, expires_at)
-		RETURNING `+sessionCols, id)
+	row := b.pool.QueryRow(ctx, keepAliveSQL, id)
 	s, err := scanSession(row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, backend.ErrSessionGone(id)
@@ -106,7 +112,8 @@ func (b *Backend) Session(ctx context.Context, id string) (backend.Session, erro
 }
 
 // Reap expires every lapsed session (outside grace), frees its locks and
-// ends their grants as expired, in one statement. Run calls it on a timer;
+// ends their grants as expired, in one statement; it also frees the other
+// locks of sessions an acquire ended when it took one of their keys over. Run calls it on a timer;
 // it is exported for tests and tools.
 func (b *Backend) Reap(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
@@ -116,7 +123,9 @@ func (b *Backend) Reap(ctx context.Context) error {
 				 WHERE state = 'ACTIVE' AND expires_at <= now() AND NOT lock_session_live(state, expires_at)
 				RETURNING id
 			), d AS (
-				DELETE FROM lock_entry WHERE session_id IN (SELECT id FROM s) RETURNING key, token
+				DELETE FROM lock_entry e USING lock_session ls
+				 WHERE ls.id = e.session_id AND (ls.id IN (SELECT id FROM s) OR ls.state <> 'ACTIVE')
+				RETURNING e.key, e.token
 			), g AS (
 				UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'expired', actor = 'lock-service'
 				 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
