@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -162,8 +163,13 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	t0 := time.Now()
-	err = cmd.Run()
+	if err := cmd.Start(); err != nil {
+		return res, err
+	}
+	hwm := watchHWM(cmd.Process.Pid)
+	err = cmd.Wait()
 	res.Seconds = time.Since(t0).Seconds()
+	res.PeakRSSMB = hwm()
 	res.CPUSeconds = cpuSeconds(meter)
 	var ee *exec.ExitError
 	switch {
@@ -172,8 +178,9 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 	case err != nil:
 		return res, err
 	}
+	// (The rusage's maxrss is not the pass's: a child shares this
+	// process's memory — the loaded rail — until it execs.)
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		res.PeakRSSMB = float64(ru.Maxrss) / 1024 // KiB on Linux
 		if res.CPUSeconds != nil {
 			res.CPUSeconds["reconcile"] = float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 		}
@@ -182,6 +189,44 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 		return res, fmt.Errorf("reconcile exited %d: %s", res.ExitCode, tailText(errb.String(), 2000))
 	}
 	return res, nil
+}
+
+// watchHWM samples pid's peak resident set (VmHWM, a high-water mark of
+// the image it runs now) every 50 ms until the returned function is
+// called, which gives the last sample in MB. Only the last 50 ms of the
+// process's life go unseen.
+func watchHWM(pid int) func() float64 {
+	path := fmt.Sprintf("/proc/%d/status", pid)
+	var mu sync.Mutex
+	peak := 0.0
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if b, err := os.ReadFile(path); err == nil {
+				for _, line := range strings.Split(string(b), "\n") {
+					var kb float64
+					if _, err := fmt.Sscanf(line, "VmHWM: %f kB", &kb); err == nil {
+						mu.Lock()
+						peak = max(peak, kb/1024)
+						mu.Unlock()
+					}
+				}
+			}
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() float64 {
+		close(done)
+		mu.Lock()
+		defer mu.Unlock()
+		return peak
+	}
 }
 
 // cpuSeconds is each watched process's CPU seconds since the meter
