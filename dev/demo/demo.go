@@ -282,8 +282,8 @@ func (dm *demo) keep(ctx context.Context) {
 	r := dm.st.Ready
 	dm.d.Printf("\n--keep: the stack keeps running; Ctrl-C stops it.")
 	dm.d.Printf("  payment %s  proxy %s  lock %s  rail %s", r.PaymentURL, r.ProxyURL, r.LockURL, r.RailURL)
-	dm.d.Printf("  operator token %s", r.Tokens.Operator)
-	dm.d.Printf("  try: curl -s -H 'Authorization: Bearer %s' '%s/v1/payouts?state=POSTED'", r.Tokens.Operator, r.PaymentURL)
+	dm.d.Printf("  operator token in %s", r.TokenFiles["operator"])
+	dm.d.Printf("  try: curl -s -H \"Authorization: Bearer $(cat %s)\" '%s/v1/payouts?state=POSTED'", r.TokenFiles["operator"], r.PaymentURL)
 	select {
 	case <-ctx.Done():
 	case err := <-dm.st.Failed():
