@@ -72,10 +72,15 @@ func wireBenchReconcile(opts *bench.ReconcileOptions) error {
 		toks[i] = hex.EncodeToString(b)
 	}
 	// The loader pays as the proxy would; the reconciler reads the
-	// settlement report as an operator.
+	// settlement report as an operator, or (--rail-per-payout) looks each
+	// payout up as a reconciler.
 	opts.RailPayToken, opts.RailToken = toks[0], toks[1]
-	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"proxy","name":"bench-proxy"},{"token":%q,"role":"operator","name":"bench-operator"}]}`,
-		opts.RailPayToken, opts.RailToken)))
+	readRole := "operator"
+	if opts.RailPerPayout {
+		readRole = "reconciler"
+	}
+	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"proxy","name":"bench-proxy"},{"token":%q,"role":%q,"name":"bench-rail-reader"}]}`,
+		opts.RailPayToken, opts.RailToken, readRole)))
 	if err != nil {
 		return err
 	}
