@@ -155,3 +155,11 @@ func TestClientNeedsToken(t *testing.T) {
 		t.Fatalf("lock list without a token: exit %d, %q", code, errOut)
 	}
 }
+
+// Flags that do nothing were removed: passing one is a usage error (exit 2).
+func TestRemovedFlagsAreUsageErrors(t *testing.T) {
+	code, _, errOut := runArgs(t, "lock", "list", "--proxy-url", "http://127.0.0.1:7103", "--token", "x")
+	if code != 2 || !strings.Contains(errOut, "unknown flag: --proxy-url") {
+		t.Fatalf("lock list --proxy-url: exit %d, %q", code, errOut)
+	}
+}
