@@ -85,6 +85,7 @@ on --listen. docs/operations.md explains every finding.`,
 	fl.StringVar(&cfg.RailToken, "rail-token", "", "bearer sent to the rail (a credential the rail accepts for lookups and the settlement report; visible in ps: prefer --rail-token-file)")
 	fl.StringVar(&railTokenFile, "rail-token-file", "", "file holding the bearer sent to the rail")
 	fl.StringVar(&cfg.Owner, "owner", "", "owner name of the reconciler's lock session (default reconciler@host/pid)")
+	fl.BoolVar(&cfg.RailPerPayout, "rail-per-payout", false, "look each payout up at the rail instead of reading the rail's settlement report (flat memory for very large histories; payments under unknown references are then not checked)")
 	fl.IntVar(&cfg.PageSize, "page-size", reconcile.DefaultPageSize, "page size of every list read (1..1000)")
 	fl.IntVar(&cfg.MaxFindings, "max-findings", reconcile.DefaultMaxFindings, "list at most this many findings (all are counted)")
 	fl.DurationVar(&cfg.RequestTimeout, "request-timeout", 30*time.Second, "timeout of each call to a service")

@@ -74,6 +74,7 @@ func newRoot(a *app) *cobra.Command {
 		newMigrateCmd(a),
 		newStatusCmd(a),
 		dev,
+		newBenchCmd(a),
 		newVersionCmd(a),
 	)
 	return root

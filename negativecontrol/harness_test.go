@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/dev/proctest"
@@ -44,6 +45,12 @@ func TestMain(m *testing.M) {
 	os.Setenv("PAYOUTS_LEDGER_CHECK_INTERVAL", "1s")
 	code := m.Run()
 	proctest.Cleanup()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
@@ -108,7 +115,8 @@ func startSys(t *testing.T) *sys {
 	if s.pay, err = pc.New(r.PaymentURL, op); err != nil {
 		t.Fatal(err)
 	}
-	if s.proxy, err = proxyclient.New(r.ProxyURL, op); err != nil {
+	// Only an executor submits to the proxy.
+	if s.proxy, err = proxyclient.New(r.ProxyURL, r.Tokens.Executor); err != nil {
 		t.Fatal(err)
 	}
 	if s.rail, err = railclient.New(r.RailURL, op); err != nil {
@@ -126,6 +134,13 @@ func startSys(t *testing.T) *sys {
 			t.Fatalf("lock session %s: %v", h.owner, err)
 		}
 		*h.dst = sess
+		// Closed before the stack stops (cleanups run last-in first-out), so
+		// no keepalive outlives the test.
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = sess.Close(ctx) // stops the keepalive loop whatever the service answers
+		})
 	}
 	return s
 }
@@ -239,11 +254,17 @@ func (s *sys) exec(t *testing.T, db string, replica bool, sql string, args ...an
 
 func (s *sys) railPayments(t *testing.T, clientRef string) []railclient.Payment {
 	t.Helper()
-	l, err := s.rail.Find(ctxT(t), clientRef)
+	all, err := s.rail.SettlementReport(ctxT(t))
 	if err != nil {
-		t.Fatalf("rail lookup %s: %v", clientRef, err)
+		t.Fatalf("rail settlement report: %v", err)
 	}
-	return l.Items
+	var out []railclient.Payment
+	for _, p := range all {
+		if p.ClientRef == clientRef {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func (s *sys) events(t *testing.T, payoutID string) []pc.PayoutEvent {
@@ -302,12 +323,14 @@ func (s *sys) run(t *testing.T, token string, args ...string) (string, string, i
 }
 
 // reconcile runs `payouts reconcile --once --json` against the stack (the
-// lock service on PostgreSQL). Exit 2 (could not run) fails the test.
+// lock service on PostgreSQL), with the reconciler's own credential at the
+// rail (lookups by client reference; the settlement report is the
+// operator's). Exit 2 (could not run) fails the test.
 func (s *sys) reconcile(t *testing.T) report {
 	t.Helper()
 	r := s.st.Ready
 	stdout, stderr, code := s.run(t, r.Tokens.Reconciler, "reconcile", "--once", "--json", "--lock-url", s.lockURL,
-		"--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--rail-token", r.Tokens.Operator)
+		"--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--rail-token", r.Tokens.Reconciler)
 	if code != 0 && code != 1 {
 		t.Fatalf("reconcile exit %d\n%s\n%s", code, stdout, stderr)
 	}

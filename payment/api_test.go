@@ -13,7 +13,8 @@ import (
 )
 
 func TestAccountsAndOpeningLedger(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	a := e.account(t, "acc-1", 5_000)
 	if a.Balance != 5_000 || a.Available != 5_000 || a.Currency != "EUR" || a.FenceToken != 0 {
 		t.Fatalf("new account %+v", a)
@@ -48,7 +49,8 @@ func TestAccountsAndOpeningLedger(t *testing.T) {
 }
 
 func TestPayoutLifecycleAndReads(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	e.account(t, "acc-1", 1_000)
 	p := e.payout(t, "po-1", "acc-1", 400)
 	if p.State != pc.Pending || p.ClientRef != "po-po-1" || p.Token != 0 || p.ClaimedAt != nil {
@@ -113,7 +115,8 @@ func TestPayoutLifecycleAndReads(t *testing.T) {
 }
 
 func TestRoles(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	e.account(t, "acc-1", 1_000)
 	e.payout(t, "po-1", "acc-1", 1)
 	_, err := e.exec.CreatePayout(bg, pc.CreatePayoutRequest{ID: "po-2", AccountID: "acc-1", Amount: 1, Currency: "EUR", BeneficiaryRef: "b"})
@@ -124,6 +127,13 @@ func TestRoles(t *testing.T) {
 	wantCode(t, err, problem.Forbidden)
 	_, err = e.recon.Claim(bg, "po-1", 1, "h")
 	wantCode(t, err, problem.Forbidden)
+	// The proxy role is a credential at the rail only: it reads nothing here.
+	_, err = e.proxy.Payout(bg, "po-1")
+	wantCode(t, err, problem.Forbidden)
+	_, err = e.proxy.Work(bg, 10)
+	wantCode(t, err, problem.Forbidden)
+	_, err = e.proxy.Claim(bg, "po-1", 1, "h")
+	wantCode(t, err, problem.Forbidden)
 	if a, _ := e.exec.Account(bg, "acc-1"); a.FenceToken != 0 {
 		t.Fatalf("forbidden request moved the fence: %+v", a)
 	}
@@ -132,7 +142,8 @@ func TestRoles(t *testing.T) {
 // TestBadInput: every malformed request is a 4xx problem naming the field,
 // and no row is written anywhere.
 func TestBadInput(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	e.account(t, "acc-1", 1_000)
 	e.payout(t, "po-1", "acc-1", 100)
 	e.drive(t, "po-1", pc.RailSubmitted, 4, "h")

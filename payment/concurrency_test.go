@@ -18,7 +18,8 @@ import (
 // stood when the write landed. Every refusal is fenced_out or
 // invalid_transition, never anything else.
 func TestConcurrentMutations(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	const (
 		workers      = 50
 		perGoroutine = 12

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 )
 
 // checkDecodeErr: a decoder either accepts or answers a 4xx problem; it
@@ -27,6 +28,7 @@ func FuzzDecodeCommand(f *testing.F) {
 		`{"token":5,"holder":"h","outcome":"ACKED","rail_ref":"r-1"}`,
 		`{"token":5,"holder":"h","resolution":"SETTLED","evidence":"lookup"}`,
 		`{"token":5,"holder":"h","reason":"why"}`,
+		`{"token":5,"holder":"h","error_code":"invalid_request:beneficiary_ref","evidence":"proxy 400"}`,
 		`{"token":-1,"holder":"h"}`, `{"token":1.5}`, `{"token":9007199254740992,"holder":"h"}`,
 		`{"token":1,"holder":"\u0000"}`, `{"token":1,"holder":"h","extra":1}`, `[]`, `null`, ``,
 	} {
@@ -45,7 +47,7 @@ func FuzzDecodeCommand(f *testing.F) {
 		if !cmd.Token.Valid() || cmd.Holder == "" {
 			t.Fatalf("accepted a command without a valid fence: %+v", cmd)
 		}
-		if (op == OpCancel || op == OpAbandon || op == OpResolve) && cmd.Text == "" {
+		if (op == OpCancel || op == OpAbandon || op == OpResolve || op == OpRefuse) && cmd.Text == "" {
 			t.Fatalf("accepted %s without a reason or evidence", op)
 		}
 		if op == OpOutcome && cmd.Outcome == "" {
@@ -70,8 +72,8 @@ func FuzzDecodeCreatePayout(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if req.Amount <= 0 || req.Amount >= MaxAmount || req.Currency != "EUR" || !idRE.MatchString(req.ID) ||
-			!idRE.MatchString(req.AccountID) || reservedAccount(req.AccountID) || req.BeneficiaryRef == "" {
+		if req.Amount <= 0 || req.Amount >= MaxAmount || req.Currency != "EUR" || !wire.IDPattern.MatchString(req.ID) ||
+			!wire.IDPattern.MatchString(req.AccountID) || reservedAccount(req.AccountID) || req.BeneficiaryRef == "" {
 			t.Fatalf("accepted an invalid payout: %+v", req)
 		}
 	})
@@ -92,7 +94,7 @@ func FuzzDecodeCreateAccount(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if req.OpeningBalance < 0 || req.OpeningBalance >= MaxAmount || req.Currency != "EUR" || !idRE.MatchString(req.ID) || reservedAccount(req.ID) {
+		if req.OpeningBalance < 0 || req.OpeningBalance >= MaxAmount || req.Currency != "EUR" || !wire.IDPattern.MatchString(req.ID) || reservedAccount(req.ID) {
 			t.Fatalf("accepted an invalid account: %+v", req)
 		}
 	})

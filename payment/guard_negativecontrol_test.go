@@ -14,7 +14,8 @@ import (
 // the highest token, so the evidence (a payout_event below the fence) is
 // there for the detective controls.
 func TestNegativeControlStaleWriteLands(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	e.account(t, "acc-1", 1_000)
 	e.payout(t, "po-1", "acc-1", 100)
 	e.drive(t, "po-1", pc.Claimed, 10, "new-holder")

@@ -18,14 +18,15 @@ var validIn = map[string]pc.State{
 	"claim": pc.Pending, "submitting": pc.Claimed, "outcome-acked": pc.RailSubmitted,
 	"outcome-rejected": pc.RailSubmitted, "outcome-timeout": pc.RailSubmitted, "post": pc.RailAcked,
 	"resolve-settled": pc.RailAmbiguous, "resolve-absent": pc.RailAmbiguous,
-	"cancel": pc.Pending, "abandon": pc.RailAmbiguous,
+	"cancel": pc.Pending, "abandon": pc.RailAmbiguous, "refuse": pc.RailSubmitted,
 }
 
 // TestGuard presents a stale token, an equal token from another holder, and
 // a higher token to every mutating endpoint, in a state where the request
 // is otherwise valid (D-1).
 func TestGuard(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	cases := []struct {
 		name       string
 		token      fencing.Token
@@ -143,7 +144,8 @@ func TestGuard(t *testing.T) {
 // TestFenceIsPerAccount: a stale holder cannot use a different payout of
 // the same account to get past the fence (domain model 2.2).
 func TestFenceIsPerAccount(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	e.account(t, "acc-1", 1_000)
 	e.payout(t, "po-1", "acc-1", 100)
 	e.payout(t, "po-2", "acc-1", 100)
@@ -158,7 +160,8 @@ func TestFenceIsPerAccount(t *testing.T) {
 // TestBadTokenLeavesFence: a request rejected as bad input changes nothing,
 // the fence included, and records nothing.
 func TestBadTokenLeavesFence(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	e.account(t, "acc-1", 1_000)
 	e.payout(t, "po-1", "acc-1", 100)
 	e.drive(t, "po-1", pc.Claimed, 7, "h")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/internal/auth"
@@ -26,12 +27,22 @@ import (
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	code := pgtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 const (
 	executorBearer   = "executor-token-0123456789"
 	reconcilerBearer = "reconciler-token-0123456789"
 	operatorBearer   = "operator-token-0123456789"
+	proxyBearer      = "proxy-token-0123456789"
 )
 
 // syncBuffer collects log output from many goroutines.
@@ -52,9 +63,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// testEnv is a payment resource on a fresh paydb behind a real HTTP server,
+// testBundle is a payment resource on a fresh paydb behind a real HTTP server,
 // with a client per caller role.
-type testEnv struct {
+type testBundle struct {
 	svc   *Service
 	reg   *prometheus.Registry
 	logs  *syncBuffer
@@ -62,9 +73,12 @@ type testEnv struct {
 	exec  *pc.Client
 	recon *pc.Client
 	oper  *pc.Client
+	proxy *pc.Client // the rail proxy's credential: valid, but for the rail only
 }
 
-func newEnv(t testing.TB) *testEnv {
+// setup starts the bundle; opts adjust the service's configuration (the
+// resolution SLA is a nanosecond unless an option sets it).
+func setup(t testing.TB, opts ...func(*Config)) *testBundle {
 	t.Helper()
 	dbURL := pgtest.NewDB(t, migrations.PayDB)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -72,7 +86,11 @@ func newEnv(t testing.TB) *testEnv {
 	logs := &syncBuffer{}
 	logger := obs.NewLogger(logs, slog.LevelDebug, Role)
 	reg := obs.NewRegistry()
-	svc, err := New(ctx, Config{DatabaseURL: dbURL, Logger: logger, Registry: reg, MaxConns: 8})
+	cfg := Config{DatabaseURL: dbURL, Logger: logger, Registry: reg, MaxConns: 8, ResolutionSLA: time.Nanosecond}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	svc, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +98,8 @@ func newEnv(t testing.TB) *testEnv {
 	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[
 		{"token":%q,"role":"executor","name":"exec-1"},
 		{"token":%q,"role":"reconciler","name":"recon-1"},
-		{"token":%q,"role":"operator","name":"alice"}]}`, executorBearer, reconcilerBearer, operatorBearer)))
+		{"token":%q,"role":"operator","name":"alice"},
+		{"token":%q,"role":"proxy","name":"proxy-1"}]}`, executorBearer, reconcilerBearer, operatorBearer, proxyBearer)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,11 +107,11 @@ func newEnv(t testing.TB) *testEnv {
 	svc.Mount(srv.Router())
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	e := &testEnv{svc: svc, reg: reg, logs: logs, url: ts.URL}
+	e := &testBundle{svc: svc, reg: reg, logs: logs, url: ts.URL}
 	for _, c := range []struct {
 		dst    **pc.Client
 		bearer string
-	}{{&e.exec, executorBearer}, {&e.recon, reconcilerBearer}, {&e.oper, operatorBearer}} {
+	}{{&e.exec, executorBearer}, {&e.recon, reconcilerBearer}, {&e.oper, operatorBearer}, {&e.proxy, proxyBearer}} {
 		cl, err := pc.New(ts.URL, c.bearer, httpx.WithTimeout(time.Minute))
 		if err != nil {
 			t.Fatal(err)
@@ -112,7 +131,7 @@ func tctx(t testing.TB) context.Context {
 	return ctx
 }
 
-func (e *testEnv) account(t testing.TB, id string, opening int64) pc.Account {
+func (e *testBundle) account(t testing.TB, id string, opening int64) pc.Account {
 	t.Helper()
 	a, err := e.oper.CreateAccount(tctx(t), pc.CreateAccountRequest{ID: id, Currency: "EUR", OpeningBalance: opening})
 	if err != nil {
@@ -121,7 +140,7 @@ func (e *testEnv) account(t testing.TB, id string, opening int64) pc.Account {
 	return a
 }
 
-func (e *testEnv) payout(t testing.TB, id, account string, amount int64) pc.Payout {
+func (e *testBundle) payout(t testing.TB, id, account string, amount int64) pc.Payout {
 	t.Helper()
 	p, err := e.oper.CreatePayout(tctx(t), pc.CreatePayoutRequest{ID: id, AccountID: account, Amount: amount, Currency: "EUR", BeneficiaryRef: "ben-" + id})
 	if err != nil {
@@ -132,7 +151,7 @@ func (e *testEnv) payout(t testing.TB, id, account string, amount int64) pc.Payo
 
 // drive moves a fresh PENDING payout to state along the happy paths, every
 // step under (token, holder).
-func (e *testEnv) drive(t testing.TB, id string, state pc.State, token fencing.Token, holder fencing.Holder) pc.Payout {
+func (e *testBundle) drive(t testing.TB, id string, state pc.State, token fencing.Token, holder fencing.Holder) pc.Payout {
 	t.Helper()
 	ctx := tctx(t)
 	must := func(p pc.Payout, err error) pc.Payout {
@@ -174,7 +193,7 @@ func (e *testEnv) drive(t testing.TB, id string, state pc.State, token fencing.T
 }
 
 // counts returns the number of rows of every paydb table.
-func (e *testEnv) counts(t testing.TB) map[string]int64 {
+func (e *testBundle) counts(t testing.TB) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
 	for _, tbl := range []string{"account", "payout", "ledger_entry", "payout_event", "safety_event"} {
@@ -188,7 +207,7 @@ func (e *testEnv) counts(t testing.TB) map[string]int64 {
 }
 
 // safetyKinds returns the kinds of safety events recorded for a payout.
-func (e *testEnv) safetyKinds(t testing.TB, payoutID string) []string {
+func (e *testBundle) safetyKinds(t testing.TB, payoutID string) []string {
 	t.Helper()
 	rows, err := e.svc.pool.Query(tctx(t), `SELECT kind FROM safety_event WHERE payout_id = $1 ORDER BY id`, payoutID)
 	if err != nil {
@@ -206,7 +225,7 @@ func (e *testEnv) safetyKinds(t testing.TB, payoutID string) []string {
 	return out
 }
 
-func (e *testEnv) eventCount(t testing.TB, payoutID string) int {
+func (e *testBundle) eventCount(t testing.TB, payoutID string) int {
 	t.Helper()
 	var n int
 	if err := e.svc.pool.QueryRow(tctx(t), `SELECT count(*) FROM payout_event WHERE payout_id = $1`, payoutID).Scan(&n); err != nil {
@@ -217,7 +236,7 @@ func (e *testEnv) eventCount(t testing.TB, payoutID string) int {
 
 // assertLedger checks INV-03 over the whole database and available >= 0
 // for every customer account.
-func (e *testEnv) assertLedger(t testing.TB) {
+func (e *testBundle) assertLedger(t testing.TB) {
 	t.Helper()
 	rep, err := e.svc.CheckLedger(tctx(t), time.Time{}, nil, nil)
 	if err != nil {

@@ -9,13 +9,8 @@ import (
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	pc "github.com/payouts/payouts/payment/paymentclient"
-)
-
-// Page size limits of every list endpoint.
-const (
-	DefaultLimit = 100
-	MaxLimit     = 1000
 )
 
 // Who may call which fenced mutation. The operator may do what the executor
@@ -28,25 +23,31 @@ var opRoles = map[Op][]auth.Role{
 	OpResolve:    {auth.Reconciler, auth.Operator},
 	OpCancel:     {auth.Operator},
 	OpAbandon:    {auth.Operator},
+	OpRefuse:     {auth.Executor, auth.Operator},
 }
 
 // Mount adds the payment resource's routes (under /v1) to an authenticated router.
 func (s *Service) Mount(r chi.Router) {
 	r.Route("/v1", func(r chi.Router) {
 		r.With(auth.Require(auth.Operator)).Post("/accounts", httpx.Handler(s.handleCreateAccount))
-		r.Get("/accounts", httpx.Handler(s.handleListAccounts))
-		r.Get("/accounts/{id}", httpx.Handler(s.handleGetAccount))
 		r.With(auth.Require(auth.Operator)).Post("/payouts", httpx.Handler(s.handleCreatePayout))
-		r.Get("/payouts", httpx.Handler(s.handleListPayouts))
-		r.Get("/payouts/{id}", httpx.Handler(s.handleGetPayout))
-		r.Get("/payouts/{id}/events", httpx.Handler(s.handlePayoutEvents))
 		for _, op := range Ops {
 			r.With(auth.Require(opRoles[op]...)).Post("/payouts/{id}/"+string(op), httpx.Handler(s.handleMutation(op)))
 		}
-		r.Get("/work", httpx.Handler(s.handleWork))
-		r.Get("/ledger", httpx.Handler(s.handleLedger))
-		r.Get("/safety-events", httpx.Handler(s.handleSafetyEvents))
-		r.Get("/fences/high", httpx.Handler(s.handleHighFence))
+		r.Group(func(r chi.Router) {
+			// Every caller role reads; the proxy role is a credential at the
+			// rail only.
+			r.Use(auth.Require(auth.Executor, auth.Reconciler, auth.Operator))
+			r.Get("/accounts", httpx.Handler(s.handleListAccounts))
+			r.Get("/accounts/{id}", httpx.Handler(s.handleGetAccount))
+			r.Get("/payouts", httpx.Handler(s.handleListPayouts))
+			r.Get("/payouts/{id}", httpx.Handler(s.handleGetPayout))
+			r.Get("/payouts/{id}/events", httpx.Handler(s.handlePayoutEvents))
+			r.Get("/work", httpx.Handler(s.handleWork))
+			r.Get("/ledger", httpx.Handler(s.handleLedger))
+			r.Get("/safety-events", httpx.Handler(s.handleSafetyEvents))
+			r.Get("/fences/high", httpx.Handler(s.handleHighFence))
+		})
 	})
 }
 
@@ -61,51 +62,23 @@ func actor(r *http.Request) string {
 // pathID reads an id from the path; an id that cannot exist is not found.
 func pathID(r *http.Request, what string) (string, error) {
 	id := chi.URLParam(r, "id")
-	if !idRE.MatchString(id) {
+	if !wire.IDPattern.MatchString(id) {
 		return "", problem.New(problem.NotFound, "no %s %q", what, id)
 	}
 	return id, nil
 }
 
-func limitParam(r *http.Request) (int, error) {
-	v := r.URL.Query().Get("limit")
-	if v == "" {
-		return DefaultLimit, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 || n > MaxLimit {
-		return 0, badField("limit", "must be an integer from 1 to %d, got %q", MaxLimit, v)
-	}
-	return n, nil
-}
+func limitParam(r *http.Request) (int, error) { return wire.ParseLimit(r.URL.Query()) }
 
-func afterIDParam(r *http.Request) (int64, error) {
-	v := r.URL.Query().Get("after")
-	if v == "" {
-		return 0, nil
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 0 {
-		return 0, badField("after", "must be a non-negative integer cursor, got %q", v)
-	}
-	return n, nil
-}
+func afterIDParam(r *http.Request) (int64, error) { return wire.ParseIDCursor(r.URL.Query()) }
 
-func afterKeyParam(r *http.Request) (string, error) {
-	v := r.URL.Query().Get("after")
-	if v != "" && !idRE.MatchString(v) {
-		return "", badField("after", "is not a cursor this service issued: %q", v)
-	}
-	return v, nil
-}
+func afterKeyParam(r *http.Request) (string, error) { return wire.ParseKeyCursor(r.URL.Query()) }
 
 func writeList[T any](w http.ResponseWriter, items []T, limit int, cursor func(T) string) {
-	next := ""
-	if len(items) == limit && limit > 0 {
-		next = cursor(items[len(items)-1])
-	}
-	httpx.WriteJSON(w, http.StatusOK, pc.List[T]{Items: items, Next: next})
+	httpx.WriteJSON(w, http.StatusOK, wire.NewPage(items, limit, cursor))
 }
+
+func idOf(id int64) string { return strconv.FormatInt(id, 10) }
 
 func (s *Service) handleCreateAccount(w http.ResponseWriter, r *http.Request) error {
 	req, err := decodeCreateAccount(r, s.currency)
@@ -187,7 +160,7 @@ func (s *Service) handleListPayouts(w http.ResponseWriter, r *http.Request) erro
 		return badField("state", "must be one of PENDING, CLAIMED, RAIL_SUBMITTED, RAIL_ACKED, RAIL_AMBIGUOUS, POSTED, FAILED, ABANDONED; got %q", state)
 	}
 	account := q.Get("account_id")
-	if account != "" && !idRE.MatchString(account) {
+	if account != "" && !wire.IDPattern.MatchString(account) {
 		return badField("account_id", "is not an account id: %q", account)
 	}
 	items, err := s.Payouts(r.Context(), state, account, after, limit)
@@ -228,7 +201,7 @@ func (s *Service) handlePayoutEvents(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	writeList(w, items, limit, func(e pc.PayoutEvent) string { return strconv.FormatInt(e.ID, 10) })
+	writeList(w, items, limit, func(e pc.PayoutEvent) string { return idOf(e.ID) })
 	return nil
 }
 
@@ -257,7 +230,16 @@ func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	items, err := s.Work(r.Context(), limit)
+	skip := r.URL.Query()["skip"]
+	if len(skip) > pc.MaxWorkSkip {
+		return badField("skip", "at most %d accounts, got %d", pc.MaxWorkSkip, len(skip))
+	}
+	for _, a := range skip {
+		if !wire.IDPattern.MatchString(a) {
+			return badField("skip", "is not an account id: %q", a)
+		}
+	}
+	items, err := s.Work(r.Context(), limit, skip)
 	if err != nil {
 		return err
 	}
@@ -278,7 +260,7 @@ func (s *Service) handleLedger(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeList(w, items, limit, func(e pc.LedgerEntry) string { return strconv.FormatInt(e.ID, 10) })
+	writeList(w, items, limit, func(e pc.LedgerEntry) string { return idOf(e.ID) })
 	return nil
 }
 
@@ -295,7 +277,7 @@ func (s *Service) handleSafetyEvents(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	writeList(w, items, limit, func(e pc.SafetyEvent) string { return strconv.FormatInt(e.ID, 10) })
+	writeList(w, items, limit, func(e pc.SafetyEvent) string { return idOf(e.ID) })
 	return nil
 }
 

@@ -11,7 +11,8 @@ import (
 // that no longer equals its entries and a group that does not sum to zero,
 // exports both as gauges and logs them at ERROR.
 func TestLedgerCheckDetectsDrift(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	e.account(t, "acc-1", 1_000)
 	e.account(t, "acc-2", 1_000)
 	e.payout(t, "po-1", "acc-1", 100)
@@ -65,7 +66,8 @@ func TestLedgerCheckDetectsDrift(t *testing.T) {
 // TestRunLedgerCheck: the background loop runs, stops with its context,
 // and reports a clean ledger as clean.
 func TestRunLedgerCheck(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	e.svc.interval = 10 * time.Millisecond
 	e.account(t, "acc-1", 1_000)
 	ctx, cancel := context.WithCancel(tctx(t))

@@ -28,10 +28,11 @@ const (
 	OpResolve    Op = "resolve"
 	OpCancel     Op = "cancel"
 	OpAbandon    Op = "abandon"
+	OpRefuse     Op = "refuse"
 )
 
 // Ops lists every fenced mutation.
-var Ops = []Op{OpClaim, OpSubmitting, OpOutcome, OpPost, OpResolve, OpCancel, OpAbandon}
+var Ops = []Op{OpClaim, OpSubmitting, OpOutcome, OpPost, OpResolve, OpCancel, OpAbandon, OpRefuse}
 
 // Command is one validated fenced mutation request.
 type Command struct {
@@ -42,9 +43,9 @@ type Command struct {
 
 	Outcome    pc.Outcome    // OpOutcome
 	RailRef    string        // OpOutcome
-	ErrorCode  string        // OpOutcome
+	ErrorCode  string        // OpOutcome, OpRefuse
 	Resolution pc.Resolution // OpResolve
-	Text       string        // OpResolve evidence, OpCancel/OpAbandon reason
+	Text       string        // OpResolve/OpRefuse evidence, OpCancel/OpAbandon reason
 }
 
 // event maps a command to its state-machine event. Claims on a PENDING
@@ -73,6 +74,8 @@ func (c Command) event() Event {
 		return EvResolveAbsent
 	case OpCancel:
 		return EvCancel
+	case OpRefuse:
+		return EvRailRefused
 	default:
 		return EvAbandon
 	}
@@ -81,7 +84,8 @@ func (c Command) event() Event {
 // rejection is why a fenced transaction was rolled back; it is recorded as
 // a safety event after the rollback, in a transaction of its own.
 type rejection struct {
-	fenced bool // guard 1 refused the token
+	fenced bool  // guard 1 refused the token
+	fence  fence // what guard 1 answered (the fence that refused)
 	state  pc.State
 	event  Event
 	payout pc.Payout
@@ -113,6 +117,9 @@ func (s *Service) Apply(ctx context.Context, payoutID string, cmd Command) (pc.P
 		return pc.Payout{}, err
 	}
 	if rej != nil {
+		if hook := s.afterRefusal.Load(); hook != nil {
+			(*hook)()
+		}
 		return pc.Payout{}, s.reject(ctx, accountID, payoutID, cmd, rej)
 	}
 	return p, nil
@@ -125,13 +132,14 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 
-	balance, ok, err := advanceFence(ctx, tx, accountID, cmd.Token, cmd.Holder)
+	f, err := advanceFence(ctx, tx, accountID, cmd.Token, cmd.Holder)
 	if err != nil {
 		return pc.Payout{}, nil, fmt.Errorf("advance fence: %w", err)
 	}
-	if !ok {
-		return pc.Payout{}, &rejection{fenced: true}, nil
+	if !f.accepted {
+		return pc.Payout{}, &rejection{fenced: true, fence: f}, nil
 	}
+	balance := f.balance
 	p, err := getPayout(ctx, tx, payoutID, true)
 	if err != nil {
 		return pc.Payout{}, nil, err
@@ -151,6 +159,12 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 	to, ok := decide(p.State, ev)
 	if !ok {
 		return pc.Payout{}, &rejection{state: p.State, event: ev, payout: p}, nil
+	}
+	if ev == EvAbandon {
+		// Refused before the SLA: the transaction rolls back, the fence included.
+		if err := s.checkResolutionSLA(ctx, tx, p); err != nil {
+			return pc.Payout{}, nil, err
+		}
 	}
 
 	var (
@@ -189,6 +203,9 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 		if ev == EvRailDeclined {
 			failure = str("rail_declined")
 		}
+	case EvRailRefused:
+		failure, errCode = str(pc.FailureRailRefused), str(cmd.ErrorCode)
+		reason = fmt.Sprintf("refused by the rail proxy without forwarding (%s): %s", cmd.ErrorCode, cmd.Text)
 	case EvPost:
 		settled = true
 		reason = "posted"
@@ -234,6 +251,30 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 	return p, nil, nil
 }
 
+// checkResolutionSLA refuses abandoning a payout that has been ambiguous
+// for less than the resolution SLA: abandoning releases its held amount
+// while the rail may still pay, and time short of the SLA is no evidence.
+// The age is measured by the database clock from the payout's entry into
+// RAIL_AMBIGUOUS.
+func (s *Service) checkResolutionSLA(ctx context.Context, tx pgx.Tx, p pc.Payout) error {
+	var since time.Time
+	var ageSeconds float64
+	err := tx.QueryRow(ctx, `SELECT max(at), EXTRACT(EPOCH FROM now() - max(at))::float8
+		FROM payout_event WHERE payout_id = $1 AND to_state = $2`, p.ID, string(pc.RailAmbiguous)).Scan(&since, &ageSeconds)
+	if err != nil {
+		return fmt.Errorf("read when payout %s became ambiguous: %w", p.ID, err)
+	}
+	age := time.Duration(ageSeconds * float64(time.Second))
+	if age >= s.sla {
+		return nil
+	}
+	return problem.New(problem.Conflict,
+		"payout %s has been RAIL_AMBIGUOUS for %s (since %s); abandon is allowed only once the resolution SLA of %s has passed, in %s: resolve it from rail evidence meanwhile",
+		p.ID, age.Round(time.Second), since.UTC().Format(time.RFC3339), s.sla, (s.sla-age).Round(time.Second)).
+		With("payout_id", p.ID).With("ambiguous_since", since.UTC()).
+		With("ambiguous_for_seconds", int64(age.Seconds())).With("resolution_sla_seconds", int64(s.sla.Seconds()))
+}
+
 // postLedger writes the payout's ledger group — debit the account, credit
 // payout-clearing, both under the token — and moves both balances, in the
 // caller's transaction (INV-03). The group sums to zero by construction and
@@ -258,10 +299,16 @@ func (s *Service) reject(ctx context.Context, accountID, payoutID string, cmd Co
 	// Evidence must outlive a caller that hangs up.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	var stored int64
-	var storedHolder string
-	if err := s.pool.QueryRow(ctx, `SELECT fence_token, fence_holder FROM account WHERE id = $1`, accountID).Scan(&stored, &storedHolder); err != nil {
-		return fmt.Errorf("read fence after rejection: %w", err)
+	// A fenced-out request is judged from the fence that refused it, as
+	// guard 1's own statement returned it: a fence read now could have moved
+	// since and hide a token regression. A rejected transition passed the
+	// guard inside a transaction that was rolled back; its evidence shows
+	// the fence as it stands.
+	stored, storedHolder := int64(rej.fence.token), string(rej.fence.holder)
+	if !rej.fenced {
+		if err := s.pool.QueryRow(ctx, `SELECT fence_token, fence_holder FROM account WHERE id = $1`, accountID).Scan(&stored, &storedHolder); err != nil {
+			return fmt.Errorf("read fence after rejection: %w", err)
+		}
 	}
 	log := s.logFor(ctx).With(obs.KeyKey, key, obs.KeyToken, int64(cmd.Token), "stored_token", stored,
 		obs.KeyHolder, string(cmd.Holder), "stored_holder", storedHolder,

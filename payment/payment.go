@@ -11,7 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,6 +20,8 @@ import (
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/pgpool"
+	"github.com/payouts/payouts/internal/wire"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
@@ -41,11 +43,17 @@ type Config struct {
 	// LedgerCheckInterval is how often the continuous INV-03 check runs
 	// (default 30s).
 	LedgerCheckInterval time.Duration
-	// MaxConns bounds the database pool (default 16).
+	// MaxConns bounds the database pool (default pgpool.DefaultMaxConns).
 	MaxConns int32
+	// ResolutionSLA is how long a payout must have been RAIL_AMBIGUOUS
+	// before an operator may abandon it (domain model 2.3: "resolution SLA
+	// exceeded"); default DefaultResolutionSLA.
+	ResolutionSLA time.Duration
 }
 
-var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
+// DefaultResolutionSLA is the resolution SLA when none is configured (the
+// reconciler's default --ambiguity-sla).
+const DefaultResolutionSLA = 24 * time.Hour
 
 // Service is the payment resource over one paydb.
 type Service struct {
@@ -54,6 +62,11 @@ type Service struct {
 	log      *slog.Logger
 	m        *metrics
 	interval time.Duration
+	sla      time.Duration // resolution SLA (abandon)
+
+	// afterRefusal, when set (tests only), runs after a refused mutation's
+	// transaction has ended and before its evidence is recorded.
+	afterRefusal atomic.Pointer[func()]
 }
 
 // New connects to paydb and creates the system accounts (funding and
@@ -62,7 +75,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Currency == "" {
 		cfg.Currency = DefaultCurrency
 	}
-	if !currencyRE.MatchString(cfg.Currency) {
+	if !wire.CurrencyPattern.MatchString(cfg.Currency) {
 		return nil, fmt.Errorf("payment: currency %q is not a three-letter upper-case ISO 4217 code", cfg.Currency)
 	}
 	if cfg.DatabaseURL == "" {
@@ -77,19 +90,17 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.LedgerCheckInterval <= 0 {
 		cfg.LedgerCheckInterval = 30 * time.Second
 	}
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if cfg.ResolutionSLA < 0 {
+		return nil, fmt.Errorf("payment: resolution SLA %s is negative", cfg.ResolutionSLA)
+	}
+	if cfg.ResolutionSLA == 0 {
+		cfg.ResolutionSLA = DefaultResolutionSLA
+	}
+	pool, err := pgpool.New(ctx, "payment: paydb", cfg.DatabaseURL, pgpool.Options{MaxConns: cfg.MaxConns})
 	if err != nil {
-		return nil, fmt.Errorf("payment: database URL: %w", err)
+		return nil, err
 	}
-	pcfg.MaxConns = 16
-	if cfg.MaxConns > 0 {
-		pcfg.MaxConns = cfg.MaxConns
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, fmt.Errorf("payment: connect: %w", err)
-	}
-	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval}
+	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval, sla: cfg.ResolutionSLA}
 	if err := s.ensureSystemAccounts(ctx); err != nil {
 		pool.Close()
 		return nil, err

@@ -22,7 +22,8 @@ var opsFor = map[pc.State][]Op{
 // every balance equals its entries, available >= 0, and the fence is the
 // highest token accepted.
 func TestLedgerInvariantsRapid(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	ctx := tctx(t)
 	iter := 0
 	rapid.Check(t, func(rt *rapid.T) {

@@ -3,6 +3,7 @@
 package payment
 
 import (
+	"strings"
 	"testing"
 
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -25,5 +26,13 @@ func TestReleaseBuildPrimariesOn(t *testing.T) {
 				t.Errorf("decide(%s, %s) = %s, %v; the table says %s, %v", s, ev, got, ok, want, listed)
 			}
 		}
+	}
+}
+
+// TestReleaseBuildGuardCondition: guard 1's statement judges acceptance
+// (the negative-control build answers true instead).
+func TestReleaseBuildGuardCondition(t *testing.T) {
+	if !strings.Contains(guardSQL, "(fence_token = $2 AND fence_holder = $3)") {
+		t.Fatal("release build: guard 1 lost its fence condition")
 	}
 }

@@ -14,7 +14,7 @@ import (
 var want = map[pc.State]map[Event]pc.State{
 	pc.Pending:       {EvClaim: pc.Claimed, EvInsufficientFunds: pc.Failed, EvCancel: pc.Abandoned},
 	pc.Claimed:       {EvClaim: pc.Claimed, EvSubmitting: pc.RailSubmitted},
-	pc.RailSubmitted: {EvRailAcked: pc.RailAcked, EvRailDeclined: pc.Failed, EvRailTimeout: pc.RailAmbiguous},
+	pc.RailSubmitted: {EvRailAcked: pc.RailAcked, EvRailDeclined: pc.Failed, EvRailTimeout: pc.RailAmbiguous, EvRailRefused: pc.Failed},
 	pc.RailAcked:     {EvPost: pc.Posted},
 	pc.RailAmbiguous: {EvResolveSettled: pc.RailAcked, EvResolveAbsent: pc.Failed, EvAbandon: pc.Abandoned},
 	pc.Posted:        {},
@@ -47,39 +47,42 @@ func TestTransitionTableIsTheModel(t *testing.T) {
 type request struct {
 	name  string
 	event Event
-	do    func(e *testEnv, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error)
+	do    func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error)
 }
 
 var requests = []request{
-	{"claim", EvClaim, func(e *testEnv, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	{"claim", EvClaim, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.exec.Claim(bg, id, tok, h)
 	}},
-	{"submitting", EvSubmitting, func(e *testEnv, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	{"submitting", EvSubmitting, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.exec.Submitting(bg, id, tok, h)
 	}},
-	{"outcome-acked", EvRailAcked, func(e *testEnv, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	{"outcome-acked", EvRailAcked, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.exec.ReportOutcome(bg, id, tok, h, pc.OutcomeAcked, "rail-1", "")
 	}},
-	{"outcome-rejected", EvRailDeclined, func(e *testEnv, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	{"outcome-rejected", EvRailDeclined, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.exec.ReportOutcome(bg, id, tok, h, pc.OutcomeRejected, "", "DECLINED")
 	}},
-	{"outcome-timeout", EvRailTimeout, func(e *testEnv, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	{"outcome-timeout", EvRailTimeout, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.exec.ReportOutcome(bg, id, tok, h, pc.OutcomeTimeout, "", "")
 	}},
-	{"post", EvPost, func(e *testEnv, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	{"post", EvPost, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.exec.Post(bg, id, tok, h)
 	}},
-	{"resolve-settled", EvResolveSettled, func(e *testEnv, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	{"resolve-settled", EvResolveSettled, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.recon.Resolve(bg, id, tok, h, pc.ResolutionSettled, "rail lookup: settled rail-1")
 	}},
-	{"resolve-absent", EvResolveAbsent, func(e *testEnv, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	{"resolve-absent", EvResolveAbsent, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.recon.Resolve(bg, id, tok, h, pc.ResolutionAbsent, "rail lookup: final, no payment")
 	}},
-	{"cancel", EvCancel, func(e *testEnv, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	{"cancel", EvCancel, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.oper.Cancel(bg, id, tok, h, "customer withdrew")
 	}},
-	{"abandon", EvAbandon, func(e *testEnv, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	{"abandon", EvAbandon, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.oper.Abandon(bg, id, tok, h, "SLA exceeded; handed to finance")
+	}},
+	{"refuse", EvRailRefused, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+		return e.exec.Refuse(bg, id, tok, h, "invalid_request:beneficiary_ref", "proxy 400, forwarded=false")
 	}},
 }
 
@@ -88,7 +91,8 @@ var requests = []request{
 // every other pair is 409 invalid_transition, recorded as a
 // rejected_transition safety event, and changes nothing — not even the fence.
 func TestTransitionsOverHTTP(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	n := 0
 	for _, from := range pc.States {
 		for _, rq := range requests {
@@ -157,7 +161,8 @@ func TestTransitionsOverHTTP(t *testing.T) {
 // TestClaimInsufficientFunds: PENDING -> FAILED when available (balance
 // minus held payouts, D-7) does not cover the amount.
 func TestClaimInsufficientFunds(t *testing.T) {
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	e.account(t, "acc-1", 150)
 	e.payout(t, "po-1", "acc-1", 100)
 	e.payout(t, "po-2", "acc-1", 100)

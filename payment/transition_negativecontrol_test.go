@@ -16,7 +16,8 @@ func TestNegativeControlTerminalStateReExecuted(t *testing.T) {
 	if transitionTableEnabled {
 		t.Fatal("negativecontrol build still enforces the transition table")
 	}
-	e := newEnv(t)
+	t.Parallel()
+	e := setup(t)
 	e.account(t, "acc-1", 1_000)
 	e.payout(t, "po-1", "acc-1", 100)
 	e.drive(t, "po-1", pc.Posted, 10, "holder")

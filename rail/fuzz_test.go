@@ -18,7 +18,7 @@ import (
 // startFuzzRail runs a rail stub (no faults) until the fuzz target ends.
 func startFuzzRail(tb testing.TB) (*Server, string) {
 	tb.Helper()
-	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + operatorToken + `","role":"operator","name":"op"},{"token":"` + executorToken + `","role":"executor","name":"ex"}]}`))
+	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + operatorToken + `","role":"operator","name":"op"},{"token":"` + proxyToken + `","role":"proxy","name":"px"}]}`))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func FuzzPay(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		before := s.fuzzState()
-		a := fuzzhttp.Do(t, http.MethodPost, url+"/v1/payments", executorToken, body)
+		a := fuzzhttp.Do(t, http.MethodPost, url+"/v1/payments", proxyToken, body)
 		if a.OK() {
 			return
 		}

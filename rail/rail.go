@@ -11,13 +11,11 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	randv2 "math/rand/v2"
 	"net"
 	"net/http"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +27,7 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/rail/railclient"
 )
 
@@ -144,8 +143,10 @@ func (s *Server) Handler() http.Handler { return s.http.Handler() }
 
 func (s *Server) routes(r chi.Router) {
 	r.Route("/v1", func(r chi.Router) {
-		r.Post("/payments", httpx.Handler(s.pay))
-		r.Get("/payments", httpx.Handler(s.find))
+		// Only the rail proxy pays: every other path to the rail would go
+		// around both guards. Lookups: the proxy and the reconciler.
+		r.With(auth.Require(auth.Proxy)).Post("/payments", httpx.Handler(s.pay))
+		r.With(auth.Require(auth.Proxy, auth.Reconciler)).Get("/payments", httpx.Handler(s.find))
 		r.Group(func(r chi.Router) {
 			r.Use(auth.Require(auth.Operator))
 			r.Get("/settlement-report", httpx.Handler(s.report))
@@ -155,27 +156,18 @@ func (s *Server) routes(r chi.Router) {
 	})
 }
 
-var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
-
-// maxAmount is the exclusive upper bound of an amount (DESIGN D-14).
-const maxAmount = 1_000_000_000_000_000
-
+// validatePayment applies the limits every role shares (internal/wire).
 func validatePayment(p railclient.PaymentRequest) error {
-	switch {
-	case strings.TrimSpace(p.ClientRef) == "":
-		return problem.New(problem.InvalidRequest, "client_ref is required")
-	case len(p.ClientRef) > 200:
-		return problem.New(problem.InvalidRequest, "client_ref is longer than 200 characters")
-	case p.Amount <= 0 || p.Amount >= maxAmount:
-		return problem.New(problem.InvalidRequest, "amount must be a positive integer in minor units below 10^15, got %d", p.Amount)
-	case !currencyRE.MatchString(p.Currency):
-		return problem.New(problem.InvalidRequest, "currency must be a three-letter upper-case ISO 4217 code, got %q", p.Currency)
-	case strings.TrimSpace(p.BeneficiaryRef) == "":
-		return problem.New(problem.InvalidRequest, "beneficiary_ref is required")
-	case len(p.BeneficiaryRef) > 200:
-		return problem.New(problem.InvalidRequest, "beneficiary_ref is longer than 200 characters")
+	if err := wire.ValidRef("client_ref", p.ClientRef); err != nil {
+		return err
 	}
-	return nil
+	if err := wire.ValidAmount("amount", p.Amount, false); err != nil {
+		return err
+	}
+	if err := wire.ValidCurrency("currency", p.Currency); err != nil {
+		return err
+	}
+	return wire.ValidRef("beneficiary_ref", p.BeneficiaryRef)
 }
 
 func (s *Server) pay(w http.ResponseWriter, r *http.Request) error {
@@ -273,8 +265,8 @@ func (s *Server) find(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	ref := q.Get("client_ref")
-	if strings.TrimSpace(ref) == "" {
-		return problem.New(problem.InvalidRequest, "query parameter client_ref is required")
+	if err := wire.ValidRef("client_ref", ref); err != nil {
+		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -364,8 +356,8 @@ func validateFaults(f railclient.Faults) error {
 	if f.LatencyMS < 0 || f.LatencyMS > maxLatency {
 		return fmt.Errorf("latency_ms must be between 0 and %d, got %d", maxLatency, f.LatencyMS)
 	}
-	if len(f.DeclineBeneficiaryPrefix) > 200 {
-		return errors.New("decline_beneficiary_prefix is longer than 200 characters")
+	if len(f.DeclineBeneficiaryPrefix) > wire.MaxRefLen {
+		return fmt.Errorf("decline_beneficiary_prefix is longer than %d bytes", wire.MaxRefLen)
 	}
 	return nil
 }

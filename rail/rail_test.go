@@ -19,8 +19,10 @@ import (
 )
 
 const (
-	operatorToken = "operator-token-0123456789"
-	executorToken = "executor-token-0123456789"
+	operatorToken   = "operator-token-0123456789"
+	executorToken   = "executor-token-0123456789"
+	proxyToken      = "proxy-token-0123456789"
+	reconcilerToken = "reconciler-token-0123456789"
 )
 
 type clock struct {
@@ -35,14 +37,25 @@ func (c *clock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-func start(t *testing.T, window time.Duration) (op, ex *railclient.Client, clk *clock) {
+// bundle is a rail stub on a loopback port with a client per caller role
+// and its clock.
+type bundle struct {
+	op, ex, px, rc *railclient.Client // operator, executor, proxy, reconciler
+	clk            *clock
+}
+
+func setup(t *testing.T, window time.Duration) *bundle {
 	t.Helper()
-	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + operatorToken + `","role":"operator","name":"op"},{"token":"` + executorToken + `","role":"executor","name":"ex"}]}`))
+	b := &bundle{}
+	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + operatorToken + `","role":"operator","name":"op"},
+		{"token":"` + executorToken + `","role":"executor","name":"ex"},
+		{"token":"` + proxyToken + `","role":"proxy","name":"px"},
+		{"token":"` + reconcilerToken + `","role":"reconciler","name":"rc"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk = &clock{t: time.Now()}
-	s, err := New(Config{Addr: "127.0.0.1:0", Logger: obs.NewLogger(io.Discard, slog.LevelInfo, "rail"), Auth: a, SettlementWindow: window, Now: clk.Now})
+	b.clk = &clock{t: time.Now()}
+	s, err := New(Config{Addr: "127.0.0.1:0", Logger: obs.NewLogger(io.Discard, slog.LevelInfo, "rail"), Auth: a, SettlementWindow: window, Now: b.clk.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,13 +73,19 @@ func start(t *testing.T, window time.Duration) (op, ex *railclient.Client, clk *
 		}
 	})
 	url := "http://" + addr.String()
-	if op, err = railclient.New(url, operatorToken); err != nil {
+	if b.op, err = railclient.New(url, operatorToken); err != nil {
 		t.Fatal(err)
 	}
-	if ex, err = railclient.New(url, executorToken); err != nil {
+	if b.ex, err = railclient.New(url, executorToken); err != nil {
 		t.Fatal(err)
 	}
-	return op, ex, clk
+	if b.px, err = railclient.New(url, proxyToken); err != nil {
+		t.Fatal(err)
+	}
+	if b.rc, err = railclient.New(url, reconcilerToken); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func ctxFor(t *testing.T) context.Context {
@@ -82,18 +101,19 @@ func req(ref string) railclient.PaymentRequest {
 // The rail is not idempotent: the same request twice is two payments.
 func TestDuplicatesAreRealAndReported(t *testing.T) {
 	t.Parallel()
-	op, ex, _ := start(t, time.Minute)
+	b := setup(t, time.Minute)
+	op, ex := b.op, b.px
 	ctx := ctxFor(t)
 	a, err := ex.Pay(ctx, req("ref-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := ex.Pay(ctx, req("ref-1"))
+	a2, err := ex.Pay(ctx, req("ref-1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.RailRef == b.RailRef || a.Status != railclient.StatusSettled {
-		t.Fatalf("two payments expected: %+v %+v", a, b)
+	if a.RailRef == a2.RailRef || a.Status != railclient.StatusSettled {
+		t.Fatalf("two payments expected: %+v %+v", a, a2)
 	}
 	d := req("ref-2")
 	d.BeneficiaryRef = "DECLINE-x"
@@ -114,7 +134,8 @@ func TestDuplicatesAreRealAndReported(t *testing.T) {
 
 func TestFindIsFinalOnlyAfterTheWindow(t *testing.T) {
 	t.Parallel()
-	op, ex, clk := start(t, 10*time.Minute)
+	b := setup(t, 10*time.Minute)
+	op, ex, clk := b.op, b.px, b.clk
 	ctx := ctxFor(t)
 	if _, err := ex.Pay(ctx, req("ref-w")); err != nil {
 		t.Fatal(err)
@@ -148,7 +169,8 @@ func ptr[T any](v T) *T { return &v }
 // caller gives up — the stub does not hang.
 func TestTimeoutAfterAcceptHoldsUntilTheCallerLeaves(t *testing.T) {
 	t.Parallel()
-	op, ex, _ := start(t, time.Minute)
+	b := setup(t, time.Minute)
+	op, ex := b.op, b.px
 	ctx := ctxFor(t)
 	f, err := op.SetFaults(ctx, railclient.FaultsUpdate{TimeoutAfterAccept: ptr(1.0)})
 	if err != nil || f.TimeoutAfterAccept != 1 || f.DeclineBeneficiaryPrefix != railclient.DefaultDeclinePrefix {
@@ -177,7 +199,8 @@ func TestTimeoutAfterAcceptHoldsUntilTheCallerLeaves(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	t.Parallel()
-	op, ex, _ := start(t, time.Minute)
+	b := setup(t, time.Minute)
+	op, ex := b.op, b.px
 	ctx := ctxFor(t)
 	for _, u := range []railclient.FaultsUpdate{
 		{TimeoutAfterAccept: ptr(1.5)}, {DropBeforeAccept: ptr(-0.1)}, {LatencyMS: ptr(int64(-1))}, {LatencyMS: ptr(int64(10_000_000))},
@@ -209,5 +232,47 @@ func TestBadInput(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("no bearer token: %d", resp.StatusCode)
+	}
+}
+
+// Only the rail proxy pays (issue: an executor's or reconciler's token paid
+// around both guards); lookups are the proxy's and the reconciler's; faults
+// and the settlement report the operator's.
+func TestOnlyTheProxyPays(t *testing.T) {
+	t.Parallel()
+	b := setup(t, time.Minute)
+	ctx := ctxFor(t)
+	for name, c := range map[string]*railclient.Client{"executor": b.ex, "reconciler": b.rc, "operator": b.op} {
+		if _, err := c.Pay(ctx, req("ref-"+name)); !problem.Has(err, problem.Forbidden) {
+			t.Errorf("%s paying at the rail: %v, want forbidden", name, err)
+		}
+	}
+	if rep, _ := b.op.SettlementReport(ctx); len(rep) != 0 {
+		t.Fatalf("a refused caller made a payment: %+v", rep)
+	}
+	if _, err := b.px.Pay(ctx, req("ref-proxy")); err != nil {
+		t.Fatalf("the proxy paying: %v", err)
+	}
+	for name, c := range map[string]*railclient.Client{"proxy": b.px, "reconciler": b.rc} {
+		if l, err := c.Find(ctx, "ref-proxy"); err != nil || len(l.Items) != 1 {
+			t.Errorf("%s looking up: %+v %v", name, l, err)
+		}
+	}
+	for name, c := range map[string]*railclient.Client{"executor": b.ex, "operator": b.op} {
+		if _, err := c.Find(ctx, "ref-proxy"); !problem.Has(err, problem.Forbidden) {
+			t.Errorf("%s looking up: %v, want forbidden", name, err)
+		}
+	}
+	for name, c := range map[string]*railclient.Client{"proxy": b.px, "reconciler": b.rc, "executor": b.ex} {
+		if _, err := c.SettlementReport(ctx); !problem.Has(err, problem.Forbidden) {
+			t.Errorf("%s reading the settlement report: %v, want forbidden", name, err)
+		}
+		if _, err := c.Faults(ctx); !problem.Has(err, problem.Forbidden) {
+			t.Errorf("%s reading the faults: %v, want forbidden", name, err)
+		}
+	}
+	// A reference the rail could never have been sent is refused, not looked up.
+	if _, err := b.px.Find(ctx, "ref\x00x"); !problem.Has(err, problem.InvalidRequest) {
+		t.Errorf("find with a NUL in client_ref: %v, want invalid_request", err)
 	}
 }

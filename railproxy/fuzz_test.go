@@ -10,7 +10,6 @@ import (
 
 	"github.com/payouts/payouts/dev/fuzzhttp"
 	"github.com/payouts/payouts/dev/pgtest"
-	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/migrations"
@@ -48,7 +47,7 @@ func FuzzSubmit(f *testing.F) {
 	f.Cleanup(cancel)
 	dbURL := pgtest.NewDB(f, migrations.ProxyDB)
 	log := obs.NewLogger(io.Discard, slog.LevelInfo, "fuzz")
-	rs, err := rail.New(rail.Config{Addr: "127.0.0.1:0", Logger: log, Auth: auth.Insecure(), SettlementWindow: time.Minute})
+	rs, err := rail.New(rail.Config{Addr: "127.0.0.1:0", Logger: log, Auth: testAuth(), SettlementWindow: time.Minute})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -58,11 +57,11 @@ func FuzzSubmit(f *testing.F) {
 	}
 	runFuzzServer(f, rs.Serve)
 	railURL := "http://" + raddr.String()
-	railc, err := railclient.New(railURL, "")
+	railc, err := railclient.New(railURL, operatorBearer)
 	if err != nil {
 		f.Fatal(err)
 	}
-	ps, err := New(ctx, Config{Addr: "127.0.0.1:0", Logger: log, Auth: auth.Insecure(), DatabaseURL: dbURL, RailURL: railURL, RailTimeout: 20 * time.Second})
+	ps, err := New(ctx, Config{Addr: "127.0.0.1:0", Logger: log, Auth: testAuth(), DatabaseURL: dbURL, RailURL: railURL, RailToken: proxyBearer, RailTimeout: 20 * time.Second})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -78,7 +77,7 @@ func FuzzSubmit(f *testing.F) {
 
 	// A forwarded submission at token 5, for duplicates and stale tokens.
 	fixture := `{"payout_id":"fz-done","account_id":"fz-acc","token":5,"holder":"h-5","client_ref":"po-fz-done","amount":100,"currency":"EUR","beneficiary_ref":"b"}`
-	if a := fuzzhttp.Do(f, http.MethodPost, url, "", []byte(fixture)); !a.OK() {
+	if a := fuzzhttp.Do(f, http.MethodPost, url, executorBearer, []byte(fixture)); !a.OK() {
 		f.Fatalf("fixture submission: %d %s", a.Status, a.Body)
 	}
 
@@ -128,7 +127,7 @@ func FuzzSubmit(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, body []byte) {
 		before := snapshot(t)
-		a := fuzzhttp.Do(t, http.MethodPost, url, "", body)
+		a := fuzzhttp.Do(t, http.MethodPost, url, executorBearer, body)
 		if a.OK() {
 			return
 		}

@@ -12,9 +12,9 @@ INSERT INTO account_high_water AS hw (account_id, token, holder, updated_at)
 VALUES ($1, $2, $3, now())
 ON CONFLICT (account_id) DO UPDATE
    SET token = GREATEST(hw.token, EXCLUDED.token),
-       holder = CASE WHEN EXCLUDED.token >= hw.token THEN EXCLUDED.holder ELSE hw.holder END,
+       holder = CASE WHEN EXCLUDED.token > hw.token THEN EXCLUDED.holder ELSE hw.holder END,
        updated_at = now()
-RETURNING hw.token`
+RETURNING hw.token, hw.holder, true`
 
 // guardEnabled reports whether the fence condition is compiled in.
 const guardEnabled = false

@@ -3,11 +3,13 @@
 package railproxy
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/railproxy/proxyclient"
@@ -205,5 +207,40 @@ func TestEqualTokenOtherHolderIsTokenRegression(t *testing.T) {
 	}
 	if got := b.atRail(t, "po-p-c"); len(got) != 0 {
 		t.Fatalf("regressed token reached the rail: %+v", got)
+	}
+}
+
+// A token_regression is judged from the mark that refused the submission,
+// as guard 2's statement returned it — not from a mark read afterwards,
+// which a newer holder may have moved meanwhile (and which then hid the
+// regression).
+func TestTokenRegressionJudgedFromTheRefusingStatement(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := ctxFor(t)
+	if _, err := b.pc.Submit(ctx, sub("p-a", "acc-rg"), 7, "session-a"); err != nil {
+		t.Fatal(err)
+	}
+	conn := pgtest.Conn(t, b.dbURL)
+	moved := func() {
+		if _, err := conn.Exec(context.Background(),
+			`UPDATE account_high_water SET token = 9, holder = 'session-c' WHERE account_id = 'acc-rg'`); err != nil {
+			t.Error(err)
+		}
+	}
+	b.proxy.afterRefusal.Store(&moved)
+	_, err := b.pc.Submit(ctx, sub("p-b", "acc-rg"), 7, "session-b") // token 7 again, from another holder
+	var pe *problem.Error
+	if !errors.As(err, &pe) || pe.Code != problem.FencedOut || pe.StoredToken != 7 {
+		t.Fatalf("equal token from another holder: %v, want fenced_out naming stored token 7 (the mark that refused)", err)
+	}
+	var regressions []proxyclient.SafetyEvent
+	for _, e := range b.safetyEvents(t) {
+		if e.Kind == proxyclient.KindTokenRegression {
+			regressions = append(regressions, e)
+		}
+	}
+	if len(regressions) != 1 || regressions[0].StoredToken != 7 || regressions[0].StoredHolder != "session-a" {
+		t.Fatalf("token_regression events %+v, want one judged against (7, session-a)", regressions)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/internal/auth"
@@ -29,6 +30,28 @@ import (
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
+// Bearer tokens of the test authenticator, one per role.
+const (
+	executorBearer   = "executor-token-0123456789"
+	reconcilerBearer = "reconciler-token-0123456789"
+	operatorBearer   = "operator-token-0123456789"
+	proxyBearer      = "proxy-token-0123456789"
+)
+
+// testAuth knows one token per role; the rail and the proxy both use it
+// (each server checks only the roles its routes allow).
+func testAuth() *auth.Authenticator {
+	a, err := auth.Parse([]byte(`{"tokens":[
+		{"token":"` + executorBearer + `","role":"executor","name":"exec-1"},
+		{"token":"` + reconcilerBearer + `","role":"reconciler","name":"recon-1"},
+		{"token":"` + operatorBearer + `","role":"operator","name":"alice"},
+		{"token":"` + proxyBearer + `","role":"proxy","name":"proxy-1"}]}`))
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
+
 // helperEnv marks a re-executed test binary that runs a proxy with a crash
 // point armed (see runCrashHelper).
 const helperEnv = "RAILPROXY_CRASH_HELPER"
@@ -37,7 +60,14 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(runCrashHelper())
 	}
-	os.Exit(pgtest.Main(m))
+	code := pgtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // syncBuffer collects log output from several goroutines.
@@ -82,7 +112,8 @@ type bundle struct {
 	railURL string
 	rail    *railclient.Client
 	proxy   *Server
-	pc      *proxyclient.Client
+	pc      *proxyclient.Client // executor: submits and reads
+	recon   *proxyclient.Client // reconciler: looks up
 	url     string
 	logs    *syncBuffer
 }
@@ -118,7 +149,7 @@ func serve(t *testing.T, start func(ctx context.Context) error) {
 func startRail(t *testing.T, clock *fakeClock, window time.Duration) string {
 	t.Helper()
 	rs, err := rail.New(rail.Config{
-		Addr: "127.0.0.1:0", Logger: obs.NewLogger(io.Discard, slog.LevelInfo, "rail"), Auth: auth.Insecure(),
+		Addr: "127.0.0.1:0", Logger: obs.NewLogger(io.Discard, slog.LevelInfo, "rail"), Auth: testAuth(),
 		SettlementWindow: window, Now: clock.Now,
 	})
 	if err != nil {
@@ -150,7 +181,7 @@ func setup(t *testing.T, o options) *bundle {
 		b.railURL = startRail(t, b.clock, o.window)
 	}
 	var err error
-	if b.rail, err = railclient.New(b.railURL, ""); err != nil {
+	if b.rail, err = railclient.New(b.railURL, operatorBearer); err != nil {
 		t.Fatal(err)
 	}
 	b.startProxy(t, o.railTimeout, "")
@@ -160,8 +191,8 @@ func setup(t *testing.T, o options) *bundle {
 func (b *bundle) startProxy(t *testing.T, railTimeout time.Duration, crashPoint string) {
 	t.Helper()
 	s, err := New(ctxFor(t), Config{
-		Addr: "127.0.0.1:0", Logger: obs.NewLogger(b.logs, slog.LevelDebug, "proxy"), Auth: auth.Insecure(),
-		DatabaseURL: b.dbURL, RailURL: b.railURL, RailTimeout: railTimeout, crashPoint: crashPoint,
+		Addr: "127.0.0.1:0", Logger: obs.NewLogger(b.logs, slog.LevelDebug, "proxy"), Auth: testAuth(),
+		DatabaseURL: b.dbURL, RailURL: b.railURL, RailToken: proxyBearer, RailTimeout: railTimeout, crashPoint: crashPoint,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +206,10 @@ func (b *bundle) startProxy(t *testing.T, railTimeout time.Duration, crashPoint 
 		return s.Serve(ctx)
 	})
 	b.proxy, b.url = s, "http://"+addr.String()
-	if b.pc, err = proxyclient.New(b.url, ""); err != nil {
+	if b.pc, err = proxyclient.New(b.url, executorBearer); err != nil {
+		t.Fatal(err)
+	}
+	if b.recon, err = proxyclient.New(b.url, reconcilerBearer); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -264,8 +298,8 @@ func eventually(t *testing.T, what string, cond func() (bool, error)) {
 func runCrashHelper() int {
 	ctx := context.Background()
 	s, err := New(ctx, Config{
-		Addr: "127.0.0.1:0", Logger: obs.NewLogger(os.Stderr, slog.LevelInfo, "proxy"), Auth: auth.Insecure(),
-		DatabaseURL: os.Getenv("RAILPROXY_DB"), RailURL: os.Getenv("RAILPROXY_RAIL"), RailTimeout: 20 * time.Second,
+		Addr: "127.0.0.1:0", Logger: obs.NewLogger(os.Stderr, slog.LevelInfo, "proxy"), Auth: testAuth(),
+		DatabaseURL: os.Getenv("RAILPROXY_DB"), RailURL: os.Getenv("RAILPROXY_RAIL"), RailToken: proxyBearer, RailTimeout: 20 * time.Second,
 		crashPoint: os.Getenv(helperEnv),
 	})
 	if err != nil {
@@ -320,7 +354,7 @@ func startCrashingProxy(t *testing.T, b *bundle, crashPoint string) (*proxyclien
 	if err != nil {
 		t.Fatalf("crash helper did not start: %v\n%s", err, stderr.String())
 	}
-	c, err := proxyclient.New("http://"+strings.TrimSpace(line), "")
+	c, err := proxyclient.New("http://"+strings.TrimSpace(line), executorBearer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,6 +377,7 @@ func postRaw(t *testing.T, url, body string) (int, string) {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+executorBearer)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -37,7 +37,7 @@ func TestLookupResolvesAmbiguityOnceAfterTheSettlementWindow(t *testing.T) {
 	// Before the window: not final, nothing recorded — even though the rail
 	// already shows the payment.
 	for _, s := range []proxyclient.Submission{paid, unpaid} {
-		l, err := b.pc.Lookup(ctx, s.PayoutID)
+		l, err := b.recon.Lookup(ctx, s.PayoutID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +45,7 @@ func TestLookupResolvesAmbiguityOnceAfterTheSettlementWindow(t *testing.T) {
 			t.Fatalf("%s before the window: %+v", s.PayoutID, l)
 		}
 	}
-	if l, _ := b.pc.Lookup(ctx, paid.PayoutID); len(l.RailItems) != 1 {
+	if l, _ := b.recon.Lookup(ctx, paid.PayoutID); len(l.RailItems) != 1 {
 		t.Fatalf("rail items before the window: %+v", l.RailItems)
 	}
 
@@ -54,7 +54,7 @@ func TestLookupResolvesAmbiguityOnceAfterTheSettlementWindow(t *testing.T) {
 		s    proxyclient.Submission
 		want proxyclient.Resolution
 	}{{paid, proxyclient.ResolutionSettled}, {unpaid, proxyclient.ResolutionAbsent}} {
-		l, err := b.pc.Lookup(ctx, tc.s.PayoutID)
+		l, err := b.recon.Lookup(ctx, tc.s.PayoutID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,7 +66,7 @@ func TestLookupResolvesAmbiguityOnceAfterTheSettlementWindow(t *testing.T) {
 			t.Fatalf("evidence %s: %v", l.Submission.ResolutionEvidence, err)
 		}
 		// Once: a second lookup returns the recorded resolution and writes nothing.
-		again, err := b.pc.Lookup(ctx, tc.s.PayoutID)
+		again, err := b.recon.Lookup(ctx, tc.s.PayoutID)
 		if err != nil || again.Recorded || again.Resolution != tc.want || !again.Submission.ResolutionAt.Equal(*l.Submission.ResolutionAt) {
 			t.Fatalf("second lookup: %+v %v", again, err)
 		}
@@ -78,20 +78,20 @@ func TestLookupResolvesAmbiguityOnceAfterTheSettlementWindow(t *testing.T) {
 	}
 
 	// A definitive outcome is reported on, not resolved.
-	l, err := b.pc.Lookup(ctx, acked.PayoutID)
+	l, err := b.recon.Lookup(ctx, acked.PayoutID)
 	if err != nil || !l.Final || l.Recorded || l.Resolution != proxyclient.ResolutionSettled || l.Submission.Resolution != proxyclient.ResolutionNone {
 		t.Fatalf("lookup of an ACKED submission: %+v %v", l, err)
 	}
 
 	// Nothing forwarded: nothing to look up.
-	if _, err := b.pc.Lookup(ctx, "never"); !problem.Has(err, problem.NotFound) {
+	if _, err := b.recon.Lookup(ctx, "never"); !problem.Has(err, problem.NotFound) {
 		t.Fatalf("lookup of an unknown payout: %v", err)
 	}
 	if guardEnabled {
 		if _, err := b.pc.Submit(ctx, sub("p-fenced", "acc-l1"), 1, "someone-else"); !problem.Has(err, problem.FencedOut) {
 			t.Fatalf("want a FENCED attempt: %v", err)
 		}
-		if _, err := b.pc.Lookup(ctx, "p-fenced"); !problem.Has(err, problem.NotFound) {
+		if _, err := b.recon.Lookup(ctx, "p-fenced"); !problem.Has(err, problem.NotFound) {
 			t.Fatalf("lookup of a payout with only a FENCED attempt: %v", err)
 		}
 	}
@@ -149,13 +149,13 @@ func testCrash(t *testing.T, point string, wantAtRail int, wantResolution proxyc
 	}
 
 	// Resolution: not final before the window, recorded once after it.
-	if l, err := b.pc.Lookup(ctx, s.PayoutID); err != nil || l.Final || l.Recorded {
+	if l, err := b.recon.Lookup(ctx, s.PayoutID); err != nil || l.Final || l.Recorded {
 		t.Fatalf("lookup before the window: %+v %v", l, err)
 	}
 	b.clock.Advance(window + time.Minute)
 	var l proxyclient.LookupResult
 	eventually(t, "the resolution is recorded", func() (bool, error) {
-		l, err = b.pc.Lookup(ctxFor(t), s.PayoutID)
+		l, err = b.recon.Lookup(ctxFor(t), s.PayoutID)
 		return l.Recorded || l.Submission.Resolution != proxyclient.ResolutionNone, err
 	})
 	if !l.Recorded || l.Resolution != wantResolution || l.Submission.Outcome != proxyclient.OutcomeNone {

@@ -12,6 +12,7 @@ import (
 // (the hole the guard closes), while the high-water mark still never moves
 // backwards — which is what the detective controls compare against.
 func TestNegativeControlStaleTokenLands(t *testing.T) {
+	t.Parallel()
 	b := setup(t, options{})
 	ctx := ctxFor(t)
 	if _, err := b.pc.Submit(ctx, sub("p-1", "acc-nc"), 10, holder(10)); err != nil {

@@ -137,6 +137,12 @@ func TestBadInputWritesNothing(t *testing.T) {
 		{"negative amount", with("amount", -100), "amount"},
 		{"huge amount", with("amount", int64(1e15)), "amount"},
 		{"bad currency", with("currency", "eur"), "currency"},
+		{"client_ref of another payout", with("client_ref", "po-p-2"), "client_ref"},
+		{"client_ref not derived from the payout", with("client_ref", "whatever"), "client_ref"},
+		{"payout_id not an id", with("payout_id", "p 1"), "payout_id"},
+		{"account_id not an id", with("account_id", "acc/1"), "account_id"},
+		{"beneficiary_ref over the shared limit", with("beneficiary_ref", strings.Repeat("b", 201)), "beneficiary_ref"},
+		{"control character in holder", with("holder", "s\n1"), "holder"},
 		{"unknown field", with("tokn", 5), "tokn"},
 		{"malformed", `{"payout_id":`, "malformed"},
 		{"empty", ``, "empty"},
@@ -160,6 +166,7 @@ func TestBadInputWritesNothing(t *testing.T) {
 	}
 	for _, q := range []string{"limit=0", "limit=x", "after=-1", "after=abc"} {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.url+"/v1/submissions?"+q, nil)
+		req.Header.Set("Authorization", "Bearer "+executorBearer)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

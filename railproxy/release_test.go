@@ -14,7 +14,7 @@ func TestReleaseBuildPrimariesOn(t *testing.T) {
 	if !guardEnabled || !uniqueIntentEnabled {
 		t.Fatalf("release build: guardEnabled=%v uniqueIntentEnabled=%v, want both true", guardEnabled, uniqueIntentEnabled)
 	}
-	if !strings.Contains(highWaterSQL, "WHERE hw.token < EXCLUDED.token") {
+	if !strings.Contains(highWaterSQL, "(hw.token = $2 AND hw.holder = $3)") {
 		t.Fatal("release build: guard 2 lost its fence condition")
 	}
 	if !strings.Contains(intentSQL, "ON CONFLICT (payout_id) WHERE outcome IS DISTINCT FROM 'FENCED' DO NOTHING") {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -72,36 +71,49 @@ func collectRecords(rows pgx.Rows) ([]proxyclient.Record, error) {
 	return out, rows.Err()
 }
 
+// mark is an account's high-water mark as guard 2's statement returned it.
+type mark struct {
+	token  fencing.Token
+	holder fencing.Holder
+}
+
 // writeIntent runs the submission's one transaction: the guard first, then
 // the intent row (FR-19: written before the rail is contacted). A refusal
-// rolls everything back, the high-water mark included.
-func (st *store) writeIntent(ctx context.Context, req proxyclient.SubmitRequest) (proxyclient.Record, intentResult, error) {
+// rolls everything back, the high-water mark included; for intentFenced it
+// returns the mark that refused the token.
+func (st *store) writeIntent(ctx context.Context, req proxyclient.SubmitRequest) (proxyclient.Record, mark, intentResult, error) {
+	var m mark
 	tx, err := st.pool.Begin(ctx)
 	if err != nil {
-		return proxyclient.Record{}, 0, fmt.Errorf("begin: %w", err)
+		return proxyclient.Record{}, m, 0, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	var accepted int64
-	err = tx.QueryRow(ctx, highWaterSQL, req.AccountID, int64(req.Token), string(req.Holder)).Scan(&accepted)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return proxyclient.Record{}, intentFenced, nil
-	}
+	var (
+		token    int64
+		holder   string
+		accepted bool
+	)
+	err = tx.QueryRow(ctx, highWaterSQL, req.AccountID, int64(req.Token), string(req.Holder)).Scan(&token, &holder, &accepted)
 	if err != nil {
-		return proxyclient.Record{}, 0, fmt.Errorf("advance high-water: %w", err)
+		return proxyclient.Record{}, m, 0, fmt.Errorf("advance high-water: %w", err)
+	}
+	m = mark{token: fencing.Token(token), holder: fencing.Holder(holder)}
+	if !accepted {
+		return proxyclient.Record{}, m, intentFenced, nil
 	}
 	rec, err := scanRecord(tx.QueryRow(ctx, intentSQL+recordCols,
 		req.PayoutID, req.AccountID, int64(req.Token), string(req.Holder), req.ClientRef, req.Amount, req.Currency, req.BeneficiaryRef))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return proxyclient.Record{}, intentExists, nil
+		return proxyclient.Record{}, m, intentExists, nil
 	}
 	if err != nil {
-		return proxyclient.Record{}, 0, fmt.Errorf("insert intent: %w", err)
+		return proxyclient.Record{}, m, 0, fmt.Errorf("insert intent: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return proxyclient.Record{}, 0, fmt.Errorf("commit intent: %w", err)
+		return proxyclient.Record{}, m, 0, fmt.Errorf("commit intent: %w", err)
 	}
-	return rec, intentWritten, nil
+	return rec, m, intentWritten, nil
 }
 
 // fencedEvidence is what recordFenced wrote.
@@ -113,19 +125,13 @@ type fencedEvidence struct {
 }
 
 // recordFenced writes, in a transaction of its own, the FENCED row (D-5)
-// and the safety event(s) for a refused submission. The stored fence is
-// read here for the evidence only; it decides nothing.
-func (st *store) recordFenced(ctx context.Context, req proxyclient.SubmitRequest, detail string) (fencedEvidence, error) {
-	var ev fencedEvidence
+// and the safety event(s) for a refused submission, judged from refusedBy:
+// the mark guard 2's statement refused the token against.
+func (st *store) recordFenced(ctx context.Context, req proxyclient.SubmitRequest, refusedBy mark, detail string) (fencedEvidence, error) {
+	ev := fencedEvidence{StoredToken: refusedBy.token, StoredHolder: refusedBy.holder}
+	ev.Regression = ev.StoredToken == req.Token && ev.StoredHolder != req.Holder
 	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
-		var token int64
-		var holder string
-		err := tx.QueryRow(ctx, `SELECT token, holder FROM account_high_water WHERE account_id = $1`, req.AccountID).Scan(&token, &holder)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("read high-water: %w", err)
-		}
-		ev.StoredToken, ev.StoredHolder = fencing.Token(token), fencing.Holder(holder)
-		ev.Regression = ev.StoredToken == req.Token && ev.StoredHolder != req.Holder
+		var err error
 		ev.Record, err = scanRecord(tx.QueryRow(ctx, `
 			INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, outcome, error_code)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'FENCED', 'fenced_out')
@@ -207,15 +213,17 @@ func (st *store) recordOutcome(ctx context.Context, id int64, outcome proxyclien
 }
 
 // recordResolution writes the resolution of an ambiguous submission, once
-// (D-6). A row with no outcome is only resolved once it is older than
-// minAge: younger, its forwarding may still be under way. It returns false
-// when nothing was written.
-func (st *store) recordResolution(ctx context.Context, id int64, res proxyclient.Resolution, evidence []byte, minAge time.Duration) (proxyclient.Record, bool, error) {
+// (D-6), only if its outcome is still read (the outcome the evidence was
+// gathered against). A row with no outcome is only resolved once it is older
+// than minAge: younger, its forwarding may still be under way. It returns
+// false when nothing was written.
+func (st *store) recordResolution(ctx context.Context, id int64, read proxyclient.Outcome, res proxyclient.Resolution, evidence []byte, minAge time.Duration) (proxyclient.Record, bool, error) {
 	rec, err := scanRecord(st.pool.QueryRow(ctx, `
 		UPDATE rail_submission SET resolution = $2, resolution_evidence = $3
 		 WHERE id = $1 AND resolution IS NULL
+		   AND outcome IS NOT DISTINCT FROM $5
 		   AND (outcome = 'TIMEOUT' OR (outcome IS NULL AND created_at < now() - make_interval(secs => $4)))
-		RETURNING `+recordCols, id, string(res), string(evidence), minAge.Seconds()))
+		RETURNING `+recordCols, id, string(res), string(evidence), minAge.Seconds(), nullIfEmpty(string(read))))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return proxyclient.Record{}, false, nil
 	}
@@ -243,50 +251,31 @@ func (st *store) all(ctx context.Context, payoutID string) ([]proxyclient.Record
 	return collectRecords(rows)
 }
 
-func (st *store) list(ctx context.Context, after int64, limit int) (proxyclient.RecordPage, error) {
+func (st *store) list(ctx context.Context, after int64, limit int) ([]proxyclient.Record, error) {
 	rows, err := st.pool.Query(ctx, `SELECT `+recordCols+` FROM rail_submission WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
 	if err != nil {
-		return proxyclient.RecordPage{}, err
+		return nil, err
 	}
-	items, err := collectRecords(rows)
-	if err != nil {
-		return proxyclient.RecordPage{}, err
-	}
-	p := proxyclient.RecordPage{Items: items}
-	if len(items) == limit {
-		p.Next = strconv.FormatInt(items[len(items)-1].ID, 10)
-	}
-	return p, nil
+	return collectRecords(rows)
 }
 
-func (st *store) safetyEvents(ctx context.Context, after int64, limit int) (proxyclient.SafetyEventPage, error) {
+func (st *store) safetyEvents(ctx context.Context, after int64, limit int) ([]proxyclient.SafetyEvent, error) {
 	rows, err := st.pool.Query(ctx, `
 		SELECT id, kind, coalesce(key, ''), coalesce(presented_token, 0), coalesce(stored_token, 0),
 		       coalesce(holder, ''), coalesce(stored_holder, ''), coalesce(payout_id, ''), coalesce(detail, ''), at
 		  FROM safety_event WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
 	if err != nil {
-		return proxyclient.SafetyEventPage{}, err
+		return nil, err
 	}
-	defer rows.Close()
-	p := proxyclient.SafetyEventPage{Items: []proxyclient.SafetyEvent{}}
-	for rows.Next() {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (proxyclient.SafetyEvent, error) {
 		var e proxyclient.SafetyEvent
 		var presented, stored int64
 		var holder, storedHolder string
-		if err := rows.Scan(&e.ID, &e.Kind, &e.Key, &presented, &stored, &holder, &storedHolder, &e.PayoutID, &e.Detail, &e.At); err != nil {
-			return p, err
-		}
+		err := row.Scan(&e.ID, &e.Kind, &e.Key, &presented, &stored, &holder, &storedHolder, &e.PayoutID, &e.Detail, &e.At)
 		e.PresentedToken, e.StoredToken = fencing.Token(presented), fencing.Token(stored)
 		e.Holder, e.StoredHolder = fencing.Holder(holder), fencing.Holder(storedHolder)
-		p.Items = append(p.Items, e)
-	}
-	if err := rows.Err(); err != nil {
-		return p, err
-	}
-	if len(p.Items) == limit {
-		p.Next = strconv.FormatInt(p.Items[len(p.Items)-1].ID, 10)
-	}
-	return p, nil
+		return e, err
+	})
 }
 
 func (st *store) highFence(ctx context.Context) (fencing.Token, error) {
@@ -295,31 +284,20 @@ func (st *store) highFence(ctx context.Context) (fencing.Token, error) {
 	return fencing.Token(t), err
 }
 
-func (st *store) highWater(ctx context.Context, after string, limit int) (proxyclient.HighWaterPage, error) {
+func (st *store) highWater(ctx context.Context, after string, limit int) ([]proxyclient.HighWater, error) {
 	rows, err := st.pool.Query(ctx, `SELECT account_id, token, holder, updated_at FROM account_high_water
 		WHERE account_id > $1 ORDER BY account_id LIMIT $2`, after, limit)
 	if err != nil {
-		return proxyclient.HighWaterPage{}, err
+		return nil, err
 	}
-	defer rows.Close()
-	p := proxyclient.HighWaterPage{Items: []proxyclient.HighWater{}}
-	for rows.Next() {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (proxyclient.HighWater, error) {
 		var h proxyclient.HighWater
 		var t int64
 		var holder string
-		if err := rows.Scan(&h.AccountID, &t, &holder, &h.UpdatedAt); err != nil {
-			return p, err
-		}
+		err := row.Scan(&h.AccountID, &t, &holder, &h.UpdatedAt)
 		h.Token, h.Holder = fencing.Token(t), fencing.Holder(holder)
-		p.Items = append(p.Items, h)
-	}
-	if err := rows.Err(); err != nil {
-		return p, err
-	}
-	if len(p.Items) == limit {
-		p.Next = p.Items[len(p.Items)-1].AccountID
-	}
-	return p, nil
+		return h, err
+	})
 }
 
 // unresolvedCounts counts forwarded rows with no outcome older than age

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -267,7 +268,31 @@ func (s *Server) Listen() (net.Addr, error) {
 		ln = tls.NewListener(ln, s.cfg.TLS)
 	}
 	s.ln = ln
+	if path := os.Getenv(AddrFileEnv); path != "" {
+		if err := writeAddrFile(path, ln.Addr().String()); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
 	return ln.Addr(), nil
+}
+
+// AddrFileEnv names a file a server writes its bound address (host:port)
+// to once it listens, for the process that started it: a supervisor learns
+// the port of ":0" from it rather than from the log.
+const AddrFileEnv = "PAYOUTS_ADDR_FILE"
+
+// writeAddrFile writes addr to path atomically (a reader never sees it
+// half written).
+func writeAddrFile(path, addr string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err != nil {
+		return fmt.Errorf("%s: %w", AddrFileEnv, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("%s: %w", AddrFileEnv, err)
+	}
+	return nil
 }
 
 // Serve runs until ctx is done, then drains: /readyz turns 503 and

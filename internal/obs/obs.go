@@ -4,6 +4,7 @@
 package obs
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"os"
@@ -61,4 +62,15 @@ func NewRegistry() *prometheus.Registry {
 	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		newBuildInfoGauge(Build()))
 	return r
+}
+
+// LevelOf is the least severe level l writes (its handler's level).
+func LevelOf(l *slog.Logger) slog.Level {
+	ctx := context.Background()
+	for _, lv := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn} {
+		if l.Enabled(ctx, lv) {
+			return lv
+		}
+	}
+	return slog.LevelError
 }

@@ -3,10 +3,9 @@ package paymentclient
 import (
 	"context"
 	"fmt"
-	"net/url"
-	"strconv"
 
 	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
 )
 
@@ -39,24 +38,6 @@ func payoutPath(id, action string) string {
 	return p
 }
 
-func page(after string, limit int) url.Values {
-	q := url.Values{}
-	if after != "" {
-		q.Set("after", after)
-	}
-	if limit > 0 {
-		q.Set("limit", strconv.Itoa(limit))
-	}
-	return q
-}
-
-func idCursor(after int64) string {
-	if after <= 0 {
-		return ""
-	}
-	return strconv.FormatInt(after, 10)
-}
-
 // CreateAccount creates an account with its opening ledger group
 // (operator). Idempotent: the same body again returns the existing account;
 // a different body under the same id is a conflict.
@@ -76,7 +57,7 @@ func (c *Client) Account(ctx context.Context, id string) (Account, error) {
 // Accounts returns a page of accounts ordered by id, after the cursor.
 func (c *Client) Accounts(ctx context.Context, after string, limit int) (List[Account], error) {
 	var out List[Account]
-	err := c.c.Get(ctx, "/v1/accounts", page(after, limit), &out)
+	err := c.c.Get(ctx, "/v1/accounts", wire.PageQuery(after, limit), &out)
 	return out, err
 }
 
@@ -106,7 +87,7 @@ type PayoutFilter struct {
 
 // Payouts returns a page of payouts ordered by id.
 func (c *Client) Payouts(ctx context.Context, f PayoutFilter) (List[Payout], error) {
-	q := page(f.After, f.Limit)
+	q := wire.PageQuery(f.After, f.Limit)
 	if f.State != "" {
 		q.Set("state", string(f.State))
 	}
@@ -122,15 +103,26 @@ func (c *Client) Payouts(ctx context.Context, f PayoutFilter) (List[Payout], err
 // first, after event id after (0: from the start).
 func (c *Client) PayoutEvents(ctx context.Context, payoutID string, after int64, limit int) (List[PayoutEvent], error) {
 	var out List[PayoutEvent]
-	err := c.c.Get(ctx, payoutPath(payoutID, "events"), page(idCursor(after), limit), &out)
+	err := c.c.Get(ctx, payoutPath(payoutID, "events"), wire.PageQuery(wire.IDCursor(after), limit), &out)
 	return out, err
 }
 
 // Work returns up to limit accounts that have actionable payouts (PENDING,
 // CLAIMED, RAIL_SUBMITTED, RAIL_ACKED), the longest-waiting first.
 func (c *Client) Work(ctx context.Context, limit int) ([]WorkItem, error) {
+	return c.WorkSkipping(ctx, limit, nil)
+}
+
+// WorkSkipping is Work leaving out the accounts in skip (at most
+// MaxWorkSkip): pass the accounts being backed off, so accounts that cannot
+// progress never take the places of those that can.
+func (c *Client) WorkSkipping(ctx context.Context, limit int, skip []string) ([]WorkItem, error) {
+	q := wire.PageQuery("", limit)
+	for _, a := range skip {
+		q.Add("skip", a)
+	}
 	var out List[WorkItem]
-	err := c.c.Get(ctx, "/v1/work", page("", limit), &out)
+	err := c.c.Get(ctx, "/v1/work", q, &out)
 	return out.Items, err
 }
 
@@ -185,6 +177,18 @@ func (c *Client) Cancel(ctx context.Context, payoutID string, token fencing.Toke
 	return out, err
 }
 
+// Refuse ends a RAIL_SUBMITTED payout whose submission the rail proxy
+// refused without forwarding it (a 400 with "forwarded": false, and no
+// forwarded submission at the proxy): RAIL_SUBMITTED -> FAILED with
+// failure_reason rail_refused and errorCode, its held amount released.
+// errorCode and evidence must not be empty. Never for fenced_out,
+// submission_exists or a call that got no answer.
+func (c *Client) Refuse(ctx context.Context, payoutID string, token fencing.Token, holder fencing.Holder, errorCode, evidence string) (Payout, error) {
+	var out Payout
+	err := c.c.Post(ctx, payoutPath(payoutID, "refuse"), RefuseRequest{Token: token, Holder: holder, ErrorCode: errorCode, Evidence: evidence}, &out)
+	return out, err
+}
+
 // Abandon hands a RAIL_AMBIGUOUS payout to finance (operator); reason must
 // not be empty.
 func (c *Client) Abandon(ctx context.Context, payoutID string, token fencing.Token, holder fencing.Holder, reason string) (Payout, error) {
@@ -196,14 +200,14 @@ func (c *Client) Abandon(ctx context.Context, payoutID string, token fencing.Tok
 // Ledger returns a page of ledger entries in id order, after entry id after.
 func (c *Client) Ledger(ctx context.Context, after int64, limit int) (List[LedgerEntry], error) {
 	var out List[LedgerEntry]
-	err := c.c.Get(ctx, "/v1/ledger", page(idCursor(after), limit), &out)
+	err := c.c.Get(ctx, "/v1/ledger", wire.PageQuery(wire.IDCursor(after), limit), &out)
 	return out, err
 }
 
 // SafetyEvents returns a page of safety events in id order, after event id after.
 func (c *Client) SafetyEvents(ctx context.Context, after int64, limit int) (List[SafetyEvent], error) {
 	var out List[SafetyEvent]
-	err := c.c.Get(ctx, "/v1/safety-events", page(idCursor(after), limit), &out)
+	err := c.c.Get(ctx, "/v1/safety-events", wire.PageQuery(wire.IDCursor(after), limit), &out)
 	return out, err
 }
 

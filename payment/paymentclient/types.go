@@ -9,6 +9,7 @@ package paymentclient
 import (
 	"time"
 
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
 )
 
@@ -75,12 +76,16 @@ const (
 // found the account's available funds short (DESIGN D-7).
 const FailureInsufficientFunds = "insufficient_funds"
 
+// FailureRailRefused is the failure_reason of a payout the rail proxy
+// refused without forwarding it (POST /payouts/{id}/refuse).
+const FailureRailRefused = "rail_refused"
+
 // ClientRefPrefix is the fixed prefix of every client reference (D-10):
 // client_ref = ClientRefPrefix + payout id.
-const ClientRefPrefix = "po-"
+const ClientRefPrefix = wire.ClientRefPrefix
 
 // ClientRef is the client reference the rail sees for a payout.
-func ClientRef(payoutID string) string { return ClientRefPrefix + payoutID }
+func ClientRef(payoutID string) string { return wire.ClientRef(payoutID) }
 
 // System account ids, created by the service at start.
 const (
@@ -164,6 +169,16 @@ type ReasonRequest struct {
 	Reason string         `json:"reason"`
 }
 
+// RefuseRequest is the body of /refuse: ErrorCode says what the rail proxy
+// refused (e.g. "invalid_request:beneficiary_ref"), Evidence carries its
+// answer.
+type RefuseRequest struct {
+	Token     fencing.Token  `json:"token"`
+	Holder    fencing.Holder `json:"holder"`
+	ErrorCode string         `json:"error_code"`
+	Evidence  string         `json:"evidence"`
+}
+
 // PayoutEvent is one accepted state change (the payout_event history).
 type PayoutEvent struct {
 	ID        int64          `json:"id"`
@@ -192,24 +207,16 @@ type LedgerEntry struct {
 
 // Safety event kinds the payment resource records.
 const (
-	KindFencedOut          = "fenced_out"
-	KindTokenRegression    = "token_regression"
-	KindRejectedTransition = "rejected_transition"
+	KindFencedOut          = wire.KindFencedOut
+	KindTokenRegression    = wire.KindTokenRegression
+	KindRejectedTransition = wire.KindRejectedTransition
 )
 
-// SafetyEvent is evidence that a safety net fired.
-type SafetyEvent struct {
-	ID             int64          `json:"id"`
-	Kind           string         `json:"kind"`
-	Key            string         `json:"key"`
-	PresentedToken fencing.Token  `json:"presented_token"`
-	StoredToken    fencing.Token  `json:"stored_token"`
-	Holder         fencing.Holder `json:"holder"`
-	StoredHolder   fencing.Holder `json:"stored_holder"`
-	PayoutID       string         `json:"payout_id"`
-	Detail         string         `json:"detail"`
-	At             time.Time      `json:"at"`
-}
+// SafetyEvent is evidence that a safety net fired (the shared wire record).
+type SafetyEvent = wire.SafetyEvent
+
+// MaxWorkSkip bounds the skip parameters of one GET /work.
+const MaxWorkSkip = wire.MaxLimit
 
 // WorkItem is an account with actionable payouts (GET /work).
 type WorkItem struct {
@@ -220,10 +227,7 @@ type WorkItem struct {
 }
 
 // List is a page of items; Next is the cursor for the following page ("" at the end).
-type List[T any] struct {
-	Items []T    `json:"items"`
-	Next  string `json:"next"`
-}
+type List[T any] = wire.Page[T]
 
 // HighFence is the body of GET /fences/high.
 type HighFence struct {

@@ -12,11 +12,11 @@ import (
 	"encoding/json"
 	"errors"
 	"net/url"
-	"strconv"
 	"time"
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
 )
 
@@ -135,10 +135,7 @@ type Record struct {
 func (r Record) Forwarded() bool { return r.Outcome != OutcomeFenced }
 
 // RecordPage is a page of GET /v1/submissions.
-type RecordPage struct {
-	Items []Record `json:"items"`
-	Next  string   `json:"next"` // "" on the last page
-}
+type RecordPage = wire.Page[Record]
 
 // RailPayment is a payment the rail reports for a client reference.
 type RailPayment struct {
@@ -171,32 +168,19 @@ type LookupResult struct {
 	Submission Record `json:"submission"`
 }
 
-// SafetyEvent is evidence that a safety net fired at the proxy.
-type SafetyEvent struct {
-	ID             int64          `json:"id"`
-	Kind           string         `json:"kind"` // fenced_out, token_regression, duplicate_attempt
-	Key            string         `json:"key"`
-	PresentedToken fencing.Token  `json:"presented_token"`
-	StoredToken    fencing.Token  `json:"stored_token"`
-	Holder         fencing.Holder `json:"holder"`
-	StoredHolder   fencing.Holder `json:"stored_holder"`
-	PayoutID       string         `json:"payout_id"`
-	Detail         string         `json:"detail"`
-	At             time.Time      `json:"at"`
-}
+// SafetyEvent is evidence that a safety net fired at the proxy (the shared
+// wire record; kinds fenced_out, token_regression, duplicate_attempt).
+type SafetyEvent = wire.SafetyEvent
 
 // Safety event kinds.
 const (
-	KindFencedOut        = "fenced_out"
-	KindTokenRegression  = "token_regression"
-	KindDuplicateAttempt = "duplicate_attempt"
+	KindFencedOut        = wire.KindFencedOut
+	KindTokenRegression  = wire.KindTokenRegression
+	KindDuplicateAttempt = wire.KindDuplicateAttempt
 )
 
 // SafetyEventPage is a page of GET /v1/safety-events.
-type SafetyEventPage struct {
-	Items []SafetyEvent `json:"items"`
-	Next  string        `json:"next"`
-}
+type SafetyEventPage = wire.Page[SafetyEvent]
 
 // HighWater is the proxy's fence for one account.
 type HighWater struct {
@@ -207,10 +191,7 @@ type HighWater struct {
 }
 
 // HighWaterPage is a page of GET /v1/high-water.
-type HighWaterPage struct {
-	Items []HighWater `json:"items"`
-	Next  string      `json:"next"`
-}
+type HighWaterPage = wire.Page[HighWater]
 
 // HighToken is the body of GET /v1/fences/high.
 type HighToken struct {
@@ -220,6 +201,25 @@ type HighToken struct {
 // ExistingExtension is the problem member carrying the existing record on a
 // submission_exists error.
 const ExistingExtension = "submission"
+
+// ForwardedExtension is the problem member that says whether a refused
+// submission reached the rail: false on an invalid_request refused before
+// anything was written or forwarded.
+const ForwardedExtension = "forwarded"
+
+// RefusedUnforwarded reports whether err is the proxy refusing a submission
+// it will never accept as sent (invalid_request) before writing or
+// forwarding anything ("forwarded": false). Such a payout can be ended
+// (paymentclient.Refuse); any other error — fenced_out, submission_exists,
+// no answer — must not be read this way.
+func RefusedUnforwarded(err error) bool {
+	var pe *problem.Error
+	if !errors.As(err, &pe) || pe.Code != problem.InvalidRequest {
+		return false
+	}
+	var forwarded bool
+	return pe.Extension(ForwardedExtension, &forwarded) && !forwarded
+}
 
 // Client talks to the rail proxy.
 type Client struct {
@@ -294,7 +294,7 @@ func (c *Client) GetAll(ctx context.Context, payoutID string) ([]Record, error) 
 // default).
 func (c *Client) List(ctx context.Context, after string, limit int) (RecordPage, error) {
 	var p RecordPage
-	err := c.c.Get(ctx, "/v1/submissions", pageQuery(after, limit), &p)
+	err := c.c.Get(ctx, "/v1/submissions", wire.PageQuery(after, limit), &p)
 	return p, err
 }
 
@@ -312,7 +312,7 @@ func (c *Client) Lookup(ctx context.Context, payoutID string) (LookupResult, err
 // SafetyEvents pages through the proxy's safety events in id order.
 func (c *Client) SafetyEvents(ctx context.Context, after string, limit int) (SafetyEventPage, error) {
 	var p SafetyEventPage
-	err := c.c.Get(ctx, "/v1/safety-events", pageQuery(after, limit), &p)
+	err := c.c.Get(ctx, "/v1/safety-events", wire.PageQuery(after, limit), &p)
 	return p, err
 }
 
@@ -327,17 +327,6 @@ func (c *Client) HighFence(ctx context.Context) (fencing.Token, error) {
 // HighWater pages through the per-account high-water marks in account order.
 func (c *Client) HighWater(ctx context.Context, after string, limit int) (HighWaterPage, error) {
 	var p HighWaterPage
-	err := c.c.Get(ctx, "/v1/high-water", pageQuery(after, limit), &p)
+	err := c.c.Get(ctx, "/v1/high-water", wire.PageQuery(after, limit), &p)
 	return p, err
-}
-
-func pageQuery(after string, limit int) url.Values {
-	q := url.Values{}
-	if after != "" {
-		q.Set("after", after)
-	}
-	if limit > 0 {
-		q.Set("limit", strconv.Itoa(limit))
-	}
-	return q
 }

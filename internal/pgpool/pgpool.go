@@ -1,0 +1,66 @@
+// Package pgpool is the one place a server's PostgreSQL connection pool is
+// built, so every role runs with the same pool settings.
+package pgpool
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Pool settings every server shares. A database URL may still override
+// them with pool_* parameters (pool_max_conns=...).
+const (
+	DefaultMaxConns   = 16
+	healthCheckPeriod = 15 * time.Second
+	maxConnIdleTime   = 5 * time.Minute
+	maxConnLifetime   = time.Hour
+	connectTimeout    = 10 * time.Second
+)
+
+// Options adjust one pool.
+type Options struct {
+	// MaxConns bounds the pool; 0 keeps the URL's pool_max_conns, else
+	// DefaultMaxConns.
+	MaxConns int32
+}
+
+// New parses url and connects. what names the database in errors ("paydb").
+func New(ctx context.Context, what, url string, o Options) (*pgxpool.Pool, error) {
+	if url == "" {
+		return nil, fmt.Errorf("%s: a database URL is required", what)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("%s: database URL: %w", what, err) // pgconn redacts the password
+	}
+	if !hasParam(url, "pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if o.MaxConns > 0 {
+		cfg.MaxConns = o.MaxConns
+	}
+	if !hasParam(url, "pool_health_check_period") {
+		cfg.HealthCheckPeriod = healthCheckPeriod
+	}
+	if !hasParam(url, "pool_max_conn_idle_time") {
+		cfg.MaxConnIdleTime = maxConnIdleTime
+	}
+	if !hasParam(url, "pool_max_conn_lifetime") {
+		cfg.MaxConnLifetime = maxConnLifetime
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: connect: %w", what, err)
+	}
+	return pool, nil
+}
+
+// hasParam reports whether the URL (or key=value string) sets name.
+func hasParam(url, name string) bool { return strings.Contains(url, name+"=") }

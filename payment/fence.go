@@ -1,0 +1,29 @@
+package payment
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/lock/fencing"
+)
+
+// fence is what guard 1 answered: whether the write is accepted, and the
+// account's fence after the statement (on refusal: the fence that refused).
+type fence struct {
+	accepted bool
+	balance  int64
+	token    fencing.Token
+	holder   fencing.Holder
+}
+
+// advanceFence runs guard 1 (guardSQL, guard.go) in tx as the transaction's
+// first statement. pgx.ErrNoRows: no such account.
+func advanceFence(ctx context.Context, tx pgx.Tx, accountID string, token fencing.Token, holder fencing.Holder) (fence, error) {
+	var f fence
+	var stored int64
+	var storedHolder string
+	err := tx.QueryRow(ctx, guardSQL, accountID, int64(token), string(holder)).Scan(&f.balance, &stored, &storedHolder, &f.accepted)
+	f.token, f.holder = fencing.Token(stored), fencing.Holder(storedHolder)
+	return f, err
+}

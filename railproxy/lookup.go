@@ -1,0 +1,148 @@
+package railproxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/rail/railclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+type evidence struct {
+	Source    string                    `json:"source"`
+	ClientRef string                    `json:"client_ref"`
+	Final     bool                      `json:"final"`
+	Items     []proxyclient.RailPayment `json:"items"`
+	AskedAt   time.Time                 `json:"asked_at"`
+}
+
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
+	ctx := r.Context()
+	payoutID, err := payoutParam(r)
+	if err != nil {
+		return err
+	}
+	if r.ContentLength != 0 {
+		var body struct{}
+		if err := httpx.DecodeJSON(r, &body); err != nil {
+			return err
+		}
+	}
+	log := httpx.Log(ctx).With(obs.KeyPayoutID, payoutID)
+	rec, err := s.st.forwarded(ctx, payoutID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return problem.New(problem.NotFound, "payout %s has no forwarded submission: nothing can have reached the rail", payoutID)
+	}
+	if err != nil {
+		return err
+	}
+	if rec.Resolution != proxyclient.ResolutionNone {
+		var ev evidence
+		_ = json.Unmarshal(rec.ResolutionEvidence, &ev)
+		httpx.WriteJSON(w, http.StatusOK, proxyclient.LookupResult{
+			Final: true, Resolution: rec.Resolution, RailItems: nonNil(ev.Items), Submission: rec,
+			Detail: "already resolved; the recorded evidence is returned",
+		})
+		return nil
+	}
+	// In flight first: evidence gathered while this proxy's own rail call
+	// runs says nothing about that call, so the rail is not even asked.
+	if _, running := s.inflight.Load(payoutID); running {
+		httpx.WriteJSON(w, http.StatusOK, proxyclient.LookupResult{
+			RailItems: []proxyclient.RailPayment{}, Submission: rec,
+			Detail: "the rail call of this submission is still running; the rail was not asked and nothing recorded",
+		})
+		return nil
+	}
+	l, err := s.rail.Find(ctx, rec.ClientRef)
+	if err != nil {
+		return problem.Wrap(problem.Unavailable, err, "could not ask the rail about client reference %s; nothing recorded", rec.ClientRef)
+	}
+	ev := evidence{Source: "rail_lookup", ClientRef: rec.ClientRef, Final: l.Final, Items: []proxyclient.RailPayment{}, AskedAt: time.Now().UTC()}
+	settled := 0
+	for _, p := range l.Items {
+		if p.ClientRef != rec.ClientRef {
+			continue // not evidence about this payout
+		}
+		ev.Items = append(ev.Items, proxyclient.RailPayment(p))
+		if p.Status == railclient.StatusSettled {
+			settled++
+		}
+	}
+	if settled > 1 {
+		log.Error("the rail holds more than one settled payment for one client reference: money moved twice",
+			obs.KeyEvent, "duplicate_payment", "client_ref", rec.ClientRef, "settled", settled)
+	}
+	out := proxyclient.LookupResult{Final: l.Final, RailItems: ev.Items, Submission: rec}
+	if !l.Final {
+		out.Detail = "the rail's answer is not final yet (its settlement window has not passed); nothing recorded"
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	}
+	out.Resolution = proxyclient.ResolutionAbsent
+	if settled > 0 {
+		out.Resolution = proxyclient.ResolutionSettled
+	}
+	if !rec.Outcome.Ambiguous() {
+		out.Detail = fmt.Sprintf("the outcome %s is not ambiguous; nothing recorded", rec.Outcome)
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	}
+	raw, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	defer cancel()
+	// Recorded only if the outcome is still the one read before the rail was
+	// asked: a forward that finished meanwhile makes this evidence stale.
+	updated, ok, err := s.st.recordResolution(wctx, rec.ID, rec.Outcome, out.Resolution, raw, s.cfg.RailTimeout)
+	if err != nil {
+		return problem.Wrap(problem.Unavailable, err, "could not record the resolution")
+	}
+	if ok {
+		out.Recorded, out.Submission = true, updated
+		s.m.resolutions.WithLabelValues(string(out.Resolution)).Inc()
+		log.Info("ambiguous submission resolved from rail evidence", "resolution", string(out.Resolution),
+			"outcome", outcomeText(rec.Outcome), "client_ref", rec.ClientRef, "rail_items", len(ev.Items))
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	}
+	// Not written: resolved concurrently, the outcome recorded meanwhile, or
+	// forwarding may still be under way.
+	now, err := s.st.forwarded(wctx, payoutID)
+	if err != nil {
+		return err
+	}
+	out.Submission = now
+	switch {
+	case now.Resolution != proxyclient.ResolutionNone:
+		out.Resolution = now.Resolution
+		out.Detail = "resolved concurrently by another lookup; the recorded resolution is returned"
+	case now.Outcome != rec.Outcome:
+		out.Final, out.Resolution = false, proxyclient.ResolutionNone
+		out.Detail = fmt.Sprintf("the outcome changed from %s to %s while the rail was asked: that evidence may predate the rail call; nothing recorded, ask again",
+			outcomeText(rec.Outcome), outcomeText(now.Outcome))
+	default:
+		out.Final, out.Resolution = false, proxyclient.ResolutionNone
+		out.Detail = fmt.Sprintf("the submission has no outcome and is younger than the rail timeout (%s): its forwarding may still be under way; nothing recorded", s.cfg.RailTimeout)
+	}
+	httpx.WriteJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func nonNil(p []proxyclient.RailPayment) []proxyclient.RailPayment {
+	if p == nil {
+		return []proxyclient.RailPayment{}
+	}
+	return p
+}
