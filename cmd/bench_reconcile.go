@@ -19,18 +19,17 @@ import (
 	"github.com/payouts/payouts/reconcile"
 )
 
-func newBenchReconcileCmd() *cobra.Command {
+func newBenchReconcileCmd(a *app) *cobra.Command {
 	var (
-		opts   bench.ReconcileOptions
-		asJSON bool
+		opts bench.ReconcileOptions
+		out  output
 	)
 	c := &cobra.Command{
 		Use:   "reconcile",
 		Short: "Load N terminal payouts in bulk into a throwaway stack and time one `payouts reconcile --once` pass",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			level, _ := cmd.Flags().GetString("log-level")
-			opts.Logger = obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), "bench")
+			opts.Logger = a.logger(cmd, "bench")
 			if err := wireBenchReconcile(&opts); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
@@ -38,7 +37,7 @@ func newBenchReconcileCmd() *cobra.Command {
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			if asJSON {
+			if out.isJSON() {
 				b, _ := json.Marshal(res)
 				fmt.Fprintln(cmd.OutOrStdout(), string(b))
 				return nil
@@ -55,7 +54,7 @@ func newBenchReconcileCmd() *cobra.Command {
 	fl.BoolVar(&opts.RailPerPayout, "rail-per-payout", false, "run the pass with --rail-per-payout (flat memory; the rail is asked per payout)")
 	fl.StringArrayVar(&opts.ReconcileArgs, "reconcile-arg", nil, "extra flag for the measured `payouts reconcile` (repeatable)")
 	fl.StringVar(&opts.CPUProfile, "cpu-profile", "", "run the pass in this process and write its CPU profile (pprof) to this file")
-	fl.BoolVar(&asJSON, "json", false, `print one JSON line: {"payouts","seconds","findings","peak_rss_mb",...}`)
+	out.register(c, true)
 	return c
 }
 
