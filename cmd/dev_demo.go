@@ -11,14 +11,9 @@ import (
 
 	"github.com/payouts/payouts/dev/demo"
 	"github.com/payouts/payouts/executor"
-	"github.com/payouts/payouts/internal/obs"
 )
 
-func init() {
-	register(func(root, serve, run, dev *cobra.Command) { dev.AddCommand(newDevDemoCmd()) })
-}
-
-func newDevDemoCmd() *cobra.Command {
+func newDevDemoCmd(a *app) *cobra.Command {
 	var (
 		dir     string
 		keep    bool
@@ -42,11 +37,10 @@ Exit 2: the demo could not run. The stack is stopped at the end (--keep leaves i
 executor has a payout in flight. auto picks hook when this binary has it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			level, _ := cmd.Flags().GetString("log-level")
 			if !cmd.Flags().Changed("log-level") {
-				level = "warn" // the story goes to stdout; the stack's chatter stays out of it
+				a.logLevel = "warn" // the story goes to stdout; the stack's chatter stays out of it
 			}
-			logger := obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), "dev")
+			logger := a.logger(cmd, "dev")
 			mode, err := freezeMode(freeze)
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}

@@ -10,10 +10,14 @@ import (
 	"github.com/payouts/payouts/migrations"
 )
 
-func newMigrateCmd() *cobra.Command {
-	var db, url string
+func newMigrateCmd(a *app) *cobra.Command {
+	var (
+		db    string
+		dbURL databaseURL
+		out   output
+	)
 	c := &cobra.Command{
-		Use:   "migrate",
+		Use:   "migrate --db paydb|proxydb|lockdb",
 		Short: "Apply the embedded schema migrations to paydb, proxydb or lockdb (idempotent)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -21,8 +25,9 @@ func newMigrateCmd() *cobra.Command {
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			if url == "" {
-				return &ExitError{Code: 2, Err: fmt.Errorf("--database-url is required")}
+			url, err := dbURL.value()
+			if err != nil {
+				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
 			defer cancel()
@@ -33,11 +38,15 @@ func newMigrateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s migrated to version %d\n", kind, v)
-			return nil
+			res := struct {
+				DB      migrations.DB `json:"db"`
+				Version int64         `json:"version"`
+			}{kind, v}
+			return out.print(cmd.OutOrStdout(), res, newTable().row(fmt.Sprintf("%s migrated to version %d", kind, v)))
 		},
 	}
 	c.Flags().StringVar(&db, "db", "", "which database: paydb, proxydb or lockdb")
-	c.Flags().StringVar(&url, "database-url", "", "PostgreSQL URL of that database")
+	dbURL.register(c, "that database")
+	out.register(c, false)
 	return c
 }

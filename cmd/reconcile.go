@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -8,18 +9,16 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/reconcile"
 )
 
-func init() {
-	register(func(root, serve, run, dev *cobra.Command) { root.AddCommand(newReconcileCmd()) })
-}
-
-func newReconcileCmd() *cobra.Command {
+func newReconcileCmd(a *app) *cobra.Command {
 	var (
-		cf  clientFlags
-		cfg reconcile.Config
+		cf            clientFlags
+		out           output
+		cfg           reconcile.Config
+		railTokenFile string
+		pprof         pprofFlag
 	)
 	c := &cobra.Command{
 		Use:   "reconcile",
@@ -33,45 +32,60 @@ could not run. Without --once it makes a pass every --interval and serves /metri
 on --listen. docs/operations.md explains every finding.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			level, _ := cmd.Flags().GetString("log-level")
-			logger := obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), "reconcile")
-			if cf.token == "" {
-				return &ExitError{Code: reconcile.ExitCannotRun, Err: fmt.Errorf("--token (or %s) is required: the reconciler's bearer token", EnvName("token"))}
+			cannotRun := func(err error) error { return &ExitError{Code: reconcile.ExitCannotRun, Err: err} }
+			token, hc, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			if err := pprof.check(); err != nil {
+				return cannotRun(err)
+			}
+			if cfg.RailToken, err = secret("rail-token", cfg.RailToken, railTokenFile); err != nil {
+				return cannotRun(err)
 			}
 			if cfg.SettlementWindow < 0 || cfg.AmbiguitySLA <= 0 {
-				return &ExitError{Code: reconcile.ExitCannotRun, Err: errors.New("--settlement-window must not be negative and --ambiguity-sla must be positive")}
+				return cannotRun(errors.New("--settlement-window must not be negative and --ambiguity-sla must be positive"))
 			}
 			if !cfg.Once && cfg.Interval <= 0 {
-				return &ExitError{Code: reconcile.ExitCannotRun, Err: errors.New("--interval must be positive (or use --once)")}
+				return cannotRun(errors.New("--interval must be positive (or use --once)"))
 			}
 			if cfg.Owner == "" {
 				host, _ := os.Hostname()
 				cfg.Owner = fmt.Sprintf("reconciler@%s/%d", host, os.Getpid())
 			}
-			cfg.LockURL, cfg.PaymentURL, cfg.ProxyURL, cfg.RailURL, cfg.Token = cf.lockURL, cf.paymentURL, cf.proxyURL, cf.railURL, cf.token
-			cfg.Out, cfg.Logger, cfg.Resolve = cmd.OutOrStdout(), logger, true
-			code, err := reconcile.Run(cmd.Context(), cfg)
+			cfg.LockURL, cfg.PaymentURL, cfg.ProxyURL, cfg.RailURL, cfg.Token = cf.lockURL, cf.paymentURL, cf.proxyURL, cf.railURL, token
+			cfg.JSON, cfg.HTTPClient = out.isJSON(), hc
+			cfg.Out, cfg.Logger, cfg.Registry, cfg.Resolve = cmd.OutOrStdout(), a.logger(cmd, "reconcile"), a.registry, true
+			code := reconcile.ExitClean
+			err = runWithPprof(cmd.Context(), pprof.addr, cfg.Logger, func(ctx context.Context) error {
+				var err error
+				code, err = reconcile.Run(ctx, cfg)
+				return err
+			})
+			if err != nil && code == reconcile.ExitClean {
+				code = reconcile.ExitCannotRun // the profiler's listener failed
+			}
 			if code != reconcile.ExitClean || err != nil {
-				if err == nil && code == reconcile.ExitFindings {
-					// The report says what was found; no extra message.
-					return &ExitError{Code: code}
-				}
+				// With findings and no error, the report says what was found.
 				return &ExitError{Code: code, Err: err}
 			}
 			return nil
 		},
 	}
-	cf.register(c)
+	cf.register(c, "reconciler", lockService, paymentService, proxyService, railService)
+	out.register(c, true)
 	fl := c.Flags()
 	fl.BoolVar(&cfg.Once, "once", false, "make one pass and exit: 0 clean, 1 findings, 2 could not run (for cron)")
 	fl.DurationVar(&cfg.Interval, "interval", time.Minute, "pause between passes in continuous mode")
 	fl.StringVar(&cfg.Listen, "listen", "127.0.0.1:7105", "address of /metrics and /healthz in continuous mode")
-	fl.BoolVar(&cfg.JSON, "json", false, "print the report as JSON")
+	pprof.register(c)
 	fl.StringVar(&cfg.MetricsFile, "metrics-file", "", "after every pass, write the findings in the Prometheus text format to this file (atomic rename; node_exporter textfile collector)")
 	fl.DurationVar(&cfg.SettlementWindow, "settlement-window", reconcile.DefaultSettlementWindow, "look an ambiguous payout up at the rail once it has been ambiguous this long (the rail's own final flag still decides)")
 	fl.DurationVar(&cfg.AmbiguitySLA, "ambiguity-sla", reconcile.DefaultAmbiguitySLA, "report ambiguous payouts older than this for an operator")
-	fl.StringVar(&cfg.RailToken, "rail-token", "", "bearer sent to the rail instead of --token (its settlement report may need another credential)")
+	fl.StringVar(&cfg.RailToken, "rail-token", "", "bearer sent to the rail (a credential the rail accepts for lookups and the settlement report; visible in ps: prefer --rail-token-file)")
+	fl.StringVar(&railTokenFile, "rail-token-file", "", "file holding the bearer sent to the rail")
 	fl.StringVar(&cfg.Owner, "owner", "", "owner name of the reconciler's lock session (default reconciler@host/pid)")
+	fl.BoolVar(&cfg.RailPerPayout, "rail-per-payout", false, "look each payout up at the rail instead of reading the rail's settlement report (flat memory for very large histories; payments under unknown references are then not checked)")
 	fl.IntVar(&cfg.PageSize, "page-size", reconcile.DefaultPageSize, "page size of every list read (1..1000)")
 	fl.IntVar(&cfg.MaxFindings, "max-findings", reconcile.DefaultMaxFindings, "list at most this many findings (all are counted)")
 	fl.DurationVar(&cfg.RequestTimeout, "request-timeout", 30*time.Second, "timeout of each call to a service")

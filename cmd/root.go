@@ -1,22 +1,22 @@
-// Package cmd is the payouts command tree: one file per role, each small,
-// each ending in that role's Run.
+// Package cmd is the payouts command tree. root.go lists every command;
+// each lives in its own small file and ends in its role's Run. The
+// process-wide pieces (logger, metrics registry, signal handling, output
+// format) are built in one place each: app.go, Execute and output.go.
 package cmd
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-)
 
-// Version is set at build time (-ldflags "-X github.com/payouts/payouts/cmd.Version=...").
-var Version = "dev"
+	"github.com/payouts/payouts/internal/problem"
+)
 
 // ExitError carries a specific exit code (reconcile: 1 findings, 2 could not run).
 type ExitError struct {
@@ -32,8 +32,10 @@ func (e *ExitError) Error() string {
 }
 func (e *ExitError) Unwrap() error { return e.Err }
 
-// NewRoot builds the command tree.
-func NewRoot() *cobra.Command {
+// NewRoot builds the command tree of one process.
+func NewRoot() *cobra.Command { return newRoot(newApp()) }
+
+func newRoot(a *app) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "payouts",
 		Short:         "Pay money out through a non-idempotent rail at most once per payout",
@@ -44,29 +46,46 @@ func NewRoot() *cobra.Command {
 			return applyEnv(cmd)
 		},
 	}
-	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
+	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+
 	serve := &cobra.Command{Use: "serve", Short: "Run a server role (lock, payment, proxy, rail)"}
+	serve.AddCommand(
+		newServeLockCmd(a),
+		newServePaymentCmd(a),
+		newServeProxyCmd(a),
+		newServeRailCmd(a),
+	)
 	run := &cobra.Command{Use: "run", Short: "Run a worker role (executor)"}
+	run.AddCommand(newRunExecutorCmd(a))
 	dev := &cobra.Command{Use: "dev", Short: "Run the whole system locally on throwaway infrastructure"}
-	root.AddCommand(serve, run, dev, newMigrateCmd(), newVersionCmd())
-	for _, reg := range registrations {
-		reg(root, serve, run, dev)
-	}
+	dev.AddCommand(
+		newDevUpCmd(a),
+		newDevDemoCmd(a),
+	)
+	root.AddCommand(
+		serve,
+		run,
+		newReconcileCmd(a),
+		newPayoutCmd(a),
+		newLockCmd(a),
+		newMigrateCmd(a),
+		newStatusCmd(a),
+		dev,
+		newBenchCmd(a),
+		newVersionCmd(a),
+	)
 	return root
 }
 
-// registrations lets each role's file add its commands (see init in each file).
-var registrations []func(root, serve, run, dev *cobra.Command)
-
-func register(fn func(root, serve, run, dev *cobra.Command)) {
-	registrations = append(registrations, fn)
+// Execute runs the command line and returns the process exit code; see
+// interruptContext for what SIGINT and SIGTERM do.
+func Execute() int {
+	ctx, stop := interruptContext()
+	defer stop()
+	return run(ctx, NewRoot(), os.Stderr)
 }
 
-// Execute runs the CLI and returns the process exit code.
-func Execute() int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	root := NewRoot()
+func run(ctx context.Context, root *cobra.Command, stderr io.Writer) int {
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0
@@ -74,11 +93,14 @@ func Execute() int {
 	var ee *ExitError
 	if errors.As(err, &ee) {
 		if ee.Err != nil {
-			fmt.Fprintln(os.Stderr, "payouts:", ee.Err)
+			fmt.Fprintln(stderr, "payouts:", ee.Err)
 		}
 		return ee.Code
 	}
-	fmt.Fprintln(os.Stderr, "payouts:", err)
+	fmt.Fprintln(stderr, "payouts:", err)
+	if problem.Has(err, problem.Unauthorized) || problem.Has(err, problem.Forbidden) {
+		return 2 // a refused credential is not going to work on a retry
+	}
 	return 1
 }
 

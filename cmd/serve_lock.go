@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -11,11 +12,7 @@ import (
 	"github.com/payouts/payouts/migrations"
 )
 
-func init() {
-	register(func(root, serve, run, dev *cobra.Command) { serve.AddCommand(newServeLockCmd()) })
-}
-
-func newServeLockCmd() *cobra.Command {
+func newServeLockCmd(a *app) *cobra.Command {
 	var (
 		f         serverFlags
 		backend   string
@@ -28,15 +25,15 @@ func newServeLockCmd() *cobra.Command {
 		Short: "Run the lock service (sessions, leases, fencing tokens) on etcd or PostgreSQL",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var db migrations.DB
 			switch backend {
 			case "postgres":
-				db = migrations.LockDB
+				f.db = migrations.LockDB
 			case "etcd":
+				f.db = "" // no database: --database-url is not read
 			default:
 				return &ExitError{Code: 2, Err: fmt.Errorf("--backend must be etcd or postgres, got %q", backend)}
 			}
-			env, err := f.setup(cmd, "lock", db)
+			env, err := f.setup(cmd, a)
 			if err != nil {
 				return err
 			}
@@ -46,14 +43,15 @@ func newServeLockCmd() *cobra.Command {
 					eps = append(eps, e)
 				}
 			}
-			return lock.Run(cmd.Context(), lock.Config{
-				Backend: backend, Listen: f.listen, DatabaseURL: f.databaseURL,
+			cfg := lock.Config{
+				Backend: backend, Listen: f.listen, DatabaseURL: env.DatabaseURL,
 				EtcdEndpoints: eps, EtcdEmbedDir: embedDir, EtcdPrefix: prefix,
-				Logger: env.Logger, Registry: env.Registry, Auth: env.Auth,
-			})
+				Logger: env.Logger, Registry: env.Registry, Auth: env.Auth, TLS: env.TLS,
+			}
+			return env.run(cmd.Context(), func(ctx context.Context) error { return lock.Run(ctx, cfg) })
 		},
 	}
-	f.register(c, "127.0.0.1:7101", true)
+	f.register(c, "lock", "127.0.0.1:7101", migrations.LockDB)
 	c.Flags().StringVar(&backend, "backend", "", "lock store: etcd or postgres")
 	c.Flags().StringVar(&endpoints, "etcd-endpoints", "", "etcd client URLs, comma-separated (--backend etcd)")
 	c.Flags().StringVar(&embedDir, "etcd-embed-dir", "", "run a single-node embedded etcd with data in DIR (development; --backend etcd)")

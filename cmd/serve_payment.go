@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -9,11 +10,7 @@ import (
 	"github.com/payouts/payouts/payment"
 )
 
-func init() {
-	register(func(root, serve, run, dev *cobra.Command) { serve.AddCommand(newServePaymentCmd()) })
-}
-
-func newServePaymentCmd() *cobra.Command {
+func newServePaymentCmd(a *app) *cobra.Command {
 	var (
 		f           serverFlags
 		currency    string
@@ -26,24 +23,26 @@ func newServePaymentCmd() *cobra.Command {
 		Short: "Run the payment resource: accounts, payouts and the ledger in paydb (guard 1)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			env, err := f.setup(cmd, payment.Role, migrations.PayDB)
+			env, err := f.setup(cmd, a)
 			if err != nil {
 				return err
 			}
-			return payment.Run(cmd.Context(), payment.Config{
+			cfg := payment.Config{
 				Addr:                f.listen,
-				DatabaseURL:         f.databaseURL,
+				DatabaseURL:         env.DatabaseURL,
 				Currency:            currency,
 				Logger:              env.Logger,
 				Registry:            env.Registry,
 				Auth:                env.Auth,
+				TLS:                 env.TLS,
 				LedgerCheckInterval: ledgerCheck,
 				MaxConns:            maxConns,
 				ResolutionSLA:       sla,
-			})
+			}
+			return env.run(cmd.Context(), func(ctx context.Context) error { return payment.Run(ctx, cfg) })
 		},
 	}
-	f.register(c, ":7102", true)
+	f.register(c, payment.Role, "127.0.0.1:7102", migrations.PayDB)
 	c.Flags().StringVar(&currency, "currency", payment.DefaultCurrency, "the one currency of every account and payout (ISO 4217 code)")
 	c.Flags().DurationVar(&ledgerCheck, "ledger-check-interval", 30*time.Second, "how often balances are compared with the ledger (INV-03)")
 	c.Flags().Int32Var(&maxConns, "max-db-conns", 16, "largest number of paydb connections")

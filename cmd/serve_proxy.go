@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -10,39 +11,48 @@ import (
 	"github.com/payouts/payouts/railproxy"
 )
 
-func init() {
-	register(func(root, serve, run, dev *cobra.Command) { serve.AddCommand(newServeProxyCmd()) })
-}
-
-func newServeProxyCmd() *cobra.Command {
+func newServeProxyCmd(a *app) *cobra.Command {
 	var (
-		sf          serverFlags
-		railURL     string
-		railToken   string
-		railTimeout time.Duration
+		sf            serverFlags
+		railURL       string
+		railToken     string
+		railTokenFile string
+		railTimeout   time.Duration
+		railTLS       clientTLS
 	)
 	c := &cobra.Command{
 		Use:   "proxy",
 		Short: "Run the rail proxy: guard 2, one submission per payout ever, intent written before the rail is called",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			env, err := sf.setup(cmd, "proxy", migrations.ProxyDB)
-			if err != nil {
-				return err
-			}
 			if railTimeout <= 0 {
 				return &ExitError{Code: 2, Err: errors.New("--rail-timeout must be positive")}
 			}
-			return railproxy.Run(cmd.Context(), railproxy.Config{
-				Addr: sf.listen, Logger: env.Logger, Registry: env.Registry, Auth: env.Auth,
-				DatabaseURL: sf.databaseURL, RailURL: railURL, RailToken: railToken, RailTimeout: railTimeout,
-			})
+			tok, err := secret("rail-token", railToken, railTokenFile)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			hc, err := railTLS.httpClient()
+			if err != nil {
+				return err
+			}
+			env, err := sf.setup(cmd, a)
+			if err != nil {
+				return err
+			}
+			cfg := railproxy.Config{
+				Addr: sf.listen, Logger: env.Logger, Registry: env.Registry, Auth: env.Auth, TLS: env.TLS,
+				DatabaseURL: env.DatabaseURL, RailURL: railURL, RailToken: tok, RailTimeout: railTimeout, HTTPClient: hc,
+			}
+			return env.run(cmd.Context(), func(ctx context.Context) error { return railproxy.Run(ctx, cfg) })
 		},
 	}
-	sf.register(c, ":7103", true)
+	sf.register(c, "proxy", "127.0.0.1:7103", migrations.ProxyDB)
 	fl := c.Flags()
 	fl.StringVar(&railURL, "rail-url", "http://127.0.0.1:7104", "URL of the rail")
-	fl.StringVar(&railToken, "rail-token", "", "bearer token sent to the rail")
+	fl.StringVar(&railToken, "rail-token", "", "the proxy's own bearer token (role proxy) at the rail (visible in ps: prefer --rail-token-file)")
+	fl.StringVar(&railTokenFile, "rail-token-file", "", "file holding the proxy's own bearer token (role proxy) at the rail")
+	railTLS.register(c)
 	fl.DurationVar(&railTimeout, "rail-timeout", 10*time.Second, "how long to wait for the rail's answer before recording TIMEOUT (never retried)")
 	return c
 }

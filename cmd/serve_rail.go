@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -9,11 +10,7 @@ import (
 	"github.com/payouts/payouts/rail/railclient"
 )
 
-func init() {
-	register(func(root, serve, run, dev *cobra.Command) { serve.AddCommand(newServeRailCmd()) })
-}
-
-func newServeRailCmd() *cobra.Command {
+func newServeRailCmd(a *app) *cobra.Command {
 	var (
 		sf     serverFlags
 		window time.Duration
@@ -27,17 +24,18 @@ moved twice). Faults can be injected at start with the flags below or later with
 GET /v1/settlement-report lists every payment ever accepted (operator only).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			env, err := sf.setup(cmd, "rail", "")
+			env, err := sf.setup(cmd, a)
 			if err != nil {
 				return err
 			}
-			return rail.Run(cmd.Context(), rail.Config{
-				Addr: sf.listen, Logger: env.Logger, Registry: env.Registry, Auth: env.Auth,
+			cfg := rail.Config{
+				Addr: sf.listen, Logger: env.Logger, Registry: env.Registry, Auth: env.Auth, TLS: env.TLS,
 				SettlementWindow: window, Faults: f,
-			})
+			}
+			return env.run(cmd.Context(), func(ctx context.Context) error { return rail.Run(ctx, cfg) })
 		},
 	}
-	sf.register(c, ":7104", false)
+	sf.register(c, "rail", "127.0.0.1:7104", "")
 	fl := c.Flags()
 	fl.DurationVar(&window, "settlement-window", 10*time.Second, "a lookup by client reference is final once this long has passed since the newest attempt")
 	fl.Float64Var(&f.TimeoutAfterAccept, "timeout-after-accept", 0, "rate (0..1) of payments made and then never answered")

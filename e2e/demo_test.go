@@ -1,42 +1,21 @@
 package e2e
 
 import (
-	"context"
-	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/payouts/payouts/dev/proctest"
 )
 
-// runDemo runs `payouts dev demo` in a fresh directory and returns its
-// stdout, stderr and exit code.
-func runDemo(t *testing.T, dir string, args ...string) (string, string, int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, proctest.Binary(t), append([]string{"dev", "demo", "--dir", dir}, args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("dev demo did not finish within 10 minutes\nstdout:\n%s\nstderr:\n%s", stdout.String(), tailLines(stderr.String(), 40))
-	}
-	code := 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("run dev demo: %v", err)
-	}
-	return stdout.String(), stderr.String(), code
+// demo runs `payouts dev demo` in dir and returns its console (stdout and
+// stderr together) and exit code.
+func (b *devBundle) demo(dir string, args ...string) (string, int) {
+	b.t.Helper()
+	c := b.start(nil, append([]string{"dev", "demo", "--dir", dir}, args...)...)
+	code := c.wait(b.t, 10*time.Minute)
+	return c.output(), code
 }
 
 // processesUsing lists running processes whose command line mentions dir
@@ -66,13 +45,16 @@ func processesUsing(dir string) []string {
 	return out
 }
 
-// checkDemo asserts the demo's exit code and closing summary, and that it
-// left no process behind.
-func checkDemo(t *testing.T, dir, stdout, stderr string, code int) {
+// checkDemo asserts the demo's exit code and closing summary, that its
+// console holds nothing that reads as a failure (an error line, a panic, a
+// stack trace: the stack stopping included), and that it left no process
+// behind.
+func checkDemo(t *testing.T, dir, stdout string, code int) {
 	t.Helper()
 	if code != 0 {
-		t.Fatalf("dev demo exited %d\nstdout:\n%s\nstderr:\n%s", code, stdout, tailLines(stderr, 40))
+		t.Fatalf("dev demo exited %d\noutput:\n%s", code, stdout)
 	}
+	checkCleanConsole(t, "dev demo", stdout)
 	for _, want := range []string{
 		"== 1. Payouts flowing",
 		"== 2. UC-03",
@@ -129,9 +111,10 @@ func TestDevDemo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	dir := filepath.Join(t.TempDir(), "demo")
-	stdout, stderr, code := runDemo(t, dir)
-	checkDemo(t, dir, stdout, stderr, code)
+	b := setup(t)
+	dir := filepath.Join(b.dir, "demo")
+	stdout, code := b.demo(dir)
+	checkDemo(t, dir, stdout, code)
 	for _, want := range []string{"SIGSTOP exec-3", "FENCED OUT at the proxy", "holders frozen at the executor's hold hook"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("the demo's output lacks %q\n%s", want, stdout)
@@ -139,8 +122,8 @@ func TestDevDemo(t *testing.T) {
 	}
 
 	// A second run on the same directory starts afresh.
-	stdout, stderr, code = runDemo(t, dir, "--freeze", "timing")
-	checkDemo(t, dir, stdout, stderr, code)
+	stdout, code = b.demo(dir, "--freeze", "timing")
+	checkDemo(t, dir, stdout, code)
 	if !strings.Contains(stdout, "holder frozen by timing") {
 		t.Errorf("--freeze timing did not say how the holder was frozen:\n%s", stdout)
 	}
@@ -149,15 +132,17 @@ func TestDevDemo(t *testing.T) {
 // TestDevDemoRefusesAForeignDirectory: the demo wipes only directories it
 // made itself.
 func TestDevDemoRefusesAForeignDirectory(t *testing.T) {
-	dir := t.TempDir()
+	b := setup(t)
+	dir := b.dir
 	precious := filepath.Join(dir, "precious.txt")
 	if err := os.WriteFile(precious, []byte("keep me"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, stderr, code := runDemo(t, dir)
-	if code != 2 || !strings.Contains(stderr, "not empty") {
-		t.Fatalf("dev demo on a foreign non-empty directory: exit %d, stderr:\n%s", code, stderr)
+	out, code := b.demo(dir)
+	if code != 2 || !strings.Contains(out, "not empty") {
+		t.Fatalf("dev demo on a foreign non-empty directory: exit %d, output:\n%s", code, out)
 	}
+	checkCleanConsole(t, "dev demo on a foreign directory", out)
 	if _, err := os.Stat(precious); err != nil {
 		t.Fatalf("the demo touched a directory it did not make: %v", err)
 	}

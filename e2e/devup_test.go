@@ -1,13 +1,12 @@
 package e2e
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
-	"io"
+	"fmt"
+	"net"
 	"net/http"
 	"os"
-	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,56 +14,67 @@ import (
 	"time"
 
 	"github.com/payouts/payouts/dev/infra"
-	"github.com/payouts/payouts/dev/proctest"
 	"github.com/payouts/payouts/dev/stack"
+	"github.com/payouts/payouts/internal/httpx"
+	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
-// startDevUp runs `payouts dev up --json` and returns the process and its ready line.
-func startDevUp(t *testing.T, dir string, portBase int) (*exec.Cmd, stack.Ready, *strings.Builder) {
-	t.Helper()
-	cmd := exec.Command(proctest.Binary(t), "dev", "up", "--dir", dir, "--json", "--port-base", strconv.Itoa(portBase))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stderr := &strings.Builder{}
-	cmd.Stderr = &syncWriter{w: stderr}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		if sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-		_, _ = io.Copy(io.Discard, stdout)
-	}()
+// devUp runs `payouts dev up --json` on the bundle's directory and returns
+// the command and its ready line.
+func (b *devBundle) devUp(env []string, portBase int, extra ...string) (*command, stack.Ready) {
+	b.t.Helper()
+	c := b.start(env, append([]string{"dev", "up", "--dir", b.dir, "--json", "--port-base", strconv.Itoa(portBase)}, extra...)...)
+	line := c.waitLine(b.t, 4*time.Minute, `{"lock_url"`)
 	var ready stack.Ready
-	select {
-	case line, ok := <-lines:
-		if !ok {
-			_ = cmd.Wait()
-			t.Fatalf("dev up printed no ready line; stderr:\n%s", stderr.String())
-		}
-		if err := json.Unmarshal([]byte(line), &ready); err != nil {
-			t.Fatalf("ready line is not JSON: %v\n%s", err, line)
-		}
-		var raw map[string]any
-		_ = json.Unmarshal([]byte(line), &raw)
-		for _, k := range []string{"lock_url", "payment_url", "proxy_url", "rail_url", "tokens", "database_urls", "pids"} {
-			if _, ok := raw[k]; !ok {
-				t.Fatalf("ready line lacks %q: %s", k, line)
-			}
-		}
-	case <-time.After(4 * time.Minute):
-		_ = cmd.Process.Kill()
-		t.Fatalf("no ready line after 4 minutes; stderr:\n%s", stderr.String())
+	if err := json.Unmarshal([]byte(line), &ready); err != nil {
+		b.t.Fatalf("ready line is not JSON: %v\n%s", err, line)
 	}
-	return cmd, ready, stderr
+	var raw map[string]any
+	_ = json.Unmarshal([]byte(line), &raw)
+	for _, k := range []string{"lock_url", "payment_url", "proxy_url", "rail_url", "tokens", "database_urls", "pids", "token_files"} {
+		if _, ok := raw[k]; !ok {
+			b.t.Fatalf("ready line lacks %q: %s", k, line)
+		}
+	}
+	if !b.dumpLogs {
+		// One dump of the logs (later runs append to the same files).
+		b.dumpLogs = true
+		b.t.Cleanup(func() {
+			if b.t.Failed() {
+				for role, path := range ready.Logs {
+					data, _ := os.ReadFile(path)
+					b.t.Logf("--- %s log ---\n%s", role, tailLines(string(data), 20))
+				}
+			}
+		})
+	}
+	return c, ready
+}
+
+// stopClean sends sig to a running command and checks it stops as a clean
+// stop must: exit 0, nothing on the console that reads as a failure.
+func stopClean(t *testing.T, c *command, sig syscall.Signal, what string) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	if code := c.wait(t, 2*time.Minute); code != 0 {
+		t.Errorf("%s exited %d after %s, want 0; output:\n%s", what, code, sig, tailLines(c.output(), 40))
+	}
+	checkCleanConsole(t, what, c.output())
+}
+
+// checkLogClean fails if a log file holds a line at level error.
+func checkLogClean(t *testing.T, name, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Errorf("%s log: %v", name, err)
+		return
+	}
+	if bad := consoleTrouble(string(b)); len(bad) > 0 {
+		t.Errorf("%s log (%s) holds errors after a clean stop:\n%s", name, path, strings.Join(bad, "\n"))
+	}
 }
 
 func alive(pid int) bool {
@@ -77,18 +87,13 @@ func alive(pid int) bool {
 	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
 }
 
+// TestDevUpReadyStopRestart: dev up comes up with every role answering,
+// stops on Ctrl-C (SIGINT) with exit 0, a clean console and no error in any
+// role's log or etcd's, leaves nothing running, and a second run on the
+// same directory reuses its data and tokens and stops on SIGTERM alike.
 func TestDevUpReadyStopRestart(t *testing.T) {
-	dir := t.TempDir()
-	cmd, ready, stderr := startDevUp(t, dir, 0)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("dev up stderr:\n%s", stderr.String())
-			for role, path := range ready.Logs {
-				b, _ := os.ReadFile(path)
-				t.Logf("--- %s log ---\n%s", role, tailLines(string(b), 20))
-			}
-		}
-	})
+	b := setup(t)
+	c, ready := b.devUp(nil, 0)
 	// Every role answers, and the generated tokens authenticate.
 	for _, u := range []string{ready.LockURL, ready.PaymentURL, ready.ProxyURL, ready.RailURL} {
 		resp, err := http.Get(u + "/readyz")
@@ -109,21 +114,19 @@ func TestDevUpReadyStopRestart(t *testing.T) {
 			t.Fatalf("ready line has no pid for %s: %v", role, ready.PIDs)
 		}
 	}
-
-	// SIGTERM stops everything cleanly: exit 0, no process left behind.
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	etcdLog := filepath.Join(b.dir, "logs", "etcd.log")
+	if ready.Logs["etcd"] != etcdLog {
+		t.Fatalf("etcd's log is %q, want %s", ready.Logs["etcd"], etcdLog)
 	}
-	waitErr := make(chan error, 1)
-	go func() { waitErr <- cmd.Wait() }()
-	select {
-	case err := <-waitErr:
-		if err != nil {
-			t.Fatalf("dev up exited with %v; stderr:\n%s", err, stderr.String())
+
+	stopClean(t, c, syscall.SIGINT, "dev up")
+	for role, path := range ready.Logs {
+		if role != "postgres" {
+			checkLogClean(t, role, path)
 		}
-	case <-time.After(2 * time.Minute):
-		_ = cmd.Process.Kill()
-		t.Fatal("dev up did not stop within 2 minutes of SIGTERM")
+	}
+	if data, _ := os.ReadFile(etcdLog); !strings.Contains(string(data), `"level":"info"`) {
+		t.Errorf("etcd.log has no info line although dev up ran at level info:\n%s", tailLines(string(data), 10))
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for role, pid := range ready.PIDs {
@@ -136,14 +139,15 @@ func TestDevUpReadyStopRestart(t *testing.T) {
 	}
 
 	// A second run on the same directory reuses its data and tokens.
-	cmd2, ready2, _ := startDevUp(t, dir, 0)
-	defer func() { _ = cmd2.Process.Signal(syscall.SIGTERM); _ = cmd2.Wait() }()
+	c2, ready2 := b.devUp(nil, 0)
 	if ready2.Tokens != ready.Tokens {
-		t.Fatal("second run generated new tokens instead of reusing DIR/auth.json")
+		t.Error("second run generated new tokens instead of reusing DIR/auth.json")
 	}
+	stopClean(t, c2, syscall.SIGTERM, "dev up (second run)")
 }
 
 func TestDevUpPortTakenIsAClearError(t *testing.T) {
+	b := setup(t)
 	port, err := infra.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -151,16 +155,178 @@ func TestDevUpPortTakenIsAClearError(t *testing.T) {
 	base := port - 1 // the lock service's port (+1) is the taken one
 	l, err := listenTCP(port)
 	if err != nil {
-		t.Skipf("could not hold port %d: %v", port, err)
+		t.Fatalf("could not hold port %d: %v", port, err)
 	}
 	defer l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, proctest.Binary(t), "dev", "up", "--dir", t.TempDir(), "--json", "--port-base", strconv.Itoa(base)).CombinedOutput()
-	if err == nil {
-		t.Fatalf("dev up started on a taken port:\n%s", out)
+	c := b.start(nil, "dev", "up", "--dir", b.dir, "--json", "--port-base", strconv.Itoa(base))
+	if code := c.wait(t, 2*time.Minute); code == 0 {
+		t.Fatalf("dev up started on a taken port:\n%s", c.output())
 	}
-	if !strings.Contains(string(out), "already in use") {
-		t.Fatalf("error does not say the port is in use:\n%s", out)
+	if !strings.Contains(c.output(), "already in use") {
+		t.Fatalf("error does not say the port is in use:\n%s", c.output())
 	}
+	checkCleanConsole(t, "dev up on a taken port", c.output())
+}
+
+// TestDevUpRoleFailingToStartIsOneLine: a role that cannot start is named
+// on one console line with the log file to read; no stack trace, and
+// nothing is left running.
+func TestDevUpRoleFailingToStartIsOneLine(t *testing.T) {
+	b := setup(t)
+	// The lock service (not dev up, which has no such flag) refuses it.
+	c := b.start([]string{"PAYOUTS_MIGRATE=not-a-bool"}, "dev", "up", "--dir", b.dir, "--json", "--port-base", "0")
+	if code := c.wait(t, 4*time.Minute); code == 0 {
+		t.Fatalf("dev up succeeded with a role that cannot start:\n%s", c.output())
+	}
+	out := c.output()
+	lockLog := filepath.Join(b.dir, "logs", "lock.log")
+	var failure []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if strings.Contains(line, lockLog) {
+			failure = append(failure, line)
+		}
+	}
+	if len(failure) != 1 || !strings.Contains(failure[0], "lock exited") {
+		t.Fatalf("want one line naming the lock service and %s, got:\n%s", lockLog, out)
+	}
+	checkCleanConsole(t, "dev up with a failing role", out)
+	if data, _ := os.ReadFile(lockLog); !strings.Contains(string(data), "PAYOUTS_MIGRATE") {
+		t.Fatalf("the lock service's log does not say what it refused:\n%s", data)
+	}
+}
+
+// TestServeLockEmbeddedEtcdStopsClean: `serve lock --etcd-embed-dir` writes
+// etcd's log beside its data at the level the lock service was started
+// with, and a SIGTERM stops both with exit 0, a clean console and no error
+// in that log.
+func TestServeLockEmbeddedEtcdStopsClean(t *testing.T) {
+	b := setup(t)
+	embed := filepath.Join(b.dir, "etcd")
+	etcdLog := filepath.Join(embed, "etcd.log")
+	run := func(level string) {
+		t.Helper()
+		port, err := infra.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		url := "http://127.0.0.1:" + strconv.Itoa(port)
+		c := b.start(nil, "serve", "lock", "--backend", "etcd", "--etcd-embed-dir", embed, "--insecure-no-auth",
+			"--listen", "127.0.0.1:"+strconv.Itoa(port), "--log-level", level)
+		waitUntil(t, 2*time.Minute, "the lock service to be ready", func() (bool, error) {
+			resp, err := http.Get(url + "/readyz")
+			if err != nil {
+				return false, err
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200, nil
+		})
+		stopClean(t, c, syscall.SIGTERM, "serve lock --etcd-embed-dir (log level "+level+")")
+		checkLogClean(t, "etcd", etcdLog)
+	}
+	run("info")
+	data, err := os.ReadFile(etcdLog)
+	if err != nil || !strings.Contains(string(data), `"level":"info"`) {
+		t.Fatalf("etcd.log beside the data has no info line at level info: %v\n%s", err, data)
+	}
+	run("warn")
+	after, _ := os.ReadFile(etcdLog)
+	if strings.Contains(string(after[len(data):]), `"level":"info"`) {
+		t.Errorf("etcd wrote info lines although the lock service ran at level warn:\n%s", after[len(data):])
+	}
+}
+
+func listenTCP(port int) (net.Listener, error) {
+	return net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+}
+
+// TestDevUpTLSOneTokenPerRoleNoSecretOnACommandLine: `dev up --tls` runs
+// every role over HTTPS with a throwaway CA, issues one token per role
+// (the proxy its own, for the rail), hands every secret to its children in
+// 0600 files rather than on their command lines, and a payout goes all the
+// way to the rail through it (the proxy calling the rail over TLS with its
+// own token).
+func TestDevUpTLSOneTokenPerRoleNoSecretOnACommandLine(t *testing.T) {
+	b := setup(t)
+	c, ready := b.devUp(nil, 0, "--tls")
+	if ready.TLS == nil {
+		t.Fatal("the ready line of dev up --tls has no tls files")
+	}
+	tok := ready.Tokens
+	seen := map[string]bool{}
+	for role, v := range map[string]string{"executor": tok.Executor, "reconciler": tok.Reconciler, "operator": tok.Operator, "proxy": tok.Proxy} {
+		if v == "" || seen[v] {
+			t.Fatalf("token of %s is empty or shared: %+v", role, tok)
+		}
+		seen[v] = true
+		st, err := os.Stat(ready.TokenFiles[role])
+		if err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("token file of %s: %v %v, want mode 0600", role, err, st)
+		}
+		if data, _ := os.ReadFile(ready.TokenFiles[role]); strings.TrimSpace(string(data)) != v {
+			t.Fatalf("token file of %s does not hold its token", role)
+		}
+	}
+	// No child carries a secret on its command line (what ps shows).
+	for name, pid := range ready.PIDs {
+		cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if err != nil {
+			t.Fatalf("%s (pid %d): %v", name, pid, err)
+		}
+		for secret := range seen {
+			if strings.Contains(string(cmdline), secret) {
+				t.Errorf("%s has a token on its command line: %q", name, cmdline)
+			}
+		}
+		if strings.Contains(string(cmdline), "postgres://") {
+			t.Errorf("%s has a database URL on its command line: %q", name, cmdline)
+		}
+	}
+	hc, err := ready.HTTPClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{ready.LockURL, ready.PaymentURL, ready.ProxyURL, ready.RailURL} {
+		if !strings.HasPrefix(u, "https://127.0.0.1:") {
+			t.Fatalf("URL %s is not https", u)
+		}
+		resp, err := hc.Get(u + "/readyz")
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s/readyz over TLS: %v", u, err)
+		}
+		resp.Body.Close()
+		// The same port refuses plain HTTP.
+		if resp, err := http.Get("http://" + strings.TrimPrefix(u, "https://") + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				t.Fatalf("%s answers plain HTTP", u)
+			}
+		}
+	}
+
+	pay, err := pc.New(ready.PaymentURL, tok.Operator, httpx.WithHTTPClient(hc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 3*time.Minute)
+	if _, err := pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: "tls-acc", Currency: "EUR", OpeningBalance: 10_000}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pay.CreatePayout(ctx, pc.CreatePayoutRequest{ID: "tls-po", AccountID: "tls-acc", Amount: 500, Currency: "EUR", BeneficiaryRef: "BEN-TLS"}); err != nil {
+		t.Fatal(err)
+	}
+	ex := b.start([]string{"PAYOUTS_TOKEN_FILE=" + ready.TokenFiles["executor"]}, "run", "executor", "--owner", "tls-executor",
+		"--lock-url", ready.LockURL, "--payment-url", ready.PaymentURL, "--proxy-url", ready.ProxyURL,
+		"--ca-file", ready.TLS.CA, "--poll-interval", "200ms")
+	waitUntil(t, 2*time.Minute, "the payout to be POSTED over TLS", func() (bool, error) {
+		p, err := pay.Payout(ctx, "tls-po")
+		if err != nil {
+			return false, err
+		}
+		if p.State != pc.Posted {
+			return false, fmt.Errorf("payout is %s", p.State)
+		}
+		return true, nil
+	})
+	stopClean(t, ex, syscall.SIGTERM, "run executor")
+	stopClean(t, c, syscall.SIGINT, "dev up --tls")
 }

@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,7 +26,118 @@ import (
 // Shared helpers for whole-system tests. Names are generic on purpose:
 // every role's e2e file uses them.
 
-// system is a running devstack with clients for every service.
+// devBundle is what a test of the dev tooling's commands (dev up, dev
+// demo, serve lock --etcd-embed-dir) works with: the binary and a fresh
+// directory. setup builds it; its methods run the commands.
+type devBundle struct {
+	t        *testing.T
+	bin      string
+	dir      string
+	dumpLogs bool // a failure dumps the stack's logs (registered once)
+}
+
+// setup returns the bundle of a dev-tooling test.
+func setup(t *testing.T) *devBundle {
+	t.Helper()
+	return &devBundle{t: t, bin: proctest.Binary(t), dir: t.TempDir()}
+}
+
+// command is one run of the binary with its stdout and stderr captured
+// together, as a terminal would show them.
+type command struct {
+	cmd  *exec.Cmd
+	out  *syncWriter
+	done chan struct{}
+	err  error
+}
+
+// start runs the binary with args and extra environment (env may be nil);
+// it is killed when the test ends if it is still running.
+func (b *devBundle) start(env []string, args ...string) *command {
+	b.t.Helper()
+	c := &command{cmd: exec.Command(b.bin, args...), out: &syncWriter{}, done: make(chan struct{})}
+	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
+	c.cmd.Env = append(os.Environ(), env...)
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := c.cmd.Start(); err != nil {
+		b.t.Fatal(err)
+	}
+	go func() { c.err = c.cmd.Wait(); close(c.done) }()
+	b.t.Cleanup(func() {
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	})
+	return c
+}
+
+// wait waits for the command to exit and returns its exit code.
+func (c *command) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(timeout):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+		t.Fatalf("%s did not exit within %s; output:\n%s", c.cmd.Args[1:], timeout, tailLines(c.output(), 40))
+	}
+	return c.cmd.ProcessState.ExitCode()
+}
+
+// output is everything the command has printed so far.
+func (c *command) output() string { return c.out.String() }
+
+// waitLine waits until the command prints a line starting with prefix.
+func (c *command) waitLine(t *testing.T, timeout time.Duration, prefix string) string {
+	t.Helper()
+	var line string
+	waitUntil(t, timeout, "a line starting with "+prefix, func() (bool, error) {
+		for _, l := range strings.Split(c.output(), "\n") {
+			if strings.HasPrefix(l, prefix) {
+				line = l
+				return true, nil
+			}
+		}
+		select {
+		case <-c.done:
+			t.Fatalf("%s exited (%v) before printing %q:\n%s", c.cmd.Args[1:], c.err, prefix, tailLines(c.output(), 40))
+		default:
+		}
+		return false, nil
+	})
+	return line
+}
+
+// consoleTrouble lists the lines of a console that look like a failure: a
+// log line at level error, a panic, or a Go stack trace.
+func consoleTrouble(out string) []string {
+	var bad []string
+	for _, line := range strings.Split(out, "\n") {
+		var rec struct {
+			Level string `json:"level"`
+		}
+		switch {
+		case json.Unmarshal([]byte(line), &rec) == nil && strings.EqualFold(rec.Level, "error"):
+		case strings.Contains(line, "level=ERROR"), strings.Contains(line, "panic"), goroutineHeader.MatchString(line):
+		default:
+			continue
+		}
+		bad = append(bad, line)
+	}
+	return bad
+}
+
+var goroutineHeader = regexp.MustCompile(`goroutine \d+ \[`)
+
+// checkCleanConsole fails the test if out holds anything that looks like a
+// failure (consoleTrouble).
+func checkCleanConsole(t *testing.T, what, out string) {
+	t.Helper()
+	if bad := consoleTrouble(out); len(bad) > 0 {
+		t.Errorf("%s printed what reads as a failure:\n%s\n--- whole output ---\n%s", what, strings.Join(bad, "\n"), out)
+	}
+}
+
+// system is a running local stack with clients for every service.
 type system struct {
 	st    *stack.Stack
 	pay   *pc.Client // operator token
@@ -250,7 +365,7 @@ func (s *system) startProxy(t *testing.T, name string, env []string, railTimeout
 	r := s.st.Ready
 	p := proctest.Start(t, name, env, "serve", "proxy", "--listen", hostPort(t, r.ProxyURL),
 		"--auth-file", filepath.Join(r.Dir, "auth.json"), "--database-url", r.DatabaseURLs.ProxyDB,
-		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Proxy, "--rail-timeout", railTimeout.String())
+		"--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["proxy"], "--rail-timeout", railTimeout.String())
 	if err := proctest.WaitReady(ctxT(t, time.Minute), r.ProxyURL); err != nil {
 		t.Fatalf("%v\n%s", err, p.Log())
 	}
@@ -272,4 +387,23 @@ func logLines(log, substr string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// syncWriter is a buffer several goroutines write to (a child's stdout and
+// stderr).
+type syncWriter struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

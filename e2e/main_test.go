@@ -3,12 +3,10 @@
 package e2e
 
 import (
-	"io"
-	"net"
 	"os"
-	"strconv"
-	"sync"
 	"testing"
+
+	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/proctest"
 )
@@ -18,20 +16,13 @@ func TestMain(m *testing.M) {
 	os.Setenv("PAYOUTS_RESOLUTION_SLA", "1ms")
 	code := m.Run()
 	proctest.Cleanup()
+	if code == 0 {
+		// The stacks run in child processes; this process keeps only
+		// clients, whose goroutines must all be gone by now.
+		if err := goleak.Find(); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
 	os.Exit(code)
-}
-
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
-}
-
-func listenTCP(port int) (net.Listener, error) {
-	return net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/dev/proctest"
 	"github.com/payouts/payouts/dev/stack"
@@ -51,9 +53,134 @@ func hasFinding(out reconcileOut, invariant, check string) bool {
 	return false
 }
 
+// restoreRig is a system whose lock service runs on the PostgreSQL backend,
+// with lockdb in a cluster of its own (fsync on) so that rewinding it
+// rewinds the lock service only, and a base backup of lockdb taken while
+// the tokens were still low: payouts ran before and after the backup, and
+// the live sequence jumped past it, so the guards' fences are far above
+// what the backup knows.
+type restoreRig struct {
+	s          *system
+	lockPG     *infra.PGCluster
+	lockDB     string
+	lockProc   *proctest.Proc
+	backup     string
+	backupHigh fencing.Token
+	highest    fencing.Token // the guards' highest fence
+	account    string
+	ex         *proctest.Proc
+}
+
+const restoreAdvance = 1_000_000
+
+func setupRestore(t *testing.T, prefix string) *restoreRig {
+	t.Helper()
+	s := startSystem(t, stack.Options{SettlementWindow: time.Second, RailTimeout: time.Second})
+	ctx := ctxT(t, 5*time.Minute)
+	r := &restoreRig{s: s, account: prefix + "-a"}
+
+	var err error
+	r.lockPG, err = infra.NewPGCluster(infra.PGOptions{Dir: filepath.Join(t.TempDir(), "lockpg"), Fsync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.lockPG.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.lockPG.Stop() })
+	if err := r.lockPG.CreateDatabase(ctx, "lockdb", ""); err != nil {
+		t.Fatal(err)
+	}
+	r.lockDB = r.lockPG.URL("lockdb")
+	if err := migrations.Apply(ctx, migrations.LockDB, r.lockDB); err != nil {
+		t.Fatal(err)
+	}
+	s.st.StopRole("lock", 20*time.Second)
+	r.lockProc = s.startPGLock(t, "lock-pg", r.lockDB)
+
+	s.createAccount(t, r.account, 10_000_000)
+	r.ex = s.startExecutor(t, prefix+"-executor", nil)
+	r.runPayouts(t, prefix+"-before")
+
+	// The backup: a consistent copy of lockdb as it is now.
+	r.backup = filepath.Join(r.lockPG.Dir(), "basebackup")
+	if err := r.lockPG.BaseBackup(ctx, r.backup); err != nil {
+		t.Fatal(err)
+	}
+	if r.backupHigh, err = s.lock.HighToken(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Tokens advance well past the backup: payouts under new grants, then a
+	// jump of the live sequence (as months of grants would), then more
+	// payouts whose fences the guards store. The jump keeps the gap larger
+	// than what a fenced-out executor, which takes a fresh grant on each
+	// retry, could climb through during the test.
+	r.runPayouts(t, prefix+"-between")
+	if _, errOut, code := runCLI(t, nil, "lock", "bump-tokens", "--to", strconv.Itoa(restoreAdvance), "--database-url", r.lockDB); code != 0 {
+		t.Fatalf("advance the live token sequence: exit %d: %s", code, errOut)
+	}
+	r.runPayouts(t, prefix+"-after-backup")
+	payHigh, err := s.pay.HighFence(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyHigh, err := s.proxy.HighFence(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.highest = max(payHigh, proxyHigh)
+	if r.highest <= restoreAdvance {
+		t.Fatalf("guards' highest fence %d (paydb %d, proxy %d), want above %d", r.highest, payHigh, proxyHigh, restoreAdvance)
+	}
+	if n := len(s.paySafetyEvents(t)) + len(s.proxySafetyEvents(t)); n != 0 {
+		t.Fatalf("%d safety events before the restore, want none", n)
+	}
+	return r
+}
+
+// runPayouts creates two payouts on the rig's account and waits for both
+// to be posted.
+func (r *restoreRig) runPayouts(t *testing.T, prefix string) {
+	t.Helper()
+	for i := 0; i < 2; i++ {
+		r.s.createPayout(t, fmt.Sprintf("%s-%d", prefix, i), r.account, 100, "BEN-rs")
+	}
+	for i := 0; i < 2; i++ {
+		r.s.waitPayoutState(t, fmt.Sprintf("%s-%d", prefix, i), 2*time.Minute, pc.Posted)
+	}
+}
+
+// replaceLockDB stops the lock service and lockdb's cluster, puts the base
+// backup in place of the data directory (as a standby when asked) and
+// starts the cluster again. The executor keeps running.
+func (r *restoreRig) replaceLockDB(t *testing.T, ctx context.Context, standby bool) {
+	t.Helper()
+	stopProc(t, r.lockProc)
+	if err := r.lockPG.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(r.lockPG.DataDir()); err != nil {
+		t.Fatal(err)
+	}
+	// pg_basebackup ran as the server user, so the copy is already its own.
+	if err := os.Rename(r.backup, r.lockPG.DataDir()); err != nil {
+		t.Fatal(err)
+	}
+	if standby {
+		// A replica that stopped receiving WAL when the backup was taken:
+		// it replays what it has and waits for more, read-only.
+		if err := os.WriteFile(filepath.Join(r.lockPG.DataDir(), "standby.signal"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.lockPG.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRestoreLockDBFromBaseBackup is DESIGN §5 "Restore" and D-13 for the
-// PostgreSQL lock backend. lockdb lives in a cluster of its own (fsync on),
-// so restoring it rewinds the lock service only, never paydb or proxydb.
+// PostgreSQL lock backend.
 //
 // Without D-13 the restored token sequence re-issues tokens below what the
 // guards store: every write is fenced out, nothing is paid twice, and the
@@ -64,100 +191,13 @@ func TestRestoreLockDBFromBaseBackup(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	s := startSystem(t, stack.Options{SettlementWindow: time.Second, RailTimeout: time.Second})
+	r := setupRestore(t, "rs")
+	s, lockDB, account, backupHigh, highest, ex := r.s, r.lockDB, r.account, r.backupHigh, r.highest, r.ex
 	ctx := ctxT(t, 5*time.Minute)
+	const advance = restoreAdvance
 
-	lockPG, err := infra.NewPGCluster(infra.PGOptions{Dir: filepath.Join(t.TempDir(), "lockpg"), Fsync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lockPG.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lockPG.Stop() })
-	if err := lockPG.CreateDatabase(ctx, "lockdb", ""); err != nil {
-		t.Fatal(err)
-	}
-	lockDB := lockPG.URL("lockdb")
-	if err := migrations.Apply(ctx, migrations.LockDB, lockDB); err != nil {
-		t.Fatal(err)
-	}
-	s.st.StopRole("lock", 20*time.Second)
-	lockProc := s.startPGLock(t, "lock-pg", lockDB)
-
-	const account = "rs-a"
-	s.createAccount(t, account, 10_000_000)
-	ex := s.startExecutor(t, "rs-executor", nil)
-	for i := 0; i < 2; i++ {
-		s.createPayout(t, fmt.Sprintf("rs-before-%d", i), account, 100, "BEN-rs")
-	}
-	for i := 0; i < 2; i++ {
-		s.waitPayoutState(t, fmt.Sprintf("rs-before-%d", i), 2*time.Minute, pc.Posted)
-	}
-
-	// The backup: a consistent copy of lockdb as it is now.
-	backup := filepath.Join(lockPG.Dir(), "basebackup")
-	if err := lockPG.BaseBackup(ctx, backup); err != nil {
-		t.Fatal(err)
-	}
-	backupHigh, err := s.lock.HighToken(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// Tokens advance well past the backup: payouts under new grants, then a
-	// jump of the live sequence (as months of grants would), then more
-	// payouts whose fences the guards store. The jump keeps the gap larger
-	// than what a fenced-out executor, which takes a fresh grant on each
-	// retry, could climb through during the test.
-	for i := 0; i < 2; i++ {
-		s.createPayout(t, fmt.Sprintf("rs-between-%d", i), account, 100, "BEN-rs")
-	}
-	for i := 0; i < 2; i++ {
-		s.waitPayoutState(t, fmt.Sprintf("rs-between-%d", i), 2*time.Minute, pc.Posted)
-	}
-	const advance = 1_000_000
-	if _, errOut, code := runCLI(t, nil, "lock", "bump-tokens", "--to", strconv.Itoa(advance), "--database-url", lockDB); code != 0 {
-		t.Fatalf("advance the live token sequence: exit %d: %s", code, errOut)
-	}
-	for i := 0; i < 2; i++ {
-		s.createPayout(t, fmt.Sprintf("rs-after-backup-%d", i), account, 100, "BEN-rs")
-	}
-	for i := 0; i < 2; i++ {
-		s.waitPayoutState(t, fmt.Sprintf("rs-after-backup-%d", i), 2*time.Minute, pc.Posted)
-	}
-	payHigh, err := s.pay.HighFence(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxyHigh, err := s.proxy.HighFence(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	highest := max(payHigh, proxyHigh)
-	if highest <= advance {
-		t.Fatalf("guards' highest fence %d (paydb %d, proxy %d), want above %d", highest, payHigh, proxyHigh, advance)
-	}
-	if n := len(s.paySafetyEvents(t)) + len(s.proxySafetyEvents(t)); n != 0 {
-		t.Fatalf("%d safety events before the restore, want none", n)
-	}
-
-	// Restore lockdb from the backup: stop the lock service and the cluster,
-	// replace the data directory, start both again. The executor keeps running.
-	stopProc(t, lockProc)
-	if err := lockPG.Stop(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(lockPG.DataDir()); err != nil {
-		t.Fatal(err)
-	}
-	// pg_basebackup ran as the server user, so the copy is already its own.
-	if err := os.Rename(backup, lockPG.DataDir()); err != nil {
-		t.Fatal(err)
-	}
-	if err := lockPG.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// Restore lockdb from the backup and start the lock service on it.
+	r.replaceLockDB(t, ctx, false)
 	s.startPGLock(t, "lock-pg-restored", lockDB)
 	restoredHigh, err := s.lock.HighToken(ctx)
 	if err != nil {
@@ -261,6 +301,88 @@ func TestRestoreLockDBFromBaseBackup(t *testing.T) {
 			}
 		default:
 			t.Errorf("unexpected finding after bump-tokens: %+v", f)
+		}
+	}
+}
+
+// TestPromotedReplicaLockDB is the lockdb failover case of D-13: the lock
+// service's database fails over to an asynchronous replica that never
+// received the last grants (here: a replica that stopped receiving WAL when
+// the base backup was taken, promoted to a new timeline). The failover
+// procedure runs `payouts lock bump-tokens --from-guards` before the lock
+// service grants on the promoted database: no write is fenced out, nothing
+// is paid twice, every payout completes and the reconciler reports no token
+// regression.
+func TestPromotedReplicaLockDB(t *testing.T) {
+	if testing.Short() {
+		t.Skip("whole-system test")
+	}
+	r := setupRestore(t, "pr")
+	s := r.s
+	ctx := ctxT(t, 5*time.Minute)
+
+	r.replaceLockDB(t, ctx, true)
+	conn, err := pgx.Connect(ctx, r.lockPG.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var promoted bool
+	err = conn.QueryRow(ctx, `SELECT pg_promote(true, 60)`).Scan(&promoted)
+	conn.Close(context.Background())
+	if err != nil || !promoted {
+		t.Fatalf("promote the replica: %v (promoted %v)", err, promoted)
+	}
+
+	// The failover procedure (docs/lock-service.md): bump above both guards'
+	// fences, then start the lock service on the promoted database.
+	rd := s.st.Ready
+	stdout, errOut, code := runCLI(t, nil, "lock", "bump-tokens", "--from-guards", "--database-url", r.lockDB,
+		"--payment-url", rd.PaymentURL, "--proxy-url", rd.ProxyURL, "--token", rd.Tokens.Reconciler, "--output", "json")
+	if code != 0 {
+		t.Fatalf("bump-tokens --from-guards: exit %d: %s", code, errOut)
+	}
+	var bumped struct {
+		From int64 `json:"from"`
+		To   int64 `json:"to"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &bumped); err != nil || bumped.To <= int64(r.highest) || bumped.From >= int64(r.highest) {
+		t.Fatalf("bump-tokens --from-guards printed %q (%v); want from below and to above the guards' highest fence %d", stdout, err, r.highest)
+	}
+	s.startPGLock(t, "lock-pg-promoted", r.lockDB)
+
+	r.runPayouts(t, "pr-promoted")
+	stopExecutor(t, r.ex)
+	if n := len(s.paySafetyEvents(t)) + len(s.proxySafetyEvents(t)); n != 0 {
+		t.Fatalf("%d safety events after the failover procedure, want none (no write fenced out)", n)
+	}
+	for ref, items := range s.railPayments(t) {
+		if len(items) > 1 {
+			t.Fatalf("client reference %s paid %d times at the rail", ref, len(items))
+		}
+	}
+	lockHigh, err := s.lock.HighToken(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lockHigh <= r.highest {
+		t.Fatalf("lock service high token %d on the promoted replica, want above the guards' %d", lockHigh, r.highest)
+	}
+	s.checkMoney(t, s.payouts(t, r.account), map[string]int64{r.account: 10_000_000})
+	out, log, code := s.reconcileOnce(t, "--json")
+	if code == 2 || hasFinding(out, "INV-04", "lock_service_rewound") || hasFinding(out, "INV-04", "token_regression") {
+		t.Fatalf("reconcile after the failover: exit %d, reports a token regression\n%s", code, log)
+	}
+	// The grants the replica never received stay reported as without a
+	// grant (INV-07); nothing written under a later token may be.
+	for _, f := range out.Findings {
+		switch f.Check {
+		case "ledger_without_grant", "submission_without_grant":
+			tok, _ := f.Objects["token"].(float64)
+			if tok <= float64(r.backupHigh) || tok > float64(r.highest) {
+				t.Errorf("finding for a token outside the lost grants (%d, %d]: %+v", r.backupHigh, r.highest, f)
+			}
+		default:
+			t.Errorf("unexpected finding after the failover: %+v", f)
 		}
 	}
 }

@@ -41,80 +41,74 @@ type run struct {
 	// stale is set by the hold test hook: the grant check is skipped so the
 	// writes of a process paused past its lease reach the guards.
 	stale bool
+	// moved is set once a payout changed state under this grant.
+	moved bool
 }
 
 // workAccount takes the account's lock without waiting and drives its
-// payouts; it reports whether any payout moved, and whether a guard fenced
-// the grant out.
-func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (progressed, fenced bool) {
+// payouts; it reports whether it held the lock, whether any payout changed
+// state, and whether a guard fenced the grant out.
+func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (res roundResult) {
 	key := fencing.Key(account)
 	ctx, cancel := e.callCtx()
 	g, err := sess.TryAcquire(ctx, key)
 	cancel()
 	if err != nil {
-		if problem.Has(err, problem.LockHeld) {
+		switch {
+		case problem.Has(err, problem.LockHeld):
 			// Another executor is on it: normal.
 			e.m.acquires.WithLabelValues("held").Inc()
 			log.Debug("account locked by another holder; skipping", obs.KeyKey, key, obs.KeyAccountID, account)
-			return false, false
+		case refusedToken(err):
+			e.m.acquires.WithLabelValues("error").Inc()
+			e.refuse("lock service", e.cfg.LockURL, err)
+		default:
+			e.m.acquires.WithLabelValues("error").Inc()
+			log.Warn("could not take the account's lock; skipping it (fail closed)", obs.KeyKey, key, obs.KeyAccountID, account, obs.KeyError, err.Error())
 		}
-		e.m.acquires.WithLabelValues("error").Inc()
-		log.Warn("could not take the account's lock; skipping it (fail closed)", obs.KeyKey, key, obs.KeyAccountID, account, obs.KeyError, err.Error())
-		return false, false
+		return res
 	}
+	res.acquired = true
 	e.m.acquires.WithLabelValues("acquired").Inc()
 	// A re-acquire by this session returns the same grant, released below
 	// like any other: an earlier failed release of it is superseded.
 	e.mu.Lock()
-	delete(e.unreleased, key)
+	delete(e.unreleased, account)
 	e.mu.Unlock()
 	e.m.activeGrants.Inc()
 	r := &run{e: e, g: g, account: account, log: e.log.With(obs.KeyKey, key, obs.KeyAccountID, account,
 		obs.KeyToken, int64(g.Token()), obs.KeyHolder, string(g.Holder()))}
 	r.log.Info("lock acquired")
 	defer func() {
+		res.moved = r.moved
 		e.m.activeGrants.Dec()
-		ctx, cancel := e.callCtx()
-		defer cancel()
-		if err := g.Release(ctx); err != nil {
-			if releaseRetryable(err) {
-				// No verdict: retried on every poll, or the key would stay
-				// held by this live session.
-				e.releaseLater(g)
-				r.log.Warn("lock release failed; retrying on the next poll", obs.KeyError, err.Error())
-				return
-			}
-			// After a loss the key is no longer ours; the release is moot.
-			r.log.Info("lock release refused; the key is no longer ours", obs.KeyError, err.Error())
-			return
-		}
-		r.log.Info("lock released")
+		e.release(r.log, account, g)
 	}()
 	for n := 0; n < maxPayoutsPerGrant; n++ {
 		p, ok, err := r.next()
 		if err != nil {
 			r.log.Warn("could not list the account's payouts; leaving it for a later pass", obs.KeyError, err.Error())
-			return progressed, false
+			return res
 		}
 		if !ok {
-			return progressed, false
+			return res
 		}
 		err = r.drive(p)
 		if errors.Is(err, errFenced) {
 			r.log.Warn("stopping work on the account", obs.KeyPayoutID, p.ID, "reason", err.Error())
-			return progressed, true
+			res.fenced = true
+			return res
 		}
-		progressed = true
 		if err != nil {
 			lvl := slog.LevelInfo
 			if errors.Is(err, errStepBudget) {
 				lvl = slog.LevelWarn
 			}
 			r.log.Log(e.base, lvl, "stopping work on the account", obs.KeyPayoutID, p.ID, "reason", err.Error())
-			return progressed, false
+			return res
 		}
 	}
-	return progressed, false
+	return res
 }
 
 // next finds the payout to work on: an in-flight one first, then the
@@ -246,6 +240,9 @@ func (r *run) mutate(step string, p pc.Payout, after Point, call func() (pc.Payo
 	r.e.m.stepLatency.WithLabelValues(step).Observe(time.Since(start).Seconds())
 	if err == nil {
 		r.e.m.steps.WithLabelValues(step, resultOK).Inc()
+		if next.State != p.State {
+			r.moved = true
+		}
 		r.transition(step, p, next)
 		if (p.State != next.State || step == "reclaim") && (after != AfterClaimed || next.State == pc.Claimed) {
 			r.hook(after, next)
@@ -254,6 +251,9 @@ func (r *run) mutate(step string, p pc.Payout, after Point, call func() (pc.Payo
 	}
 	return p, r.failed(step, "payment", p, err)
 }
+
+// guardService names each guard as the operator knows it.
+var guardService = map[string]string{"payment": "payment resource", "proxy": "rail proxy"}
 
 // failed classifies a failed call to a guard.
 func (r *run) failed(step, guard string, p pc.Payout, err error) error {
@@ -272,6 +272,14 @@ func (r *run) failed(step, guard string, p pc.Payout, err error) error {
 		r.e.m.steps.WithLabelValues(step, resultRejected).Inc()
 		log.Warn("transition rejected: the payout is not in the state we saw; re-reading it", obs.KeyError, err.Error())
 		return errTransient
+	case refusedToken(err):
+		r.e.m.steps.WithLabelValues(step, resultClientFail).Inc()
+		url := r.e.cfg.PaymentURL
+		if guard == "proxy" {
+			url = r.e.cfg.ProxyURL
+		}
+		r.e.refuse(guardService[guard], url, err)
+		return errStop
 	case errors.As(err, &pe) && pe.Code != problem.Unavailable && pe.Code != problem.Internal && pe.Status() < 500:
 		// invalid_request, not_found, forbidden, unauthorized...: retrying
 		// cannot help; leave the account and say so loudly.

@@ -13,7 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +23,6 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
-	"github.com/payouts/payouts/lock/lockclient"
 	"github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
@@ -63,6 +62,9 @@ type Config struct {
 	ProxyURL   string
 	// Token is the executor's bearer token (the same for every service).
 	Token string
+	// HTTPClient carries every call (httpx.NewHTTPClient: TLS settings);
+	// nil: the default client.
+	HTTPClient *http.Client
 
 	// MetricsAddr, when not empty, serves /metrics and /healthz there.
 	MetricsAddr string
@@ -129,11 +131,15 @@ type Executor struct {
 
 	mu     sync.Mutex
 	active map[string]bool // accounts a worker is on
-	// fencedOff holds accounts whose last grant was fenced out: a guard
-	// stores a fence above the tokens the lock service now issues (a later
-	// holder, or a rewound lock service). Retrying at once would only mint
-	// tokens and fenced_out events, so the account waits, longer each time.
-	fencedOff map[string]*cooldown
+	// cooling holds accounts whose last round took the lock and moved
+	// nothing: fenced out (a guard stores a fence above the tokens the lock
+	// service now issues), a payout the proxy refuses, a submission whose
+	// fate is not known yet. Retrying at once would only mint tokens (and
+	// fenced_out events, ERROR lines), so the account waits, longer each time.
+	cooling map[string]*cooldown
+	// fatal is set when a service refused this executor's token: nothing
+	// will work until an operator fixes the credential, so Run ends with it.
+	fatal error
 	// unreleased holds grants whose release failed (the lock service was
 	// unreachable or restarting). The session stays alive, so such a key
 	// would stay held for as long as this process runs, blocking every
@@ -148,23 +154,23 @@ func New(cfg Config) (*Executor, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	pay, err := paymentclient.New(cfg.PaymentURL, cfg.Token, httpx.WithTimeout(cfg.CallTimeout))
+	pay, err := paymentclient.New(cfg.PaymentURL, cfg.Token, httpx.WithTimeout(cfg.CallTimeout), httpx.WithHTTPClient(cfg.HTTPClient))
 	if err != nil {
 		return nil, fmt.Errorf("executor: --payment-url: %w", err)
 	}
-	proxy, err := proxyclient.New(cfg.ProxyURL, cfg.Token)
+	proxy, err := proxyclient.New(cfg.ProxyURL, cfg.Token, httpx.WithHTTPClient(cfg.HTTPClient))
 	if err != nil {
 		return nil, fmt.Errorf("executor: --proxy-url: %w", err)
 	}
 	lk := cfg.locker
 	if lk == nil {
-		if lk, err = newLockService(cfg.LockURL, cfg.Token, cfg.SessionTTL, cfg.CallTimeout, cfg.Logger); err != nil {
+		if lk, err = newLockService(cfg.LockURL, cfg.Token, cfg.SessionTTL, cfg.CallTimeout, cfg.Logger, cfg.HTTPClient); err != nil {
 			return nil, fmt.Errorf("executor: --lock-url: %w", err)
 		}
 	}
 	e := &Executor{
 		cfg: cfg, log: cfg.Logger, pay: pay, proxy: proxy, lock: lk,
-		m: newMetrics(cfg.Registry), stopCh: make(chan struct{}), active: map[string]bool{}, fencedOff: map[string]*cooldown{}, unreleased: map[string]grant{},
+		m: newMetrics(cfg.Registry), stopCh: make(chan struct{}), active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]grant{},
 	}
 	return e, nil
 }
@@ -226,6 +232,10 @@ func (e *Executor) Run(ctx context.Context) error {
 		sess, err := e.lock.Open(cctx, e.cfg.Owner)
 		cancel()
 		if err != nil {
+			if refusedToken(err) {
+				e.refuse("lock service", e.cfg.LockURL, err)
+				break
+			}
 			// Fail closed: without a session there are no grants and no work.
 			e.m.sessions.WithLabelValues("open_failed").Inc()
 			e.m.lockDown.Set(1)
@@ -265,8 +275,36 @@ func (e *Executor) Run(ctx context.Context) error {
 			log.Info("lock session closed: every lock released")
 		}
 	}
+	if err := e.fatalErr(); err != nil {
+		e.log.Error("executor stopped: its token was refused", obs.KeyError, err.Error())
+		return err
+	}
 	e.log.Info("executor stopped")
 	return nil
+}
+
+// refusedToken reports a 401 or 403 answer: the service does not accept
+// this executor's credential, and asking again will not change that.
+func refusedToken(err error) bool {
+	return problem.Has(err, problem.Unauthorized) || problem.Has(err, problem.Forbidden)
+}
+
+// refuse stops the executor for good: service at url refused its token.
+// The first refusal is the one reported.
+func (e *Executor) refuse(service, url string, err error) {
+	e.mu.Lock()
+	if e.fatal == nil {
+		e.fatal = fmt.Errorf("executor: the %s at %s refused the token (%w): the executor needs a bearer token of role %q there (--token or --token-file)",
+			service, url, err, Role)
+	}
+	e.mu.Unlock()
+	e.stop()
+}
+
+func (e *Executor) fatalErr() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.fatal
 }
 
 func (e *Executor) stop() {
@@ -292,189 +330,3 @@ func (e *Executor) sleep(d time.Duration) bool {
 		return false
 	}
 }
-
-// runSession dispatches accounts with work to workers until a stop is
-// requested (false) or the session is lost (true). It returns once every
-// worker has finished.
-func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
-	var wg sync.WaitGroup
-	defer func() {
-		wg.Wait()
-		// Whatever this session still holds ends with it.
-		e.mu.Lock()
-		clear(e.unreleased)
-		e.mu.Unlock()
-	}()
-	slots := make(chan struct{}, e.cfg.Concurrency)
-	progress := make(chan struct{}, 1)
-	jeopardy := false
-	for {
-		if e.stopping.Load() {
-			return false
-		}
-		if sess.Lost() {
-			return true
-		}
-		if !sess.Healthy() {
-			// JEOPARDY: a keepalive failed; start nothing new.
-			if !jeopardy {
-				log.Warn("lock session in jeopardy (a keepalive failed): starting no new work")
-				jeopardy = true
-			}
-		} else {
-			if jeopardy {
-				log.Info("lock session healthy again")
-				jeopardy = false
-			}
-			e.retryReleases(log)
-			e.dispatch(sess, log, slots, progress, &wg)
-		}
-		t := time.NewTimer(e.cfg.PollInterval)
-		select {
-		case <-e.stopCh:
-		case <-progress:
-		case <-t.C:
-		}
-		t.Stop()
-	}
-}
-
-func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{}, progress chan struct{}, wg *sync.WaitGroup) {
-	ctx, cancel := e.callCtx()
-	items, err := e.pay.Work(ctx, e.cfg.Concurrency*4)
-	cancel()
-	if err != nil {
-		log.Warn("could not ask the payment resource for work", obs.KeyError, err.Error())
-		return
-	}
-	// Executors read the same list; starting at a random place spreads them
-	// over the accounts instead of all contending for the first one.
-	n := len(items)
-	start := 0
-	if n > 1 {
-		start = rand.IntN(n)
-	}
-	for i := range n {
-		it := items[(start+i)%n]
-		if e.stopping.Load() || !sess.Healthy() {
-			return
-		}
-		select {
-		case slots <- struct{}{}:
-		default:
-			return // every worker is busy; the next poll continues
-		}
-		e.mu.Lock()
-		busy := e.active[it.AccountID]
-		if c := e.fencedOff[it.AccountID]; c != nil && time.Now().Before(c.until) {
-			busy = true
-		}
-		if !busy {
-			e.active[it.AccountID] = true
-		}
-		e.mu.Unlock()
-		if busy {
-			<-slots
-			continue
-		}
-		wg.Add(1)
-		go func(account string) {
-			defer wg.Done()
-			did, fenced := e.workAccount(sess, log, account)
-			e.mu.Lock()
-			delete(e.active, account)
-			if fenced {
-				c := e.fencedOff[account]
-				if c == nil {
-					c = &cooldown{b: backoff{min: time.Second, max: 30 * time.Second}}
-					e.fencedOff[account] = c
-				}
-				wait := c.b.next()
-				c.until = time.Now().Add(wait)
-				log.Warn("account fenced out: leaving it alone for a while", obs.KeyAccountID, account, "retry_in", wait.String())
-			} else if did {
-				delete(e.fencedOff, account)
-			}
-			e.mu.Unlock()
-			<-slots
-			if did {
-				select {
-				case progress <- struct{}{}:
-				default:
-				}
-			}
-		}(it.AccountID)
-	}
-}
-
-// releaseLater records a grant whose release failed for a reason that may
-// pass (no answer from the lock service).
-func (e *Executor) releaseLater(g grant) {
-	e.mu.Lock()
-	e.unreleased[g.Key()] = g
-	e.mu.Unlock()
-}
-
-// retryReleases retries every failed release once; a release refused as
-// not held (the key already moved on) or for a gone session is done too.
-func (e *Executor) retryReleases(log *slog.Logger) {
-	e.mu.Lock()
-	pending := make([]grant, 0, len(e.unreleased))
-	for _, g := range e.unreleased {
-		pending = append(pending, g)
-	}
-	e.mu.Unlock()
-	for _, g := range pending {
-		ctx, cancel := e.callCtx()
-		err := g.Release(ctx)
-		cancel()
-		if err != nil && releaseRetryable(err) {
-			continue
-		}
-		e.mu.Lock()
-		if e.unreleased[g.Key()] == g {
-			delete(e.unreleased, g.Key())
-		}
-		e.mu.Unlock()
-		log.Info("earlier failed lock release settled", obs.KeyKey, g.Key(), obs.KeyToken, int64(g.Token()), "result", releaseResult(err))
-	}
-}
-
-// releaseRetryable: the lock service gave no verdict (unreachable, 5xx).
-func releaseRetryable(err error) bool {
-	switch {
-	case problem.Has(err, problem.NotHeld), problem.Has(err, problem.SessionExpired),
-		errors.Is(err, lockclient.ErrSessionLost), problem.Has(err, problem.InvalidRequest):
-		return false
-	}
-	return true
-}
-
-func releaseResult(err error) string {
-	if err == nil {
-		return "released"
-	}
-	return err.Error()
-}
-
-// cooldown is how long an account that was fenced out waits.
-type cooldown struct {
-	b     backoff
-	until time.Time
-}
-
-// backoff is a capped exponential backoff with jitter.
-type backoff struct {
-	min, max, cur time.Duration
-}
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.min
-	} else {
-		b.cur = min(b.cur*2, b.max)
-	}
-	return b.cur/2 + rand.N(b.cur/2+1)
-}
-
-func (b *backoff) reset() { b.cur = 0 }

@@ -2,12 +2,18 @@ package executor
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/proctest"
 	"github.com/payouts/payouts/dev/stack"
@@ -23,7 +29,22 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	proctest.Cleanup()
+	if code == 0 {
+		if err := goleak.Find(leakOptions...); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutines left behind by the tests: %v\n", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
+}
+
+// leakOptions name the background goroutines that outlive a test by
+// design: idle keep-alive connections of the HTTP clients' shared
+// transport, closed by the runtime when the process exits.
+var leakOptions = []goleak.Option{
+	goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+	goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 }
 
 func TestConfigDefaultsAndLimits(t *testing.T) {
@@ -71,8 +92,9 @@ func TestBackoffIsCappedAndResets(t *testing.T) {
 	}
 }
 
-// stack is a devstack with the clients these tests use.
-type testStack struct {
+// testBundle is a running stack with the operator clients these tests
+// use: what setup(t) hands a test. Each bundle owns its databases.
+type testBundle struct {
 	st   *stack.Stack
 	pay  *pc.Client
 	rail *railclient.Client
@@ -80,7 +102,7 @@ type testStack struct {
 	lock *lockclient.Client
 }
 
-func startStack(t *testing.T) *testStack {
+func setup(t *testing.T) *testBundle {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs PostgreSQL, etcd and the payouts binary")
@@ -93,7 +115,7 @@ func startStack(t *testing.T) *testStack {
 		t.Fatalf("start stack: %v", err)
 	}
 	t.Cleanup(func() { _ = st.Stop() })
-	s := &testStack{st: st}
+	s := &testBundle{st: st}
 	op := st.Ready.Tokens.Operator
 	if s.pay, err = pc.New(st.Ready.PaymentURL, op); err != nil {
 		t.Fatal(err)
@@ -110,7 +132,7 @@ func startStack(t *testing.T) *testStack {
 	return s
 }
 
-func (s *testStack) config(t *testing.T, owner string, w io.Writer) Config {
+func (s *testBundle) config(t *testing.T, owner string, w io.Writer) Config {
 	r := s.st.Ready
 	return Config{Owner: owner, Concurrency: 2, SessionTTL: 3 * time.Second, PollInterval: 100 * time.Millisecond,
 		LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, Token: r.Tokens.Executor,
@@ -128,7 +150,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
-func (s *testStack) state(t *testing.T, id string) pc.State {
+func (s *testBundle) state(t *testing.T, id string) pc.State {
 	t.Helper()
 	p, err := s.pay.Payout(context.Background(), id)
 	if err != nil {
@@ -162,7 +184,8 @@ func (s *syncBuf) String() string {
 // (finishing that call, releasing its lock, closing its session), and the
 // operator's cancel goes through the lock like any other writer.
 func TestExecutorInProcess(t *testing.T) {
-	s := startStack(t)
+	t.Parallel() // owns its stack and databases
+	s := setup(t)
 	ctx := context.Background()
 	for _, acc := range []string{"ip-a", "ip-b", "ip-c"} {
 		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: acc, Currency: "EUR", OpeningBalance: 10_000}); err != nil {
@@ -222,7 +245,12 @@ func TestExecutorInProcess(t *testing.T) {
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- Run(rctx, cfg) }()
-		waitFor(t, time.Minute, "ip-4 to be RAIL_SUBMITTED", func() bool { return s.state(t, "ip-4") == pc.RailSubmitted })
+		// The proxy writes its intent row before it calls the rail: once the
+		// row is there, the executor is inside the submission.
+		waitFor(t, time.Minute, "ip-4's submission to reach the proxy", func() bool {
+			_, err := s.prx.Get(ctx, "ip-4")
+			return err == nil
+		})
 		stop() // the rail is still thinking
 		select {
 		case err := <-done:
@@ -357,4 +385,113 @@ func TestExecutorInProcess(t *testing.T) {
 			t.Fatalf("ip-f1 is %s, want CLAIMED (untouched by the stale executor)", got)
 		}
 	})
+
+	// A payout the proxy refuses before forwarding anything (here a
+	// beneficiary reference longer than the proxy and the rail accept,
+	// planted behind the payment resource's back) must not make the
+	// account a hot loop: every round mints a token, so a round that
+	// moves nothing cools the account down.
+	t.Run("a payout the proxy refuses does not spin the account", func(t *testing.T) {
+		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: "ip-r", Currency: "EUR", OpeningBalance: 10_000}); err != nil {
+			t.Fatal(err)
+		}
+		mk("ip-r1", "ip-r", 100, "BEN-r")
+		s.plant(t, "UPDATE payout SET beneficiary_ref = repeat('b', 250) WHERE id = 'ip-r1'")
+		log := newSyncBuf()
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- Run(rctx, s.config(t, "ip-exec-r", log)) }()
+		waitFor(t, time.Minute, "ip-r1 to be RAIL_SUBMITTED", func() bool { return s.state(t, "ip-r1") != pc.Pending && s.state(t, "ip-r1") != pc.Claimed })
+		before := s.grantsOf(t, "ip-r")
+		time.Sleep(5 * time.Second) // the window measured, not a synchronisation
+		rounds := s.grantsOf(t, "ip-r") - before
+		stop()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		// 1 s, 2 s, 4 s of cooldown (with jitter): at most a handful of
+		// rounds in 5 s; a hot loop makes one per round trip.
+		if rounds > 5 {
+			t.Fatalf("%d grants of payout:ip-r in 5 s: the account is retried without backing off", rounds)
+		}
+		if !strings.Contains(log.String(), `"msg":"no progress on the account: leaving it alone for a while"`) {
+			t.Error("executor log does not say it backs off the account")
+		}
+	})
+}
+
+// plant runs one statement on paydb with triggers off, the way a broken
+// primary or a migration gone wrong would leave a row.
+func (s *testBundle) plant(t *testing.T, sql string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, s.st.Ready.DatabaseURLs.PayDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// grantsOf counts the grants the lock service ever made of account's key.
+func (s *testBundle) grantsOf(t *testing.T, account string) int {
+	t.Helper()
+	all, err := s.lock.AllGrants(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, g := range all {
+		if g.Key == fencing.Key(account) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRefusedTokenIsFatal: a service that refuses the executor's token
+// (401/403) will go on refusing it; the executor stops and says which
+// service and which role, instead of retrying "lock service unreachable"
+// forever.
+func TestRefusedTokenIsFatal(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{http.StatusUnauthorized, http.StatusForbidden} {
+		refuser := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", problem.ContentType)
+			w.WriteHeader(status)
+			fmt.Fprintf(w, `{"type":"about:blank","title":"refused","status":%d,"code":"%s"}`, status,
+				map[int]string{http.StatusUnauthorized: "unauthorized", http.StatusForbidden: "forbidden"}[status])
+		}))
+		cfg := Config{Owner: "refused", SessionTTL: 3 * time.Second, PollInterval: 100 * time.Millisecond, CallTimeout: 5 * time.Second,
+			LockURL: refuser.URL, PaymentURL: refuser.URL, ProxyURL: refuser.URL, Token: "wrong",
+			Logger: slog.New(slog.DiscardHandler), Registry: obs.NewRegistry()}
+		done := make(chan error, 1)
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { done <- Run(ctx, cfg) }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), refuser.URL) || !strings.Contains(err.Error(), `role "executor"`) {
+				t.Errorf("status %d: Run returned %v; want an error naming %s and the executor role", status, err, refuser.URL)
+			}
+		case <-time.After(time.Minute):
+			cancel()
+			<-done
+			t.Errorf("status %d: the executor kept retrying a refused token for a minute", status)
+		}
+		cancel()
+		refuser.Close()
+	}
 }

@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/payouts/payouts/lock/fencing"
@@ -14,9 +15,9 @@ type lockService struct {
 	c *lockclient.Client
 }
 
-func newLockService(url, token string, ttl, timeout time.Duration, log *slog.Logger) (locker, error) {
+func newLockService(url, token string, ttl, timeout time.Duration, log *slog.Logger, hc *http.Client) (locker, error) {
 	c, err := lockclient.New(url, lockclient.WithToken(token), lockclient.WithTTL(ttl),
-		lockclient.WithRequestTimeout(timeout), lockclient.WithLogger(log))
+		lockclient.WithRequestTimeout(timeout), lockclient.WithLogger(log), lockclient.WithHTTPClient(hc))
 	if err != nil {
 		return nil, err
 	}

@@ -21,6 +21,7 @@ type metrics struct {
 	sessions     *prometheus.CounterVec
 	lockDown     prometheus.Gauge
 	activeGrants prometheus.Gauge
+	cooldowns    prometheus.Counter
 	hooks        *prometheus.CounterVec
 }
 
@@ -59,11 +60,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "payouts_executor_active_grants",
 			Help: "Accounts this executor currently holds the lock of.",
 		}),
+		cooldowns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "payouts_executor_account_cooldowns_total",
+			Help: "Rounds that took an account's lock and moved no payout (fenced out, refused by the proxy, outcome not known yet): the account is left alone for a while.",
+		}),
 		hooks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "payouts_executor_test_hooks_total",
 			Help: "Test hooks that fired (test builds only; must stay 0 in production).",
 		}, []string{"hook", "point"}),
 	}
-	reg.MustRegister(m.outcomes, m.steps, m.stepLatency, m.fencedOut, m.acquires, m.sessions, m.lockDown, m.activeGrants, m.hooks)
+	reg.MustRegister(m.outcomes, m.steps, m.stepLatency, m.fencedOut, m.acquires, m.sessions, m.lockDown, m.activeGrants, m.cooldowns, m.hooks)
 	return m
 }

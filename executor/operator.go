@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"time"
 
+	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -21,6 +23,9 @@ type OperatorConfig struct {
 	PaymentURL string
 	// Token is the operator's bearer token.
 	Token string
+	// HTTPClient carries every call (httpx.NewHTTPClient: TLS settings);
+	// nil: the default client.
+	HTTPClient *http.Client
 	// Wait is how long to wait for the account's lock (an executor may be
 	// working on the account; it releases between payouts).
 	Wait time.Duration
@@ -59,13 +64,13 @@ func NewOperator(cfg OperatorConfig) (*Operator, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	pay, err := pc.New(cfg.PaymentURL, cfg.Token)
+	pay, err := pc.New(cfg.PaymentURL, cfg.Token, httpx.WithHTTPClient(cfg.HTTPClient))
 	if err != nil {
 		return nil, fmt.Errorf("--payment-url: %w", err)
 	}
 	lk := cfg.locker
 	if lk == nil {
-		if lk, err = newLockService(cfg.LockURL, cfg.Token, cfg.SessionTTL, cfg.CallTimeout, cfg.Logger); err != nil {
+		if lk, err = newLockService(cfg.LockURL, cfg.Token, cfg.SessionTTL, cfg.CallTimeout, cfg.Logger, cfg.HTTPClient); err != nil {
 			return nil, fmt.Errorf("--lock-url: %w", err)
 		}
 	}

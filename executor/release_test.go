@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
@@ -56,26 +59,144 @@ func TestReleaseRetryable(t *testing.T) {
 // answered is retried on later polls, so a live session does not keep the
 // key (and block every other holder) for the rest of the process's life.
 func TestFailedReleaseIsRetriedUntilItLands(t *testing.T) {
-	e := &Executor{base: context.Background(), cfg: Config{CallTimeout: DefaultCallTimeout}, unreleased: map[string]grant{}}
+	e := newBareExecutor()
 	log := slog.New(slog.DiscardHandler)
 	calls := 0
 	noAnswer := fmt.Errorf("%w: connection refused", httpx.ErrTransport)
 	g := &flakyGrant{key: "payout:a", errs: []error{noAnswer, problem.New(problem.Unavailable, "restarting")}, calls: &calls}
-	e.releaseLater(g)
+	e.releaseLater("a", g)
 	e.retryReleases(log) // fails again: kept
-	if _, ok := e.unreleased["payout:a"]; !ok || calls != 1 {
+	if _, ok := e.unreleased["a"]; !ok || calls != 1 {
 		t.Fatalf("after a second failure: kept=%v calls=%d; want kept, 1 call", ok, calls)
 	}
 	e.retryReleases(log) // fails again: kept
 	e.retryReleases(log) // lands
-	if _, ok := e.unreleased["payout:a"]; ok || calls != 3 {
+	if _, ok := e.unreleased["a"]; ok || calls != 3 {
 		t.Fatalf("after the release landed: kept=%v calls=%d; want dropped after 3 calls", ok, calls)
 	}
 	// A verdict (the key moved on) also ends the retries.
 	g2 := &flakyGrant{key: "payout:b", errs: []error{problem.New(problem.NotHeld, "not held")}, calls: &calls}
-	e.releaseLater(g2)
+	e.releaseLater("b", g2)
 	e.retryReleases(log)
-	if _, ok := e.unreleased["payout:b"]; ok {
+	if _, ok := e.unreleased["b"]; ok {
 		t.Fatal("a release refused as not_held is retried forever")
+	}
+}
+
+// newBareExecutor is an Executor with no services, for the bookkeeping
+// tests below.
+func newBareExecutor() *Executor {
+	return &Executor{base: context.Background(), cfg: Config{CallTimeout: DefaultCallTimeout}, m: newMetrics(prometheus.NewRegistry()),
+		active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]grant{}}
+}
+
+// TestReleaseRetrySkipsAnAccountWithAWorker: a worker on the account may
+// have re-acquired the key — the same token comes back to the same
+// session — so retrying the old release would free the worker's live
+// grant on the server. The retry leaves such an account alone.
+func TestReleaseRetrySkipsAnAccountWithAWorker(t *testing.T) {
+	e := newBareExecutor()
+	calls := 0
+	e.releaseLater("a", &flakyGrant{key: "payout:a", calls: &calls})
+	if !e.reserve("a", time.Now()) {
+		t.Fatal("a worker could not start on the account")
+	}
+	e.retryReleases(slog.New(slog.DiscardHandler))
+	if calls != 0 {
+		t.Fatalf("the release was retried %d time(s) while a worker held the account", calls)
+	}
+	e.unreserve("a")
+	e.retryReleases(slog.New(slog.DiscardHandler))
+	if calls != 1 {
+		t.Fatalf("after the worker left: %d release call(s), want 1", calls)
+	}
+}
+
+// blockingGrant's release waits until it is let go.
+type blockingGrant struct {
+	flakyGrant
+	entered, proceed chan struct{}
+}
+
+func (g *blockingGrant) Release(ctx context.Context) error {
+	close(g.entered)
+	<-g.proceed
+	return g.flakyGrant.Release(ctx)
+}
+
+// TestNoWorkerStartsWhileAReleaseIsRetried: the other interleaving, made
+// deterministic: the retry's release is in flight when the dispatcher
+// looks at the account. No worker may start (and re-acquire the key the
+// retry is about to free) until the retry is over.
+func TestNoWorkerStartsWhileAReleaseIsRetried(t *testing.T) {
+	e := newBareExecutor()
+	calls := 0
+	g := &blockingGrant{flakyGrant: flakyGrant{key: "payout:a", calls: &calls}, entered: make(chan struct{}), proceed: make(chan struct{})}
+	e.releaseLater("a", g)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.retryReleases(slog.New(slog.DiscardHandler))
+	}()
+	<-g.entered
+	if e.reserve("a", time.Now()) {
+		t.Fatal("a worker was allowed onto the account while its old release was in flight")
+	}
+	close(g.proceed)
+	<-done
+	if !e.reserve("a", time.Now()) {
+		t.Fatal("the account stayed reserved after the retry ended")
+	}
+	if _, kept := e.unreleased["a"]; kept || calls != 1 {
+		t.Fatalf("after the retry: kept=%v calls=%d; want released once", kept, calls)
+	}
+}
+
+// TestRoundWithoutProgressCoolsTheAccount: any round that held the lock and
+// moved nothing — not only a fenced-out one — keeps the account from being
+// dispatched again at once; a round that moves a payout clears it.
+func TestRoundWithoutProgressCoolsTheAccount(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	now := time.Now()
+	for _, tc := range []struct {
+		name     string
+		res      roundResult
+		cools    bool
+		progress bool
+	}{
+		{"lock held elsewhere", roundResult{}, false, false},
+		{"nothing moved", roundResult{acquired: true}, true, false},
+		{"fenced out", roundResult{acquired: true, fenced: true}, true, false},
+		{"moved", roundResult{acquired: true, moved: true}, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newBareExecutor()
+			if !e.reserve("a", now) {
+				t.Fatal("reserve")
+			}
+			if got := e.finishRound(log, "a", tc.res, now); got != tc.progress {
+				t.Fatalf("finishRound reports progress %v, want %v", got, tc.progress)
+			}
+			if cooled := !e.reserve("a", now.Add(100*time.Millisecond)); cooled != tc.cools {
+				t.Fatalf("account cooling down: %v, want %v", cooled, tc.cools)
+			}
+		})
+	}
+	// The wait doubles with each fruitless round (1 s, 2 s, 4 s, with
+	// jitter) and a round that moves a payout resets it.
+	e := newBareExecutor()
+	var waits []time.Duration
+	for range 4 {
+		e.reserve("a", now)
+		e.finishRound(log, "a", roundResult{acquired: true}, now)
+		waits = append(waits, e.cooling["a"].until.Sub(now))
+		e.unreserve("a")
+	}
+	if waits[0] < cooldownMin/2 || waits[0] > cooldownMin || waits[3] < 4*cooldownMin {
+		t.Fatalf("cooldowns %v: want the first in [0.5s, 1s] and the fourth at least 4s", waits)
+	}
+	e.finishRound(log, "a", roundResult{acquired: true, moved: true}, now)
+	if !e.reserve("a", now) {
+		t.Fatal("a round that moved a payout did not end the cooldown")
 	}
 }

@@ -21,7 +21,7 @@ import (
 func BenchmarkAcquireRelease(b *testing.B) {
 	for _, kind := range backends {
 		b.Run("service-"+kind, func(b *testing.B) {
-			svc := startService(b, newStore(b, kind))
+			svc := setup(b, kind).svc
 			var n atomic.Int64
 			ctx := context.Background()
 			b.ResetTimer()

@@ -14,7 +14,7 @@ import (
 // the service frees the lock, and its grant contexts must be cancelled.
 func TestBlackholedClient(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
-		svc := startService(t, newStore(t, kind))
+		svc := setup(t, kind).svc
 		ctx := testCtx(t)
 		proxy := newBlackhole(t, svc.URL[len("http://"):])
 		s, err := lockclient.Open(ctx, proxy.URL(), "partitioned", lockclient.WithToken(executorToken),

@@ -2,6 +2,9 @@ package lock_test
 
 import (
 	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"strings"
 	"testing"
@@ -36,8 +39,8 @@ func TestCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the payouts binary")
 	}
-	st := newStore(t, "postgres")
-	svc := startService(t, st)
+	sys := setup(t, "postgres")
+	st, svc := sys.store, sys.svc
 	ctx := testCtx(t)
 	s, err := lockclient.Open(ctx, svc.URL, "cli-holder", lockclient.WithToken(executorToken), lockclient.WithTTL(30*time.Second))
 	if err != nil {
@@ -61,7 +64,7 @@ func TestCLI(t *testing.T) {
 	}
 	// Revoke: refused without a reason, or with a non-operator token.
 	runCLI(t, 2, append([]string{"lock", "revoke", "payout:cli-1"}, common...)...)
-	runCLI(t, 1, "lock", "revoke", "payout:cli-1", "--reason", "x", "--lock-url", svc.URL, "--token", executorToken)
+	runCLI(t, 2, "lock", "revoke", "payout:cli-1", "--reason", "x", "--lock-url", svc.URL, "--token", executorToken) // a refused credential exits 2
 	var rec lockclient.GrantRecord
 	out = runCLI(t, 0, append([]string{"lock", "revoke", "payout:cli-1", "--reason", "wedged worker", "--output", "json"}, common...)...)
 	if err := json.Unmarshal([]byte(out), &rec); err != nil || rec.Token != g.Token || *rec.EndReason != "revoked" || rec.Actor != "alice" {
@@ -87,5 +90,67 @@ func TestCLI(t *testing.T) {
 	}
 	if g2.Token <= 5000 {
 		t.Fatalf("token after bump-tokens --to 5000: %d", g2.Token)
+	}
+}
+
+// guardStub answers GET /v1/fences/high as a guard does, for a bearer
+// token; anything else is 401.
+func guardStub(t *testing.T, token string, high int64) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || r.URL.Path != "/v1/fences/high" || r.Header.Get("Authorization") != "Bearer "+token {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, `{"code":"unauthorized","title":"Unauthorized","status":401}`)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"token":%d}`, high)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestBumpTokensFromGuards: bump-tokens --from-guards reads both guards'
+// highest fence and moves the sequence above the larger plus the margin;
+// it changes nothing unless both guards answer.
+func TestBumpTokensFromGuards(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the payouts binary")
+	}
+	sys := setup(t, "postgres")
+	pay := guardStub(t, "guard-token", 7000)
+	proxy := guardStub(t, "guard-token", 9000)
+	bump := func(token string, extra ...string) []string {
+		return append([]string{"lock", "bump-tokens", "--database-url", sys.store.url, "--payment-url", pay,
+			"--proxy-url", proxy, "--token", token}, extra...)
+	}
+	runCLI(t, 2, bump("guard-token", "--from-guards", "--to", "5")...) // both: usage error
+	runCLI(t, 1, bump("wrong-token", "--from-guards")...)              // the guards refuse: no bump
+	out := runCLI(t, 0, bump("guard-token", "--from-guards", "--margin", "500", "--output", "json")...)
+	var res struct {
+		From   int64 `json:"from"`
+		To     int64 `json:"to"`
+		Guards []struct {
+			Guard string `json:"guard"`
+			Token int64  `json:"token"`
+		} `json:"guards"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.To != 9500 || len(res.Guards) != 2 ||
+		res.Guards[0].Token != 7000 || res.Guards[1].Token != 9000 {
+		t.Fatalf("bump-tokens --from-guards: %s (%v); want to 9500 from fences 7000 and 9000", out, err)
+	}
+	ctx := testCtx(t)
+	s, err := lockclient.Open(ctx, sys.svc.URL, "after-bump", lockclient.WithToken(executorToken), lockclient.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(ctx)
+	g, err := s.TryAcquire(ctx, "payout:bumped")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Token <= 9500 {
+		t.Fatalf("first token after bump-tokens --from-guards: %d, want above 9500", g.Token)
 	}
 }

@@ -20,7 +20,7 @@ import (
 // history illegal. In a release build B is told lock_held, A's release
 // succeeds, and the same check passes.
 func TestExclusionNegativeControl(t *testing.T) {
-	svc := startService(t, newStore(t, "postgres"))
+	svc := setup(t, "postgres").svc
 	ctx := testCtx(t)
 	cl, err := lockclient.New(svc.URL, lockclient.WithToken(executorToken))
 	if err != nil {

@@ -30,8 +30,8 @@ type lockState struct {
 // the fuzzer reaches past session lookup. Every answer is a 2xx or a 4xx
 // problem; a 4xx changes nothing in lockdb.
 func FuzzLockRequests(f *testing.F) {
-	st := newStore(f, "postgres")
-	svc := startService(f, st)
+	sys := setup(f, "postgres")
+	st, svc := sys.store, sys.svc
 	ctx := testCtx(f)
 	// The fixture session is made by hand, not with lockclient.Session,
 	// whose keepalives would move its heartbeat while inputs run.
@@ -125,9 +125,7 @@ func FuzzLockRequests(f *testing.F) {
 		arg = strings.ReplaceAll(arg, "SID", sid)
 		body = bytes.ReplaceAll(body, []byte("SID"), []byte(sid))
 		path := o.path
-		if strings.Contains(path, "%s") {
-			path = strings.Replace(path, "%s", url.PathEscape(arg), 1)
-		}
+		path = strings.Replace(path, "%s", url.PathEscape(arg), 1)
 		before := snapshot(t)
 		a := fuzzhttp.Do(t, o.method, svc.URL+path, o.token, body)
 		if a.OK() {

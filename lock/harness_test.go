@@ -23,14 +23,16 @@ import (
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/lock"
 	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/backend/backendtest"
 	"github.com/payouts/payouts/lock/etcdbackend"
 	"github.com/payouts/payouts/lock/pgbackend"
 	"github.com/payouts/payouts/migrations"
 )
 
 const (
-	executorToken = "executor-token-0123456789"
-	operatorToken = "operator-token-0123456789"
+	executorToken  = "executor-token-0123456789"
+	executor2Token = "executor-2-token-0123456789" // another principal with the executor role
+	operatorToken  = "operator-token-0123456789"
 )
 
 var (
@@ -41,7 +43,9 @@ var (
 	prefixSeq   atomic.Int64
 )
 
-func TestMain(m *testing.M) {
+func TestMain(m *testing.M) { backendtest.Main(m, runAll) }
+
+func runAll(m *testing.M) int {
 	code := pgtest.Main(m)
 	if binPath != "" {
 		os.RemoveAll(filepath.Dir(binPath))
@@ -50,7 +54,7 @@ func TestMain(m *testing.M) {
 		etcdCluster.Close()
 		os.RemoveAll(etcdDir)
 	}
-	os.Exit(code)
+	return code
 }
 
 func sharedEtcd(t testing.TB) *infra.EtcdCluster {
@@ -130,6 +134,7 @@ func startService(t testing.TB, s store) *service {
 	t.Helper()
 	b := s.open(t)
 	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + executorToken + `","role":"executor","name":"exec-1"},` +
+		`{"token":"` + executor2Token + `","role":"executor","name":"exec-2"},` +
 		`{"token":"` + operatorToken + `","role":"operator","name":"alice"}]}`))
 	if err != nil {
 		t.Fatal(err)
@@ -154,6 +159,21 @@ func startService(t testing.TB, s store) *service {
 	stop := func() { once.Do(func() { cancel(); wg.Wait(); b.Close() }) }
 	t.Cleanup(stop)
 	return &service{URL: "http://" + addr.String(), stop: stop}
+}
+
+// bundle is what a test of the lock service works with: a fresh store and
+// one service instance on it (more can be started with startService).
+type bundle struct {
+	store store
+	svc   *service
+}
+
+// setup builds a test's system on a fresh store of the given kind; it is
+// torn down when the test ends.
+func setup(t testing.TB, kind string) *bundle {
+	t.Helper()
+	st := newStore(t, kind)
+	return &bundle{store: st, svc: startService(t, st)}
 }
 
 // blackhole is an in-process TCP proxy that can stop passing bytes while

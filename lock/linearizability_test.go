@@ -29,7 +29,7 @@ type fmState struct {
 }
 
 type fmInput struct {
-	op      string // acquire, release, expire
+	op      string // acquire, release, expire, keepalive
 	key     string
 	session string
 	token   fencing.Token // release, expire
@@ -80,6 +80,10 @@ var fencedMutex = porcupine.Model{
 				return true, fmState{high: s.high}
 			}
 			return false, s
+		case "keepalive":
+			// An acknowledged keepalive says the session is live: it still
+			// holds its grant, nobody has taken the key over.
+			return o.ok && s.holder == i.session && s.token == i.token, s
 		}
 		return false, s
 	},
@@ -109,6 +113,7 @@ type recorder struct {
 	mu    sync.Mutex
 	start time.Time
 	ops   []porcupine.Operation
+	raced int // keepalives sent around their session's expiry
 }
 
 func (r *recorder) now() int64 { return int64(time.Since(r.start)) } // monotonic
@@ -120,9 +125,9 @@ func (r *recorder) add(client int, in fmInput, out fmOutput, call, ret int64) {
 }
 
 // TestLinearizableAcrossTwoServices runs 8 clients doing random acquire,
-// release and expiry on 2 keys against two lock service instances on one
-// backend, each request going to one of them at random, and checks the
-// history against the fenced-mutex model. It also checks the grant log:
+// release, expiry and keepalives racing their own expiry on 2 keys against
+// two lock service instances on one backend, each request going to one of
+// them at random, and checks the history against the fenced-mutex model. It also checks the grant log:
 // tokens strictly increase and every grant but a key's last has ended.
 func TestLinearizableAcrossTwoServices(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
@@ -161,8 +166,8 @@ func TestLinearizableAcrossTwoServices(t *testing.T) {
 				grants++
 			}
 		}
-		if grants < clients {
-			t.Fatalf("only %d grants in the history: the test exercised too little", grants)
+		if grants < clients || rec.raced == 0 {
+			t.Fatalf("only %d grants and %d keepalives racing expiry in the history: the test exercised too little", grants, rec.raced)
 		}
 		checkGrantLog(t, kind, svcs[0].URL, grants)
 	})
@@ -190,6 +195,32 @@ func runClient(t *testing.T, c int, svcs []*service, keys []string, rec *recorde
 		held   *lockclient.GrantInfo
 		heldAt int64
 	)
+	// release releases held and records it; a release refused because the
+	// session expired under us (missed keepalives on a loaded machine) is
+	// an expiry between the grant and now, and the client opens a new
+	// session.
+	release := func() error {
+		in := fmInput{op: "release", key: held.Key, session: s.ID(), token: held.Token}
+		call := rec.now()
+		err := releaseVia(ctx, via(), s.ID(), held.Key, held.Token)
+		ret := rec.now()
+		switch {
+		case err == nil:
+			rec.add(c, in, fmOutput{ok: true}, call, ret)
+		case errors.Is(err, lockclient.ErrNotHeld):
+			if !expired(ctx, via(), held.Token) {
+				rec.add(c, in, fmOutput{}, call, ret)
+				return nil
+			}
+			rec.add(c, fmInput{op: "expire", key: held.Key, session: s.ID(), token: held.Token}, fmOutput{ok: true}, heldAt, ret)
+			_ = s.Close(ctx)
+			s, err = open()
+			return err
+		default:
+			return err
+		}
+		return nil
+	}
 	for range nops {
 		switch {
 		case held == nil:
@@ -230,28 +261,42 @@ func runClient(t *testing.T, c int, svcs []*service, keys []string, rec *recorde
 			if s, err = open(); err != nil {
 				return err
 			}
-		default:
-			in := fmInput{op: "release", key: held.Key, session: s.ID(), token: held.Token}
+		case rnd.IntN(8) == 0:
+			// A keepalive racing expiry: stop renewing, then send one
+			// keepalive within a few hundred milliseconds of the server's
+			// expiry (before or after it) while other clients wait for
+			// the key.
+			s.Orphan()
+			margin := s.TTL() / 10 // the client's deadline is this much before the server's expiry
+			time.Sleep(time.Until(s.Deadline().Add(margin + time.Duration(rnd.IntN(600)-300)*time.Millisecond)))
+			in := fmInput{op: "keepalive", key: held.Key, session: s.ID(), token: held.Token}
+			rec.mu.Lock()
+			rec.raced++
+			rec.mu.Unlock()
 			call := rec.now()
-			err := releaseVia(ctx, via(), s.ID(), held.Key, held.Token)
+			_, err := via().KeepAlive(ctx, s.ID())
 			ret := rec.now()
 			switch {
 			case err == nil:
 				rec.add(c, in, fmOutput{ok: true}, call, ret)
-			case errors.Is(err, lockclient.ErrNotHeld):
-				if expired(ctx, via(), held.Token) {
-					// The session expired under us (missed keepalives on a
-					// loaded machine): that is an expiry between the grant
-					// and now, not a release.
-					rec.add(c, fmInput{op: "expire", key: held.Key, session: s.ID(), token: held.Token}, fmOutput{ok: true}, heldAt, ret)
-					_ = s.Close(ctx)
-					if s, err = open(); err != nil {
-						return err
-					}
-				} else {
-					rec.add(c, in, fmOutput{}, call, ret)
+				if err := release(); err != nil {
+					return err
 				}
+			case errors.Is(err, lockclient.ErrSessionExpired):
+				if err := waitEnded(ctx, via(), held.Token); err != nil {
+					return err
+				}
+				rec.add(c, fmInput{op: "expire", key: held.Key, session: s.ID(), token: held.Token}, fmOutput{ok: true}, heldAt, ret)
 			default:
+				return err
+			}
+			held = nil
+			_ = s.Close(ctx)
+			if s, err = open(); err != nil {
+				return err
+			}
+		default:
+			if err := release(); err != nil {
 				return err
 			}
 			held = nil

@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
@@ -33,6 +33,7 @@ type Config struct {
 	Logger        *slog.Logger
 	Registry      *prometheus.Registry
 	Auth          *auth.Authenticator
+	TLS           *tls.Config // serve HTTPS (nil: plain HTTP)
 	// OnListen is told the bound address before serving (tests, dev up).
 	OnListen func(net.Addr)
 }
@@ -61,12 +62,13 @@ func OpenBackend(ctx context.Context, cfg Config) (backend.Backend, func(), erro
 			if err := os.MkdirAll(dir, 0o700); err != nil {
 				return nil, nil, fmt.Errorf("etcd embed dir: %w", err)
 			}
-			c, err := startEmbedded(ctx, dir)
+			e, eps, err := etcdbackend.StartEmbedded(ctx, dir, obs.LevelOf(cfg.Logger))
 			if err != nil {
 				return nil, nil, err
 			}
-			cfg.Logger.Warn("running an embedded single-node etcd (development only)", "dir", dir, "endpoints", strings.Join(c.Endpoints(), ","))
-			endpoints, cleanup = c.Endpoints(), c.Close
+			cfg.Logger.Warn("running an embedded single-node etcd (development only)", "dir", dir,
+				"endpoints", strings.Join(eps, ","), "log", filepath.Join(dir, "etcd.log"))
+			endpoints, cleanup = eps, e.Close
 		}
 		if len(endpoints) == 0 {
 			return nil, nil, errors.New("--backend etcd needs --etcd-endpoints or --etcd-embed-dir")
@@ -79,29 +81,6 @@ func OpenBackend(ctx context.Context, cfg Config) (backend.Backend, func(), erro
 		return b, cleanup, nil
 	}
 	return nil, nil, errBackend(cfg.Backend)
-}
-
-// startEmbedded starts (or restarts, reusing its ports from the data dir's
-// port file) a single-node etcd under dir.
-func startEmbedded(ctx context.Context, dir string) (*infra.EtcdCluster, error) {
-	portFile := filepath.Join(dir, "ports")
-	var ports []int
-	if b, err := os.ReadFile(portFile); err == nil {
-		var cp, pp int
-		if _, err := fmt.Sscanf(string(b), "%d %d", &cp, &pp); err == nil && infra.PortFree(cp) && infra.PortFree(pp) {
-			ports = []int{cp, pp}
-		}
-	}
-	c, err := infra.StartEtcd(ctx, dir, 1, ports...)
-	if err != nil {
-		return nil, fmt.Errorf("embedded etcd: %w", err)
-	}
-	n := c.Nodes[0]
-	var cp, pp int
-	fmt.Sscanf(n.ClientURL[strings.LastIndex(n.ClientURL, ":")+1:], "%d", &cp)
-	fmt.Sscanf(n.PeerURL[strings.LastIndex(n.PeerURL, ":")+1:], "%d", &pp)
-	_ = os.WriteFile(portFile, fmt.Appendf(nil, "%d %d\n", cp, pp), 0o600)
-	return c, nil
 }
 
 // Run serves the lock service until ctx ends.
@@ -122,6 +101,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Role: "lock", Addr: cfg.Listen, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,
 		RequestTimeout: backend.MaxWait + opTimeout + 5*time.Second,
 		Ready:          []httpx.Check{b.Ping},
+		TLS:            cfg.TLS,
 	})
 	NewService(b, cfg.Registry, cfg.Logger).Mount(srv.Router())
 	addr, err := srv.Listen()

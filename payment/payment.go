@@ -7,6 +7,7 @@ package payment
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -38,6 +39,7 @@ type Config struct {
 	Logger      *slog.Logger
 	Registry    *prometheus.Registry
 	Auth        *auth.Authenticator // Run only
+	TLS         *tls.Config         // Run only: serve HTTPS (nil: plain HTTP)
 	// LedgerCheckInterval is how often the continuous INV-03 check runs
 	// (default 30s).
 	LedgerCheckInterval time.Duration
@@ -147,7 +149,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer svc.Close()
 	srv := httpx.NewServer(httpx.Config{
 		Role: Role, Addr: cfg.Addr, Logger: svc.log, Registry: cfg.Registry, Auth: cfg.Auth,
-		Ready: []httpx.Check{svc.Ping},
+		Ready: []httpx.Check{svc.Ping}, TLS: cfg.TLS,
 	})
 	svc.Mount(srv.Router())
 	if _, err := srv.Listen(); err != nil {

@@ -9,6 +9,7 @@ package rail
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -36,6 +37,7 @@ type Config struct {
 	Logger   *slog.Logger
 	Registry *prometheus.Registry
 	Auth     *auth.Authenticator
+	TLS      *tls.Config // serve HTTPS (nil: plain HTTP)
 	// SettlementWindow is how long after the newest attempt with a client
 	// reference a lookup of that reference becomes final.
 	SettlementWindow time.Duration
@@ -113,7 +115,7 @@ func New(cfg Config) (*Server, error) {
 		}, []string{"mode"}),
 	}
 	cfg.Registry.MustRegister(s.paymentsTotal, s.faultsTotal)
-	s.http = httpx.NewServer(httpx.Config{Role: "rail", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth})
+	s.http = httpx.NewServer(httpx.Config{Role: "rail", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth, TLS: cfg.TLS})
 	s.routes(s.http.Router())
 	return s, nil
 }

@@ -14,6 +14,7 @@ package railproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,9 +43,13 @@ type Config struct {
 	Logger      *slog.Logger
 	Registry    *prometheus.Registry
 	Auth        *auth.Authenticator
-	DatabaseURL string // proxydb, migrated
+	TLS         *tls.Config // serve HTTPS (nil: plain HTTP)
+	DatabaseURL string      // proxydb, migrated
 	RailURL     string
 	RailToken   string // bearer sent to the rail
+	// HTTPClient carries the rail calls (httpx.NewHTTPClient: TLS settings);
+	// nil: the default client.
+	HTTPClient *http.Client
 	// RailTimeout bounds the one rail call of a submission; past it the
 	// outcome is TIMEOUT. Default 10s.
 	RailTimeout time.Duration
@@ -107,7 +112,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.RailURL == "" {
 		return nil, errors.New("railproxy: the rail URL is required (--rail-url)")
 	}
-	rail, err := railclient.New(cfg.RailURL, cfg.RailToken, httpx.WithTimeout(cfg.RailTimeout))
+	rail, err := railclient.New(cfg.RailURL, cfg.RailToken, httpx.WithTimeout(cfg.RailTimeout), httpx.WithHTTPClient(cfg.HTTPClient))
 	if err != nil {
 		return nil, fmt.Errorf("railproxy: rail: %w", err)
 	}
@@ -121,6 +126,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		Role: "proxy", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,
 		RequestTimeout: cfg.RequestTimeout,
 		Ready:          []httpx.Check{func(ctx context.Context) error { return pool.Ping(ctx) }},
+		TLS:            cfg.TLS,
 	})
 	s.routes(s.http.Router())
 	if !guardEnabled {

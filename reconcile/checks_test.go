@@ -15,12 +15,12 @@ import (
 	"github.com/payouts/payouts/reconcile"
 )
 
-// slowStack has a rail whose answers are not final for an hour. It starts
+// setupSlowRail returns a stack with a rail whose answers are not final for an hour. It starts
 // clean; the tests using it run in this order: clean, not final, and last
 // the one that removes the proxy's uniqueness index.
-var slow *env
+var slow *testBundle
 
-func slowStack(t *testing.T) *env {
+func setupSlowRail(t *testing.T) *testBundle {
 	t.Helper()
 	if slow == nil {
 		slow = startStack(t, time.Hour)
@@ -29,7 +29,7 @@ func slowStack(t *testing.T) *env {
 }
 
 func TestCleanSystemReportsNothing(t *testing.T) {
-	e := slowStack(t)
+	e := setupSlowRail(t)
 	acc := e.newAccount(t, 10_000)
 	for i := 0; i < 3; i++ {
 		e.payOut(t, e.newPayout(t, acc, 100))
@@ -60,7 +60,7 @@ func TestCleanSystemReportsNothing(t *testing.T) {
 }
 
 func TestAmbiguousNotFinalIsLeft(t *testing.T) {
-	e := slowStack(t)
+	e := setupSlowRail(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.ambiguous(t, e.newPayout(t, acc, 300), railclient.Faults{TimeoutAfterAccept: 1})
 	r := e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator)
@@ -88,7 +88,7 @@ func TestAmbiguousNotFinalIsLeft(t *testing.T) {
 }
 
 func TestForwardedSubmissionsMoreThanOne(t *testing.T) {
-	e := slowStack(t)
+	e := setupSlowRail(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.payOut(t, e.newPayout(t, acc, 100))
 	// Remove the primary (the partial unique index) and forward again.
@@ -100,7 +100,7 @@ func TestForwardedSubmissionsMoreThanOne(t *testing.T) {
 }
 
 func TestInFlightPerAccount(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	a, b := e.newPayout(t, acc, 10), e.newPayout(t, acc, 20)
 	e.exec(t, "paydb", false, `UPDATE payout SET state = 'CLAIMED', claimed_at = now() WHERE id IN ($1, $2)`, a.ID, b.ID)
@@ -112,7 +112,7 @@ func TestInFlightPerAccount(t *testing.T) {
 }
 
 func TestClaimTokenOrder(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.newPayout(t, acc, 10)
 	e.exec(t, "paydb", false, `INSERT INTO payout_event (payout_id, from_state, to_state, token, holder, actor) VALUES
@@ -122,7 +122,7 @@ func TestClaimTokenOrder(t *testing.T) {
 }
 
 func TestRailDuplicatePayment(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.payOut(t, e.newPayout(t, acc, 250))
 	// Pay the same client reference again at the rail, around the system.
@@ -133,8 +133,25 @@ func TestRailDuplicatePayment(t *testing.T) {
 	mustFind(t, rep, reconcile.INV02, reconcile.CheckSettledPerClientRef, map[string]any{"payout_id": p.ID})
 }
 
+// TestRailDuplicatePaymentPerPayout: without the settlement report (flat
+// memory for a long history) the duplicate is still found, by asking the
+// rail about the payout's reference, and the report says what was skipped.
+func TestRailDuplicatePaymentPerPayout(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.payOut(t, e.newPayout(t, acc, 260))
+	if _, err := e.rail.Pay(ctxT(t), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
+		t.Fatal(err)
+	}
+	rep := pass(t, e.reconciler(t, reconcile.Options{RailPerPayout: true}, ""))
+	mustFind(t, rep, reconcile.INV02, reconcile.CheckSettledPerClientRef, map[string]any{"payout_id": p.ID})
+	if rep.Scanned.RailPayments != 0 || len(rep.Notes) == 0 || !strings.Contains(strings.Join(rep.Notes, "\n"), "per payout") {
+		t.Fatalf("per-payout pass read the settlement report or did not say so: scanned %d rail payments, notes %v", rep.Scanned.RailPayments, rep.Notes)
+	}
+}
+
 func TestRailPaymentWithoutSubmission(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.newPayout(t, acc, 75)
 	ctx := ctxT(t)
@@ -159,7 +176,7 @@ func TestRailPaymentWithoutSubmission(t *testing.T) {
 }
 
 func TestDuplicateAttemptEvent(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.payOut(t, e.newPayout(t, acc, 40))
 	g := e.grant(t, acc)
@@ -174,7 +191,7 @@ func TestDuplicateAttemptEvent(t *testing.T) {
 }
 
 func TestLedgerGroupAndBalance(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	group := uniq("planted-group")
 	// One leg only: the group cannot sum to zero, and the balance no
@@ -191,7 +208,7 @@ func TestLedgerGroupAndBalance(t *testing.T) {
 }
 
 func TestPostedNotSettledAndFailedButSettled(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	posted := e.newPayout(t, acc, 60)
 	e.exec(t, "paydb", false, `UPDATE payout SET state = 'POSTED' WHERE id = $1`, posted.ID)
@@ -207,7 +224,7 @@ func TestPostedNotSettledAndFailedButSettled(t *testing.T) {
 }
 
 func TestAmbiguousWithoutSubmission(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.newPayout(t, acc, 10)
 	e.exec(t, "paydb", false, `UPDATE payout SET state = 'RAIL_AMBIGUOUS', submitted_at = now() - interval '1 hour' WHERE id = $1`, p.ID)
@@ -220,7 +237,7 @@ func TestAmbiguousWithoutSubmission(t *testing.T) {
 }
 
 func TestHighWaterAboveFence(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	e.payOut(t, e.newPayout(t, acc, 10))
 	// As if paydb had been restored from a backup older than the proxy.
@@ -230,7 +247,7 @@ func TestHighWaterAboveFence(t *testing.T) {
 }
 
 func TestFencedOutAndTokenRegressionEvents(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	done := e.payOut(t, e.newPayout(t, acc, 10))
 	stale := done.Token
@@ -269,7 +286,7 @@ func TestFencedOutAndTokenRegressionEvents(t *testing.T) {
 }
 
 func TestRejectedTransitionEvent(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.payOut(t, e.newPayout(t, acc, 10))
 	g := e.grant(t, acc)
@@ -282,7 +299,7 @@ func TestRejectedTransitionEvent(t *testing.T) {
 }
 
 func TestWritesWithoutGrant(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.newPayout(t, acc, 10)
 	const never = 4_000_000_000_000 // far above anything the lock service issued
@@ -301,7 +318,7 @@ func TestWritesWithoutGrant(t *testing.T) {
 // for the right key, but to a different session than the submission's
 // holder (a token issued twice), is flagged.
 func TestSubmissionUnderAnotherSessionsToken(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.newPayout(t, acc, 10)
 	g := e.grant(t, acc)
@@ -316,7 +333,7 @@ func TestSubmissionUnderAnotherSessionsToken(t *testing.T) {
 // service has issued (on an account of its own), so every later pass on the
 // shared stack reports it too.
 func TestZLockServiceRewound(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	const restored = 3_000_000_000_000
 	e.exec(t, "paydb", false, `UPDATE account SET fence_token = $2, fence_holder = 'from-the-future' WHERE id = $1`, acc, restored)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/proctest"
 	"github.com/payouts/payouts/dev/stack"
@@ -32,24 +33,43 @@ import (
 
 var (
 	stacksMu sync.Mutex
-	stacks   []*stack.Stack
-	shared   *env
+	stacks   []*testBundle
+	shared   *testBundle
 	seq      atomic.Int64
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
 	stacksMu.Lock()
-	for _, s := range stacks {
-		_ = s.Stop()
+	for _, b := range stacks {
+		if b.lock != nil {
+			_ = b.lock.Close(context.Background())
+		}
+		_ = b.st.Stop()
 	}
 	stacksMu.Unlock()
 	proctest.Cleanup()
+	if code == 0 {
+		if err := goleak.Find(leakOptions...); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutines left behind by the tests: %v\n", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
-// env is one running stack with operator clients.
-type env struct {
+// leakOptions name the background goroutines that outlive a test by
+// design: idle keep-alive connections of the HTTP clients' shared
+// transport, closed by the runtime when the process exits.
+var leakOptions = []goleak.Option{
+	goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+	goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+}
+
+// testBundle is one running stack with operator clients: what setup(t)
+// hands a test.
+type testBundle struct {
 	st    *stack.Stack
 	pay   *pc.Client
 	proxy *proxyclient.Client
@@ -58,7 +78,7 @@ type env struct {
 }
 
 // startStack brings up a fresh stack (stopped in TestMain).
-func startStack(t *testing.T, settlement time.Duration) *env {
+func startStack(t *testing.T, settlement time.Duration) *testBundle {
 	t.Helper()
 	bin := proctest.Binary(t)
 	dir, err := os.MkdirTemp("", "reconcile-stack-")
@@ -72,11 +92,11 @@ func startStack(t *testing.T, settlement time.Duration) *env {
 	if err != nil {
 		t.Fatalf("devstack: %v", err)
 	}
-	stacksMu.Lock()
-	stacks = append(stacks, st)
-	stacksMu.Unlock()
 	r := st.Ready
-	e := &env{st: st}
+	e := &testBundle{st: st}
+	stacksMu.Lock()
+	stacks = append(stacks, e)
+	stacksMu.Unlock()
 	if e.pay, err = pc.New(r.PaymentURL, r.Tokens.Operator); err != nil {
 		t.Fatal(err)
 	}
@@ -92,10 +112,10 @@ func startStack(t *testing.T, settlement time.Duration) *env {
 	return e
 }
 
-// sharedStack is the stack most tests plant into (rail settlement window
+// setup returns the stack most tests plant into (rail settlement window
 // 1s, so ambiguity can be resolved). Each test uses its own accounts and
 // payouts and looks only for its own findings.
-func sharedStack(t *testing.T) *env {
+func setup(t *testing.T) *testBundle {
 	t.Helper()
 	stacksMu.Lock()
 	e := shared
@@ -121,7 +141,7 @@ func uniq(prefix string) string {
 }
 
 // newAccount creates an account with an opening balance.
-func (e *env) newAccount(t *testing.T, balance int64) string {
+func (e *testBundle) newAccount(t *testing.T, balance int64) string {
 	t.Helper()
 	id := uniq("acc")
 	if _, err := e.pay.CreateAccount(ctxT(t), pc.CreateAccountRequest{ID: id, Currency: "EUR", OpeningBalance: balance}); err != nil {
@@ -131,7 +151,7 @@ func (e *env) newAccount(t *testing.T, balance int64) string {
 }
 
 // newPayout creates a PENDING payout.
-func (e *env) newPayout(t *testing.T, account string, amount int64) pc.Payout {
+func (e *testBundle) newPayout(t *testing.T, account string, amount int64) pc.Payout {
 	t.Helper()
 	p, err := e.pay.CreatePayout(ctxT(t), pc.CreatePayoutRequest{ID: uniq("po"), AccountID: account, Amount: amount, Currency: "EUR", BeneficiaryRef: "BEN-" + account})
 	if err != nil {
@@ -141,7 +161,7 @@ func (e *env) newPayout(t *testing.T, account string, amount int64) pc.Payout {
 }
 
 // grant acquires the account's lock (waiting) for the test driver.
-func (e *env) grant(t *testing.T, account string) *lockclient.Grant {
+func (e *testBundle) grant(t *testing.T, account string) *lockclient.Grant {
 	t.Helper()
 	g, err := e.lock.Acquire(ctxT(t), fencing.Key(account), 30*time.Second)
 	if err != nil {
@@ -150,7 +170,7 @@ func (e *env) grant(t *testing.T, account string) *lockclient.Grant {
 	return g
 }
 
-func (e *env) release(t *testing.T, g *lockclient.Grant) {
+func (e *testBundle) release(t *testing.T, g *lockclient.Grant) {
 	t.Helper()
 	if err := e.lock.Release(ctxT(t), g); err != nil {
 		t.Fatalf("release: %v", err)
@@ -159,7 +179,7 @@ func (e *env) release(t *testing.T, g *lockclient.Grant) {
 
 // submit drives a payout through claim, submitting and the proxy under g,
 // and reports the proxy's outcome to paydb.
-func (e *env) submit(t *testing.T, p pc.Payout, g *lockclient.Grant) (pc.Payout, proxyclient.Record) {
+func (e *testBundle) submit(t *testing.T, p pc.Payout, g *lockclient.Grant) (pc.Payout, proxyclient.Record) {
 	t.Helper()
 	ctx := ctxT(t)
 	if _, err := e.pay.Claim(ctx, p.ID, g.Token, g.Holder()); err != nil {
@@ -190,7 +210,7 @@ func (e *env) submit(t *testing.T, p pc.Payout, g *lockclient.Grant) (pc.Payout,
 }
 
 // payOut takes a payout all the way to POSTED, correctly.
-func (e *env) payOut(t *testing.T, p pc.Payout) pc.Payout {
+func (e *testBundle) payOut(t *testing.T, p pc.Payout) pc.Payout {
 	t.Helper()
 	g := e.grant(t, p.AccountID)
 	defer e.release(t, g)
@@ -209,7 +229,7 @@ func (e *env) payOut(t *testing.T, p pc.Payout) pc.Payout {
 }
 
 // setFaults changes the rail's faults, restoring none at test end.
-func (e *env) setFaults(t *testing.T, f railclient.Faults) {
+func (e *testBundle) setFaults(t *testing.T, f railclient.Faults) {
 	t.Helper()
 	if _, err := e.rail.SetFaults(ctxT(t), f.Full()); err != nil {
 		t.Fatalf("set rail faults: %v", err)
@@ -224,7 +244,7 @@ func (e *env) setFaults(t *testing.T, f railclient.Faults) {
 // ambiguous takes a payout to RAIL_AMBIGUOUS through the real path: the
 // rail takes (or drops) the payment and never answers, the proxy records
 // TIMEOUT, the holder reports it.
-func (e *env) ambiguous(t *testing.T, p pc.Payout, f railclient.Faults) pc.Payout {
+func (e *testBundle) ambiguous(t *testing.T, p pc.Payout, f railclient.Faults) pc.Payout {
 	t.Helper()
 	e.setFaults(t, f)
 	g := e.grant(t, p.AccountID)
@@ -241,7 +261,7 @@ func (e *env) ambiguous(t *testing.T, p pc.Payout, f railclient.Faults) pc.Payou
 
 // exec runs SQL on one of the stack's databases. replica disables the
 // triggers that would refuse a planted row (session_replication_role).
-func (e *env) exec(t *testing.T, db string, replica bool, sql string, args ...any) {
+func (e *testBundle) exec(t *testing.T, db string, replica bool, sql string, args ...any) {
 	t.Helper()
 	urls := e.st.Ready.DatabaseURLs
 	url := map[string]string{"paydb": urls.PayDB, "proxydb": urls.ProxyDB, "lockdb": urls.LockDB}[db]
@@ -271,7 +291,14 @@ func (e *env) exec(t *testing.T, db string, replica bool, sql string, args ...an
 
 // reconciler returns a Reconciler as `payouts reconcile` builds it, with
 // the reconciler role's token (the rail gets railToken; "" for the same).
-func (e *env) reconciler(t *testing.T, opts reconcile.Options, railToken string) *reconcile.Reconciler {
+func (e *testBundle) reconciler(t *testing.T, opts reconcile.Options, railToken string) *reconcile.Reconciler {
+	t.Helper()
+	return e.reconcilerWith(t, opts, railToken, nil)
+}
+
+// reconcilerWith is reconciler with the lock service wrapped by wrap (nil:
+// as is) and reached at lockURL ("" : the stack's).
+func (e *testBundle) reconcilerWith(t *testing.T, opts reconcile.Options, railToken string, wrap func(reconcile.LockService) reconcile.LockService) *reconcile.Reconciler {
 	t.Helper()
 	r := e.st.Ready
 	tok := r.Tokens.Reconciler
@@ -295,14 +322,22 @@ func (e *env) reconciler(t *testing.T, opts reconcile.Options, railToken string)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lock.Close(context.Background()) })
+	if wrap != nil {
+		lock = wrap(lock)
+	}
 	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		opts.Logger = testLogger(t)
 	}
 	rec, err := reconcile.New(reconcile.Clients{Lock: lock, Payment: pay, Proxy: proxy, Rail: rail}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return rec
+}
+
+// testLogger logs warnings and errors into the test's log.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
 type testWriter struct{ t *testing.T }

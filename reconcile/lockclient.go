@@ -24,17 +24,24 @@ type lockService struct {
 	mu     sync.Mutex
 	sess   *lockclient.Session
 	grants map[string]*lockclient.Grant // key -> held grant
+	// unreleased holds grants whose release got no verdict (the lock
+	// service was unreachable or restarting). The session lives on in
+	// continuous mode, so such a key would stay held — and every executor
+	// skip the account — until the process ends. RetryReleases retries
+	// them; a grant is forgotten only once its release is acknowledged.
+	unreleased map[string]*lockclient.Grant
 }
 
 // NewLockService returns the lock service at url as the reconciler uses
-// it: bearer token, session owner and TTL, and per-request timeout.
-func NewLockService(url, token, owner string, ttl, requestTimeout time.Duration) (LockService, error) {
-	opts := []lockclient.Option{lockclient.WithToken(token), lockclient.WithTTL(ttl), lockclient.WithRequestTimeout(requestTimeout)}
+// it: bearer token, session owner and TTL, and per-request timeout (extra:
+// further options, such as the HTTP client with the TLS settings).
+func NewLockService(url, token, owner string, ttl, requestTimeout time.Duration, extra ...lockclient.Option) (LockService, error) {
+	opts := append([]lockclient.Option{lockclient.WithToken(token), lockclient.WithTTL(ttl), lockclient.WithRequestTimeout(requestTimeout)}, extra...)
 	c, err := lockclient.New(url, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &lockService{c: c, url: url, owner: owner, opts: opts, grants: map[string]*lockclient.Grant{}}, nil
+	return &lockService{c: c, url: url, owner: owner, opts: opts, grants: map[string]*lockclient.Grant{}, unreleased: map[string]*lockclient.Grant{}}, nil
 }
 
 func (l *lockService) Grants(ctx context.Context, after fencing.Token, limit int) ([]GrantRecord, fencing.Token, error) {
@@ -69,8 +76,10 @@ func (l *lockService) session(ctx context.Context) (*lockclient.Session, error) 
 	if err != nil {
 		return nil, err
 	}
+	// A new session: whatever the old one held ended with it.
 	l.sess = s
 	l.grants = map[string]*lockclient.Grant{}
+	l.unreleased = map[string]*lockclient.Grant{}
 	return s, nil
 }
 
@@ -88,6 +97,9 @@ func (l *lockService) TryAcquire(ctx context.Context, key string) (Lease, bool, 
 	if err != nil {
 		return Lease{}, false, err
 	}
+	// A re-acquire of a key whose release failed returns the same grant;
+	// it is released again when this lease ends.
+	delete(l.unreleased, key)
 	l.grants[key] = g
 	return Lease{Token: g.Token, Holder: g.Holder()}, false, nil
 }
@@ -100,7 +112,37 @@ func (l *lockService) Release(ctx context.Context, key string, lease Lease) erro
 		return errors.New("reconcile: release of a lease this reconciler does not hold: " + key)
 	}
 	delete(l.grants, key)
-	return l.sess.Release(ctx, g)
+	err := l.sess.Release(ctx, g)
+	if !releaseSettled(err) {
+		l.unreleased[key] = g
+	}
+	return err
+}
+
+// RetryReleases retries every release that got no verdict.
+func (l *lockService) RetryReleases(ctx context.Context) (pending int, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sess == nil {
+		clear(l.unreleased)
+		return 0, nil
+	}
+	for key, g := range l.unreleased {
+		rerr := l.sess.Release(ctx, g)
+		if releaseSettled(rerr) {
+			delete(l.unreleased, key)
+			continue
+		}
+		err = rerr
+	}
+	return len(l.unreleased), err
+}
+
+// releaseSettled: the lock service gave a verdict on a release — done, or
+// the key or the session is no longer ours (nothing left to give back).
+func releaseSettled(err error) bool {
+	return err == nil || problem.Has(err, problem.NotHeld) || problem.Has(err, problem.SessionExpired) ||
+		errors.Is(err, lockclient.ErrSessionLost)
 }
 
 func (l *lockService) Close(ctx context.Context) error {
@@ -111,5 +153,6 @@ func (l *lockService) Close(ctx context.Context) error {
 	}
 	err := l.sess.Close(ctx)
 	l.sess = nil
+	clear(l.unreleased)
 	return err
 }

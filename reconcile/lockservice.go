@@ -34,8 +34,13 @@ type LockService interface {
 	// TryAcquire takes key at once; held is true (and err nil) when
 	// another session holds it.
 	TryAcquire(ctx context.Context, key string) (lease Lease, held bool, err error)
-	// Release gives back a lease taken with TryAcquire.
+	// Release gives back a lease taken with TryAcquire. A release that got
+	// no verdict is kept and retried by RetryReleases: the lease is
+	// forgotten only once the lock service acknowledges it.
 	Release(ctx context.Context, key string, lease Lease) error
+	// RetryReleases retries the releases that got no verdict and reports
+	// how many are still pending (with the last error).
+	RetryReleases(ctx context.Context) (pending int, err error)
 	// Close ends the reconciler's lock session, if one was opened.
 	Close(ctx context.Context) error
 }

@@ -12,6 +12,7 @@ import (
 type Metrics struct {
 	findings      *prometheus.GaugeVec
 	resolved      *prometheus.CounterVec
+	passes        *prometheus.CounterVec
 	unresolved    prometheus.Gauge
 	highestFence  prometheus.Gauge
 	guardFence    *prometheus.GaugeVec
@@ -34,6 +35,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "payouts_reconcile_resolved_total",
 			Help: "Ambiguous payouts resolved from rail evidence, by resolution (SETTLED, ABSENT).",
 		}, []string{"resolution"}),
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_reconcile_passes_total",
+			Help: "Reconciliation passes by result: clean, findings, failed (could not run).",
+		}, []string{"result"}),
 		unresolved: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "payouts_reconcile_ambiguous_unresolved",
 			Help: "Ambiguous payouts the last pass looked at and left (rail not final, lock held, lookup failed).",
@@ -71,10 +76,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Objects the last completed pass read, by kind.",
 		}, []string{"kind"}),
 	}
-	reg.MustRegister(m.findings, m.resolved, m.unresolved, m.highestFence, m.guardFence, m.lockHighToken,
+	reg.MustRegister(m.findings, m.resolved, m.passes, m.unresolved, m.highestFence, m.guardFence, m.lockHighToken,
 		m.up, m.lastRun, m.lastSuccess, m.duration, m.scanned)
 	for _, res := range []string{"SETTLED", "ABSENT"} {
 		m.resolved.WithLabelValues(res)
+	}
+	for _, res := range []string{"clean", "findings", "failed"} {
+		m.passes.WithLabelValues(res)
 	}
 	return m
 }
@@ -91,9 +99,15 @@ func (m *Metrics) Observe(rep *Report, err error, took time.Duration, end time.T
 	}
 	if err != nil || rep == nil {
 		m.up.Set(0)
+		m.passes.WithLabelValues("failed").Inc()
 		return
 	}
 	m.up.Set(1)
+	if rep.Clean() {
+		m.passes.WithLabelValues("clean").Inc()
+	} else {
+		m.passes.WithLabelValues("findings").Inc()
+	}
 	m.lastSuccess.Set(float64(end.Unix()))
 	for _, c := range Checks() {
 		m.findings.WithLabelValues(InvariantOf(c), c).Set(float64(rep.Counts[c]))

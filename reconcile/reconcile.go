@@ -18,7 +18,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/payment/paymentclient"
@@ -33,6 +33,7 @@ const (
 	DefaultSettlementWindow = 5 * time.Minute
 	DefaultAmbiguitySLA     = 24 * time.Hour
 	DefaultSessionTTL       = 15 * time.Second
+	DefaultWorkers          = 8
 )
 
 // Options tune a Reconciler.
@@ -50,6 +51,16 @@ type Options struct {
 	PageSize int
 	// MaxFindings caps how many findings a report lists (all are counted).
 	MaxFindings int
+	// RailPerPayout asks the rail about each payout's client reference
+	// instead of reading its settlement report. The rail serves the report
+	// in one piece, so reading it costs memory in proportion to every
+	// payment ever made (and a response size limit); per payout, memory
+	// stays flat, but payments carrying a reference that belongs to no
+	// payout are not seen.
+	RailPerPayout bool
+	// Workers is how many payouts are checked at once (each check is a
+	// few round trips to the payment resource and the proxy).
+	Workers int
 	// Owner names the reconciler's lock session (logs, grant log).
 	Owner string
 	// SessionTTL is the lock session's TTL while resolving.
@@ -82,6 +93,9 @@ func (o *Options) defaults() {
 	}
 	if o.PageSize > 1000 {
 		o.PageSize = 1000
+	}
+	if o.Workers <= 0 {
+		o.Workers = DefaultWorkers
 	}
 	if o.MaxFindings <= 0 {
 		o.MaxFindings = DefaultMaxFindings
@@ -138,6 +152,11 @@ func cannotRun(what string, err error) error {
 // wraps ErrCannotRun and the report must not be trusted as clean.
 func (r *Reconciler) Pass(ctx context.Context) (*Report, error) {
 	rep := newReport(r.opts.MaxFindings)
+	// A key this reconciler failed to release would keep every executor
+	// off the account; give it back before anything else.
+	if n, err := r.c.Lock.RetryReleases(ctx); n > 0 {
+		r.log.Warn("lock releases still not acknowledged; retrying on the next pass", "pending", n, obs.KeyError, errText(err))
+	}
 	if r.opts.Resolve {
 		if err := r.resolveAmbiguous(ctx, rep); err != nil {
 			return rep, err
@@ -150,17 +169,18 @@ func (r *Reconciler) Pass(ctx context.Context) (*Report, error) {
 	return rep, nil
 }
 
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
 // isNotFound reports a not_found problem answer.
 func isNotFound(err error) bool { return problem.Has(err, problem.NotFound) }
 
 // isForbidden reports a forbidden problem answer.
 func isForbidden(err error) bool { return problem.Has(err, problem.Forbidden) }
-
-// transportOrServer reports whether err is a failure to talk to a service
-// (as opposed to a problem answer about the request).
-func transportOrServer(err error) bool {
-	return errors.Is(err, httpx.ErrTransport) || problem.Has(err, problem.Unavailable) || problem.Has(err, problem.Internal)
-}
 
 // Key of an account's lock (DESIGN D-3).
 func lockKey(accountID string) string { return fencing.Key(accountID) }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"sync"
 	"text/tabwriter"
 
 	"github.com/payouts/payouts/lock/fencing"
@@ -143,6 +144,9 @@ type Report struct {
 	SafetyEventsSeen EventCursor `json:"safety_events_seen"`
 
 	maxFindings int
+	// mu guards Findings, Counts, Truncated and Notes: payouts are checked
+	// concurrently.
+	mu sync.Mutex
 }
 
 // Scanned counts what one pass read.
@@ -166,6 +170,8 @@ func newReport(maxFindings int) *Report {
 // add records a finding (listing it unless the cap is reached; counting it
 // always).
 func (r *Report) add(check string, objects map[string]any, format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.Counts[check]++
 	if r.maxFindings > 0 && len(r.Findings) >= r.maxFindings {
 		r.Truncated++
@@ -177,6 +183,8 @@ func (r *Report) add(check string, objects map[string]any, format string, args .
 }
 
 func (r *Report) note(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
 }
 

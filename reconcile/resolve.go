@@ -26,7 +26,6 @@ func (r *Reconciler) resolveAmbiguous(ctx context.Context, rep *Report) error {
 			return cannotRun("list the ambiguous payouts", err)
 		}
 		for _, p := range page.Items {
-			after = p.ID
 			if err := ctx.Err(); err != nil {
 				return cannotRun("resolve ambiguous payouts", err)
 			}
@@ -80,7 +79,7 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := r.c.Lock.Release(rctx, key, lease); err != nil {
-			log.Warn("could not release the account's lock; it ends with the session", obs.KeyError, err.Error())
+			log.Warn("could not release the account's lock; retrying on the next pass", obs.KeyError, err.Error())
 		}
 	}()
 

@@ -33,7 +33,7 @@ func resolveUntil(t *testing.T, r *reconcile.Reconciler, payoutID string) reconc
 }
 
 func TestResolveSettled(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	// The rail takes the payment and never answers.
 	p := e.ambiguous(t, e.newPayout(t, acc, 321), railclient.Faults{TimeoutAfterAccept: 1})
@@ -73,7 +73,7 @@ func TestResolveSettled(t *testing.T) {
 }
 
 func TestResolveAbsent(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	// The connection drops before the rail accepts: nothing was paid.
 	p := e.ambiguous(t, e.newPayout(t, acc, 123), railclient.Faults{DropBeforeAccept: 1})
@@ -89,7 +89,7 @@ func TestResolveAbsent(t *testing.T) {
 }
 
 func TestResolveWaitsForSettlementWindowAndLock(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.ambiguous(t, e.newPayout(t, acc, 55), railclient.Faults{TimeoutAfterAccept: 1})
 	// Younger than the reconciler's settlement window: not even looked up.

@@ -6,16 +6,22 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/lockclient"
 	"github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
+
+// Role is the role the reconciler's token must have.
+const Role = "reconciler"
 
 // Exit codes of `payouts reconcile` (DESIGN §4b).
 const (
@@ -32,6 +38,9 @@ type Config struct {
 	// RailToken, when set, is sent to the rail instead of Token (the rail's
 	// settlement report may need a different credential).
 	RailToken string
+	// HTTPClient carries every call (httpx.NewHTTPClient: TLS settings);
+	// nil: the default client.
+	HTTPClient *http.Client
 	// Once runs one pass and returns its exit code.
 	Once bool
 	// Interval is the pause between passes in continuous mode.
@@ -68,7 +77,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 30 * time.Second
 	}
-	opts := []httpx.ClientOption{httpx.WithTimeout(cfg.RequestTimeout)}
+	opts := []httpx.ClientOption{httpx.WithTimeout(cfg.RequestTimeout), httpx.WithHTTPClient(cfg.HTTPClient)}
 	payment, err := paymentclient.New(cfg.PaymentURL, cfg.Token, opts...)
 	if err != nil {
 		return ExitCannotRun, fmt.Errorf("--payment-url: %w", err)
@@ -88,7 +97,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	if cfg.Options.SessionTTL <= 0 {
 		cfg.Options.SessionTTL = DefaultSessionTTL
 	}
-	lock, err := NewLockService(cfg.LockURL, cfg.Token, cfg.Options.Owner, cfg.Options.SessionTTL, cfg.RequestTimeout)
+	lock, err := NewLockService(cfg.LockURL, cfg.Token, cfg.Options.Owner, cfg.Options.SessionTTL, cfg.RequestTimeout, lockclient.WithHTTPClient(cfg.HTTPClient))
 	if err != nil {
 		return ExitCannotRun, fmt.Errorf("--lock-url: %w", err)
 	}
@@ -108,44 +117,51 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	if err != nil {
 		return ExitCannotRun, err
 	}
+	if err := rec.refusal(ctx, cfg, nil); err != nil {
+		return ExitCannotRun, err
+	}
 	if cfg.Once {
 		return rec.once(ctx, cfg)
 	}
 	return rec.continuous(ctx, cfg)
 }
 
-// fileMetrics writes the metrics file from a registry holding only the
-// reconciler's series (node_exporter has its own process metrics).
-type fileMetrics struct {
-	path string
-	reg  *prometheus.Registry
-	m    *Metrics
+// refusedToken reports a 401 or 403 answer: asking again will not help.
+func refusedToken(err error) bool {
+	return problem.Has(err, problem.Unauthorized) || problem.Has(err, problem.Forbidden)
 }
 
-func newFileMetrics(path string) *fileMetrics {
-	if path == "" {
-		return nil
+// refusal names the service that refuses the reconciler's token, asking
+// each one a cheap question; nil when none does. passErr is the error of a
+// pass that failed on a refused token: when no other service refuses, it
+// was the rail.
+func (r *Reconciler) refusal(ctx context.Context, cfg Config, passErr error) error {
+	probes := []struct {
+		service, url string
+		ask          func(context.Context) error
+	}{
+		{"lock service", cfg.LockURL, func(ctx context.Context) error { _, err := r.c.Lock.HighToken(ctx); return err }},
+		{"payment resource", cfg.PaymentURL, func(ctx context.Context) error { _, err := r.c.Payment.HighFence(ctx); return err }},
+		{"rail proxy", cfg.ProxyURL, func(ctx context.Context) error { _, err := r.c.Proxy.HighFence(ctx); return err }},
 	}
-	reg := prometheus.NewRegistry()
-	return &fileMetrics{path: path, reg: reg, m: NewMetrics(reg)}
-}
-
-func (f *fileMetrics) write(rep *Report, err error, took time.Duration, end time.Time) error {
-	if f == nil {
-		return nil
+	for _, p := range probes {
+		if err := p.ask(ctx); refusedToken(err) {
+			return fmt.Errorf("%w: the %s at %s refused the token (%w): the reconciler needs a bearer token of role %q there (--token or --token-file)",
+				ErrCannotRun, p.service, p.url, err, Role)
+		}
 	}
-	f.m.Observe(rep, err, took, end)
-	if werr := prometheus.WriteToTextfile(f.path, f.reg); werr != nil {
-		return fmt.Errorf("write --metrics-file %s: %w", f.path, werr)
+	if refusedToken(passErr) {
+		return fmt.Errorf("%w: the rail at %s refused the token (%w): the reconciler needs a rail credential the rail accepts for lookups, role %q (--rail-token)",
+			ErrCannotRun, cfg.RailURL, passErr, Role)
 	}
 	return nil
 }
 
-func (r *Reconciler) timedPass(ctx context.Context) (*Report, error, time.Duration, time.Time) {
+func (r *Reconciler) timedPass(ctx context.Context) (*Report, time.Duration, time.Time, error) {
 	start := time.Now()
 	rep, err := r.Pass(ctx)
 	end := time.Now()
-	return rep, err, end.Sub(start), end
+	return rep, end.Sub(start), end, err
 }
 
 func (r *Reconciler) print(cfg Config, rep *Report) error {
@@ -158,11 +174,26 @@ func (r *Reconciler) print(cfg Config, rep *Report) error {
 	return rep.WriteTable(cfg.Out)
 }
 
+// openMetricsFile prepares --metrics-file; a previous file it cannot read
+// is logged and replaced (the detective controls must still run).
+func (r *Reconciler) openMetricsFile(cfg Config) *fileMetrics {
+	fm, err := newFileMetrics(cfg.MetricsFile)
+	if err != nil {
+		r.log.Warn("could not carry the previous metrics file over", obs.KeyError, err.Error())
+	}
+	return fm
+}
+
 func (r *Reconciler) once(ctx context.Context, cfg Config) (int, error) {
-	fm := newFileMetrics(cfg.MetricsFile)
-	rep, err, took, end := r.timedPass(ctx)
+	fm := r.openMetricsFile(cfg)
+	rep, took, end, err := r.timedPass(ctx)
 	if werr := fm.write(rep, err, took, end); werr != nil && err == nil {
 		err = cannotRun("write the metrics file", werr)
+	}
+	if refusedToken(err) {
+		if rerr := r.refusal(ctx, cfg, err); rerr != nil {
+			err = rerr
+		}
 	}
 	if err != nil {
 		return ExitCannotRun, err
@@ -188,7 +219,7 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 		cfg.Registry = obs.NewRegistry()
 	}
 	metrics := NewMetrics(cfg.Registry)
-	fm := newFileMetrics(cfg.MetricsFile)
+	fm := r.openMetricsFile(cfg)
 	srv := httpx.NewServer(httpx.Config{Role: "reconcile", Addr: cfg.Listen, Logger: cfg.Logger, Registry: cfg.Registry})
 	addr, err := srv.Listen()
 	if err != nil {
@@ -206,13 +237,20 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 				return nil
 			case <-t.C:
 			}
-			rep, err, took, end := r.timedPass(ctx)
+			rep, took, end, err := r.timedPass(ctx)
 			if ctx.Err() != nil {
 				return nil
 			}
 			metrics.Observe(rep, err, took, end)
 			if werr := fm.write(rep, err, took, end); werr != nil {
 				r.log.Error("could not write the metrics file", obs.KeyError, werr.Error())
+			}
+			if refusedToken(err) {
+				// A revoked or rotated token: no later pass can succeed.
+				if rerr := r.refusal(ctx, cfg, err); rerr != nil {
+					return rerr
+				}
+				return err
 			}
 			if err != nil {
 				r.log.Error("reconciliation pass could not run", obs.KeyError, err.Error(), "took", took.String())

@@ -34,7 +34,7 @@ func TestStateFileRoundTrip(t *testing.T) {
 // TestSafetyEventsReportedOncePerCursor: with the cursor of the previous
 // pass, an event already reported is not reported again, and a new one is.
 func TestSafetyEventsReportedOncePerCursor(t *testing.T) {
-	e := sharedStack(t)
+	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	done := e.payOut(t, e.newPayout(t, acc, 10))
 	stale := done.Token

@@ -1,4 +1,4 @@
-// Package devdemo is the guided demo behind `payouts dev demo`: it brings
+// Package demo is the guided demo behind `payouts dev demo`: it brings
 // the local stack up, loads fixtures, runs executors against a faulty rail,
 // freezes one holder past its lease so the guards fence it out (UC-03),
 // lets the reconciler resolve the ambiguous payouts, and checks that
@@ -15,13 +15,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/payouts/payouts/dev/stack"
+	"github.com/payouts/payouts/dev/supervise"
+	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/lock/lockclient"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
@@ -75,7 +74,7 @@ type Config struct {
 
 func (c *Config) defaults() error {
 	if c.Dir == "" {
-		return errors.New("devdemo: --dir is required")
+		return errors.New("demo: --dir is required")
 	}
 	if c.Out == nil {
 		c.Out = os.Stdout
@@ -93,11 +92,11 @@ func (c *Config) defaults() error {
 	switch c.Freeze {
 	case FreezeByHook:
 		if c.HoldEnv == "" || c.HoldClaimed == "" || c.HoldSubmitting == "" {
-			return errors.New("devdemo: freezing by hook needs the executor's hold hook variable and points")
+			return errors.New("demo: freezing by hook needs the executor's hold hook variable and points")
 		}
 	case FreezeByTiming:
 	default:
-		return fmt.Errorf("devdemo: freeze mode %q: want %q or %q", c.Freeze, FreezeByHook, FreezeByTiming)
+		return fmt.Errorf("demo: freeze mode %q: want %q or %q", c.Freeze, FreezeByHook, FreezeByTiming)
 	}
 	if c.Accounts <= 0 {
 		c.Accounts = 10
@@ -179,7 +178,7 @@ type demo struct {
 	proxy *proxyclient.Client
 	rail  *railclient.Client
 	lock  *lockclient.Client
-	procs map[string]*exec.Cmd
+	procs map[string]*supervise.Proc
 	sum   Summary
 	fails []string
 }
@@ -199,7 +198,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := prepareDir(dir); err != nil {
 		return Result{}, err
 	}
-	dm := &demo{cfg: cfg, d: newDisplay(cfg.Out, cfg.Terminal), procs: map[string]*exec.Cmd{},
+	dm := &demo{cfg: cfg, d: newDisplay(cfg.Out, cfg.Terminal), procs: map[string]*supervise.Proc{},
 		sum: Summary{FencedOut: map[string]int{}, Resolutions: map[string]int{}, FreezeMode: cfg.Freeze}}
 	dm.d.Printf("payouts dev demo: a stale holder fenced out, nothing paid twice (data and logs in %s)", dir)
 
@@ -256,17 +255,21 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 func (dm *demo) clients() error {
 	r := dm.st.Ready
-	var err error
-	if dm.pay, err = pc.New(r.PaymentURL, r.Tokens.Operator); err != nil {
+	hc, err := r.HTTPClient()
+	if err != nil {
 		return err
 	}
-	if dm.proxy, err = proxyclient.New(r.ProxyURL, r.Tokens.Operator); err != nil {
+	with := httpx.WithHTTPClient(hc)
+	if dm.pay, err = pc.New(r.PaymentURL, r.Tokens.Operator, with); err != nil {
 		return err
 	}
-	if dm.rail, err = railclient.New(r.RailURL, r.Tokens.Operator); err != nil {
+	if dm.proxy, err = proxyclient.New(r.ProxyURL, r.Tokens.Operator, with); err != nil {
 		return err
 	}
-	dm.lock, err = lockclient.New(r.LockURL, lockclient.WithToken(r.Tokens.Operator))
+	if dm.rail, err = railclient.New(r.RailURL, r.Tokens.Operator, with); err != nil {
+		return err
+	}
+	dm.lock, err = lockclient.New(r.LockURL, lockclient.WithToken(r.Tokens.Operator), lockclient.WithHTTPClient(hc))
 	return err
 }
 
@@ -279,111 +282,11 @@ func (dm *demo) keep(ctx context.Context) {
 	r := dm.st.Ready
 	dm.d.Printf("\n--keep: the stack keeps running; Ctrl-C stops it.")
 	dm.d.Printf("  payment %s  proxy %s  lock %s  rail %s", r.PaymentURL, r.ProxyURL, r.LockURL, r.RailURL)
-	dm.d.Printf("  operator token %s", r.Tokens.Operator)
-	dm.d.Printf("  try: curl -s -H 'Authorization: Bearer %s' '%s/v1/payouts?state=POSTED'", r.Tokens.Operator, r.PaymentURL)
+	dm.d.Printf("  operator token in %s", r.TokenFiles["operator"])
+	dm.d.Printf("  try: curl -s -H \"Authorization: Bearer $(cat %s)\" '%s/v1/payouts?state=POSTED'", r.TokenFiles["operator"], r.PaymentURL)
 	select {
 	case <-ctx.Done():
 	case err := <-dm.st.Failed():
 		dm.d.Printf("a role exited: %v", err)
 	}
-}
-
-// startExecutor runs `payouts run executor` as a child of the stack, with
-// the hold hook armed at hold ("" for none).
-func (dm *demo) startExecutor(name string, concurrency int, hold string) error {
-	r := dm.st.Ready
-	args := []string{"run", "executor", "--owner", name, "--concurrency", strconv.Itoa(concurrency),
-		"--session-ttl", dm.cfg.SessionTTL.String(), "--poll-interval", "200ms",
-		"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--token", r.Tokens.Executor}
-	var cmd *exec.Cmd
-	start := func() error {
-		var err error
-		cmd, err = dm.st.StartRole(name, args...)
-		return err
-	}
-	var err error
-	if dm.cfg.HoldEnv != "" {
-		// The stack's children inherit this process's environment at
-		// start: arm (or disarm) the hook for this one child only.
-		err = withEnv(dm.cfg.HoldEnv, hold, start)
-	} else {
-		err = start()
-	}
-	if err != nil {
-		return err
-	}
-	dm.procs[name] = cmd
-	return nil
-}
-
-// withEnv runs f with the environment variable k set to v ("" unsets it),
-// then restores it. The demo starts children one at a time.
-func withEnv(k, v string, f func() error) error {
-	old, had := os.LookupEnv(k)
-	if v == "" {
-		os.Unsetenv(k)
-	} else {
-		os.Setenv(k, v)
-	}
-	defer func() {
-		if had {
-			os.Setenv(k, old)
-		} else {
-			os.Unsetenv(k)
-		}
-	}()
-	return f()
-}
-
-func (dm *demo) signal(name string, sig syscall.Signal) error {
-	cmd := dm.procs[name]
-	if cmd == nil || cmd.Process == nil {
-		return fmt.Errorf("no process %s", name)
-	}
-	if err := cmd.Process.Signal(sig); err != nil {
-		return fmt.Errorf("%s to %s (pid %d): %w", sig, name, cmd.Process.Pid, err)
-	}
-	return nil
-}
-
-// waitFor polls check until it reports done, ctx ends or timeout passes.
-// Timeouts are generous: this runs on loaded machines.
-func waitFor(ctx context.Context, timeout, every time.Duration, what string, check func() (bool, error)) error {
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
-		done, err := check()
-		if done {
-			return nil
-		}
-		if err != nil {
-			last = err
-		}
-		if time.Now().After(deadline) {
-			if last != nil {
-				return fmt.Errorf("gave up after %s waiting for %s: %w", timeout, what, last)
-			}
-			return fmt.Errorf("gave up after %s waiting for %s", timeout, what)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w", what, context.Cause(ctx))
-		case <-time.After(every):
-		}
-	}
-}
-
-// pause waits d unless ctx ends first (the demo waits out documented
-// windows: a lease TTL, the rail's settlement window).
-func pause(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-time.After(d):
-		return nil
-	}
-}
-
-func callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, 30*time.Second)
 }

@@ -1,17 +1,10 @@
 package demo
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
-	"syscall"
 
+	"github.com/payouts/payouts/lock/lockclient"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
@@ -86,64 +79,20 @@ func (dm *demo) accounts(ctx context.Context) ([]pc.Account, error) {
 	}
 }
 
-// reconcileReport is the part of `payouts reconcile --json` the demo reads.
-type reconcileReport struct {
-	Findings []struct {
-		Invariant string `json:"invariant"`
-		Check     string `json:"check"`
-		Evidence  string `json:"evidence"`
-	} `json:"findings"`
-	Resolved []struct {
-		PayoutID   string `json:"payout_id"`
-		Resolution string `json:"resolution"`
-		State      string `json:"state"`
-		Token      int64  `json:"token"`
-	} `json:"resolved"`
-	Unresolved []struct {
-		PayoutID string `json:"payout_id"`
-		Reason   string `json:"reason"`
-	} `json:"unresolved"`
-	Truncated int `json:"truncated"`
-}
-
-// reconcile runs `payouts reconcile --once --json` as a child process and
-// returns its report and exit code. Exit 2 (could not run) is an error.
-func (dm *demo) reconcile(ctx context.Context, pass int) (reconcileReport, int, error) {
-	r := dm.st.Ready
-	logPath := filepath.Join(r.Dir, "logs", fmt.Sprintf("reconcile-%d.log", pass))
-	logFile, err := os.Create(logPath)
+// liveGrants are owner's grants the lock service's grant log shows still
+// in force.
+func (dm *demo) liveGrants(ctx context.Context, owner string) ([]lockclient.GrantRecord, error) {
+	cctx, cancel := callCtx(ctx)
+	defer cancel()
+	all, err := dm.lock.AllGrants(cctx, 0)
 	if err != nil {
-		return reconcileReport{}, 0, err
+		return nil, fmt.Errorf("read the lock service's grant log: %w", err)
 	}
-	defer logFile.Close()
-	cmd := exec.CommandContext(ctx, dm.cfg.Binary, "reconcile", "--once", "--json",
-		"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL,
-		"--token", r.Tokens.Reconciler, "--rail-token", r.Tokens.Operator, "--owner", fmt.Sprintf("demo-reconciler-%d", pass),
-		"--settlement-window", dm.cfg.SettlementWindow.String(), "--ambiguity-sla", "1h", "--max-findings", "100000")
-	var stdout bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	err = cmd.Run()
-	code := 0
-	var ee *exec.ExitError
-	switch {
-	case errors.As(err, &ee):
-		code = ee.ExitCode()
-	case err != nil:
-		return reconcileReport{}, 0, fmt.Errorf("run the reconciler: %w", err)
+	var out []lockclient.GrantRecord
+	for _, g := range all {
+		if g.Owner == owner && g.EndedAt == nil {
+			out = append(out, g)
+		}
 	}
-	var rep reconcileReport
-	if code == 2 || json.Unmarshal(stdout.Bytes(), &rep) != nil {
-		b, _ := os.ReadFile(logPath)
-		return rep, code, fmt.Errorf("the reconciler could not run (exit %d); %s:\n%s", code, logPath, lastLines(string(b), 15))
-	}
-	return rep, code, nil
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return out, nil
 }

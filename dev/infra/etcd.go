@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/payouts/payouts/lock/etcdbackend"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
 // EtcdNode is one member of an embedded etcd cluster.
@@ -24,7 +24,7 @@ type EtcdNode struct {
 
 	mu      sync.Mutex
 	cluster *EtcdCluster
-	etcd    *embed.Etcd
+	etcd    *etcdbackend.Embedded
 }
 
 // EtcdCluster is one or more embedded etcd members on loopback ports, in
@@ -33,16 +33,43 @@ type EtcdCluster struct {
 	Nodes   []*EtcdNode
 	token   string
 	initial string
+	opts    EtcdOptions
+}
+
+// EtcdOptions configures an embedded etcd cluster.
+type EtcdOptions struct {
+	Dir   string // data of member i in Dir/etcd<i>
+	Nodes int    // members (default 1)
+	// Ports fixes the ports, two per member (client, peer); missing ones
+	// are picked free.
+	Ports []int
+	// LogFile receives every member's log (default Dir/etcd.log), at
+	// LogLevel (default warn).
+	LogFile  string
+	LogLevel slog.Level
 }
 
 // StartEtcd starts an embedded etcd cluster of n members (1 or 3 usually)
-// with data under dir. An existing data dir is reused (a restart); ports
-// are fixed by ports[] when given (2 per node: client, peer) or picked free.
+// with data under dir and its log in dir/etcd.log. An existing data dir is
+// reused (a restart); ports are fixed by ports[] when given (2 per node:
+// client, peer) or picked free.
 func StartEtcd(ctx context.Context, dir string, n int, ports ...int) (*EtcdCluster, error) {
-	if n < 1 {
-		return nil, errors.New("localinfra: etcd cluster needs at least one member")
+	return StartEtcdCluster(ctx, EtcdOptions{Dir: dir, Nodes: n, Ports: ports, LogLevel: slog.LevelWarn})
+}
+
+// StartEtcdCluster starts an embedded etcd cluster as opts say.
+func StartEtcdCluster(ctx context.Context, opts EtcdOptions) (*EtcdCluster, error) {
+	dir, n, ports := opts.Dir, opts.Nodes, opts.Ports
+	if n == 0 {
+		n = 1
 	}
-	c := &EtcdCluster{token: "payouts-" + filepath.Base(dir)}
+	if n < 1 {
+		return nil, errors.New("infra: etcd cluster needs at least one member")
+	}
+	if opts.LogFile == "" {
+		opts.LogFile = filepath.Join(dir, "etcd.log")
+	}
+	c := &EtcdCluster{token: "payouts-" + filepath.Base(dir), opts: opts}
 	var initial []string
 	for i := 0; i < n; i++ {
 		var cp, pp int
@@ -97,32 +124,10 @@ func (n *EtcdNode) start() error {
 	if n.etcd != nil {
 		return nil
 	}
-	if err := os.MkdirAll(n.Dir, 0o700); err != nil {
-		return err
-	}
-	cfg := embed.NewConfig()
-	cfg.Name = n.Name
-	cfg.Dir = n.Dir
-	cu, _ := url.Parse(n.ClientURL)
-	pu, _ := url.Parse(n.PeerURL)
-	cfg.ListenClientUrls = []url.URL{*cu}
-	cfg.AdvertiseClientUrls = []url.URL{*cu}
-	cfg.ListenPeerUrls = []url.URL{*pu}
-	cfg.AdvertisePeerUrls = []url.URL{*pu}
-	cfg.InitialCluster = n.cluster.initial
-	cfg.InitialClusterToken = n.cluster.token
-	cfg.LogLevel = "error"
-	cfg.LogOutputs = []string{"stderr"}
-	// Tighter timing than the defaults so elections finish quickly in tests
-	// and demos; still well above loopback latency.
-	cfg.TickMs = 50
-	cfg.ElectionMs = 500
-	if _, err := os.Stat(filepath.Join(n.Dir, "member")); err == nil {
-		cfg.ClusterState = embed.ClusterStateFlagExisting
-	}
-	e, err := embed.StartEtcd(cfg)
+	e, err := etcdbackend.StartMember(etcdbackend.Member{Name: n.Name, Dir: n.Dir, ClientURL: n.ClientURL, PeerURL: n.PeerURL,
+		InitialCluster: n.cluster.initial, ClusterToken: n.cluster.token, LogFile: n.cluster.opts.LogFile, LogLevel: n.cluster.opts.LogLevel})
 	if err != nil {
-		return fmt.Errorf("localinfra: start etcd member %s: %w", n.Name, err)
+		return fmt.Errorf("infra: %w (log: %s)", err, n.cluster.opts.LogFile)
 	}
 	n.etcd = e
 	return nil
@@ -133,18 +138,14 @@ func (n *EtcdNode) waitReady(ctx context.Context) error {
 	e := n.etcd
 	n.mu.Unlock()
 	if e == nil {
-		return fmt.Errorf("localinfra: etcd member %s is stopped", n.Name)
+		return fmt.Errorf("infra: etcd member %s is stopped", n.Name)
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-		return nil
-	case err := <-e.Err():
-		return fmt.Errorf("localinfra: etcd member %s: %w", n.Name, err)
-	case <-ctx.Done():
-		return fmt.Errorf("localinfra: etcd member %s not ready: %w", n.Name, ctx.Err())
-	case <-time.After(60 * time.Second):
-		return fmt.Errorf("localinfra: etcd member %s not ready after 60s", n.Name)
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := e.Ready(ctx); err != nil {
+		return fmt.Errorf("infra: %w (log: %s)", err, n.cluster.opts.LogFile)
 	}
+	return nil
 }
 
 // Stop stops this member (its data stays; Restart brings it back).
@@ -155,7 +156,6 @@ func (n *EtcdNode) Stop() {
 		return
 	}
 	n.etcd.Close()
-	<-n.etcd.Server.StopNotify()
 	n.etcd = nil
 }
 
@@ -181,7 +181,7 @@ func (n *EtcdNode) IsLeader() bool {
 	if n.etcd == nil {
 		return false
 	}
-	return n.etcd.Server.Leader() == n.etcd.Server.MemberID() && n.etcd.Server.Leader() != 0
+	return n.etcd.IsLeader()
 }
 
 // Endpoints lists the client URLs of every member.
@@ -203,7 +203,7 @@ func (c *EtcdCluster) Leader(ctx context.Context) (*EtcdNode, error) {
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("localinfra: no etcd leader: %w", ctx.Err())
+			return nil, fmt.Errorf("infra: no etcd leader: %w", ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -211,7 +211,7 @@ func (c *EtcdCluster) Leader(ctx context.Context) (*EtcdNode, error) {
 
 // Client returns a client for all members.
 func (c *EtcdCluster) Client() (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second})
+	return clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 }
 
 // Close stops every member.

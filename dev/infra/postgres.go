@@ -1,4 +1,4 @@
-// Package localinfra starts throwaway infrastructure on this machine: a
+// Package infra starts throwaway infrastructure on this machine: a
 // PostgreSQL 15 cluster and embedded etcd. The same code backs the test
 // harness and `payouts dev up`, so what the tests exercise is what a
 // developer runs.
@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -21,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/payouts/payouts/internal/loopback"
 )
 
 // PGOptions configures a throwaway PostgreSQL cluster.
@@ -62,28 +62,14 @@ func PGBinDir() (string, error) {
 	if p, err := exec.LookPath("initdb"); err == nil {
 		return filepath.Dir(p), nil
 	}
-	return "", errors.New("localinfra: PostgreSQL server binaries not found (install postgresql; pg_config --bindir must contain initdb)")
+	return "", errors.New("infra: PostgreSQL server binaries not found (install postgresql; pg_config --bindir must contain initdb)")
 }
 
 // FreePort returns a currently unused TCP port on 127.0.0.1.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func FreePort() (int, error) { return loopback.FreePort() }
 
 // PortFree reports whether 127.0.0.1:port can be bound now.
-func PortFree(port int) bool {
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-	if err != nil {
-		return false
-	}
-	l.Close()
-	return true
-}
+func PortFree(port int) bool { return loopback.PortFree(port) }
 
 // postgresCredential returns the credential to run PostgreSQL binaries
 // under: the postgres user when we are root (initdb and postgres refuse to
@@ -94,7 +80,7 @@ func postgresCredential() (*syscall.Credential, int, int, error) {
 	}
 	u, err := user.Lookup("postgres")
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("localinfra: running as root needs a 'postgres' user to run the server: %w", err)
+		return nil, 0, 0, fmt.Errorf("infra: running as root needs a 'postgres' user to run the server: %w", err)
 	}
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
@@ -105,7 +91,7 @@ func postgresCredential() (*syscall.Credential, int, int, error) {
 // start it.
 func NewPGCluster(opts PGOptions) (*PGCluster, error) {
 	if opts.Dir == "" {
-		return nil, errors.New("localinfra: PGOptions.Dir is required")
+		return nil, errors.New("infra: PGOptions.Dir is required")
 	}
 	bindir, err := PGBinDir()
 	if err != nil {
@@ -163,7 +149,7 @@ func (c *PGCluster) run(ctx context.Context, name string, args ...string) error 
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("localinfra: %s %s: %w\n%s", name, strings.Join(args, " "), err, out.String())
+		return fmt.Errorf("infra: %s %s: %w: %s", name, strings.Join(args, " "), err, lastLine(out.String()))
 	}
 	return nil
 }
@@ -185,7 +171,7 @@ func (c *PGCluster) Start(ctx context.Context) error {
 		}
 		c.Port = p
 	} else if !PortFree(c.Port) {
-		return fmt.Errorf("localinfra: port %d is already in use; choose another port or stop what listens there", c.Port)
+		return fmt.Errorf("infra: port %d is already in use; choose another port or stop what listens there", c.Port)
 	}
 	conf := []string{
 		"-p " + strconv.Itoa(c.Port),
@@ -202,14 +188,7 @@ func (c *PGCluster) Start(ctx context.Context) error {
 	}
 	logFile := filepath.Join(c.opts.Dir, "postgres.log")
 	if err := c.run(ctx, "pg_ctl", "-D", c.DataDir(), "-l", logFile, "-o", strings.Join(conf, " "), "-w", "-t", "60", "start"); err != nil {
-		if b, rerr := os.ReadFile(logFile); rerr == nil {
-			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-			if len(lines) > 10 {
-				lines = lines[len(lines)-10:]
-			}
-			err = fmt.Errorf("%w\npostgres.log:\n%s", err, strings.Join(lines, "\n"))
-		}
-		return err
+		return fmt.Errorf("PostgreSQL did not start: %w; see %s", err, logFile)
 	}
 	c.running = true
 	return nil
@@ -285,4 +264,11 @@ func (c *PGCluster) Running() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.running
+}
+
+// lastLine is the last non-empty line of a command's output: enough to
+// say what failed on one line.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/payouts/payouts/dev/supervise"
 )
 
 var (
@@ -72,12 +75,7 @@ func Cleanup() {
 
 // Proc is one running child process.
 type Proc struct {
-	Name    string
-	Cmd     *exec.Cmd
-	LogPath string
-	done    chan struct{}
-	err     error
-	logFile *os.File
+	*supervise.Proc
 }
 
 // Start runs the binary with args; stdout and stderr go to a log file under
@@ -85,97 +83,22 @@ type Proc struct {
 // still running.
 func Start(t testing.TB, name string, env []string, args ...string) *Proc {
 	t.Helper()
-	bin := Binary(t)
-	logPath := filepath.Join(t.TempDir(), name+".log")
-	f, err := os.Create(logPath)
+	p, err := supervise.Start(supervise.Spec{Name: name, Path: Binary(t), Args: args, Env: env,
+		Log: filepath.Join(t.TempDir(), name+".log"), DeathSignal: syscall.SIGKILL})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("proctest: %v", err)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		t.Fatalf("proctest: start %s: %v", name, err)
-	}
-	p := &Proc{Name: name, Cmd: cmd, LogPath: logPath, done: make(chan struct{}), logFile: f}
-	go func() {
-		p.err = cmd.Wait()
-		f.Close()
-		close(p.done)
-	}()
 	t.Cleanup(func() {
-		// Resume first: a stopped process cannot handle SIGKILL's cleanup otherwise.
-		_ = p.Signal(syscall.SIGCONT)
-		_ = p.Signal(syscall.SIGKILL)
-		<-p.done
+		p.Kill()
 		if t.Failed() {
-			t.Logf("--- %s log (%s) ---\n%s", name, logPath, tail(p.Log(), 60))
+			t.Logf("--- %s log (%s) ---\n%s", name, p.Spec.Log, p.LogTail(60))
 		}
 	})
-	return p
+	return &Proc{p}
 }
 
-func tail(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// Signal sends sig to the process.
-func (p *Proc) Signal(sig syscall.Signal) error {
-	select {
-	case <-p.done:
-		return nil
-	default:
-	}
-	return p.Cmd.Process.Signal(sig)
-}
-
-// Pause freezes the process (SIGSTOP); Resume thaws it (SIGCONT).
-func (p *Proc) Pause() error  { return p.Signal(syscall.SIGSTOP) }
-func (p *Proc) Resume() error { return p.Signal(syscall.SIGCONT) }
-
-// Kill sends SIGKILL and waits for the process to be gone.
-func (p *Proc) Kill() {
-	_ = p.Signal(syscall.SIGCONT)
-	_ = p.Signal(syscall.SIGKILL)
-	<-p.done
-}
-
-// Wait waits for the process to exit (up to timeout) and returns its exit code.
-func (p *Proc) Wait(timeout time.Duration) (int, error) {
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		return -1, fmt.Errorf("%s did not exit within %s", p.Name, timeout)
-	}
-	if p.Cmd.ProcessState == nil {
-		return -1, p.err
-	}
-	return p.Cmd.ProcessState.ExitCode(), nil
-}
-
-// Exited reports whether the process has exited.
-func (p *Proc) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// Log returns everything the process has written so far.
-func (p *Proc) Log() string {
-	b, _ := os.ReadFile(p.LogPath)
-	return string(b)
-}
-
-// WaitLog polls the log until it contains substr.
+// WaitLog polls the log until it contains substr (for tests whose subject
+// is what a process logs).
 func (p *Proc) WaitLog(ctx context.Context, substr string) error {
 	for {
 		if strings.Contains(p.Log(), substr) {
@@ -194,21 +117,7 @@ func (p *Proc) WaitLog(ctx context.Context, substr string) error {
 
 // WaitReady polls url+"/readyz" until it answers 200.
 func WaitReady(ctx context.Context, url string) error {
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s not ready: %w", url, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return supervise.WaitReady(ctx, nil, url)
 }
 
 // Metric reads one sample (its exact name with labels, as exposed) from a

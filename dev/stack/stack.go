@@ -1,28 +1,25 @@
-// Package devstack runs the whole system on this machine: a throwaway
+// Package stack runs the whole system on this machine: a throwaway
 // PostgreSQL cluster, embedded etcd, and every server role as a child
 // process of the same binary. It backs `payouts dev up` and `dev demo`.
 package stack
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/payouts/payouts/dev/infra"
-	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/dev/supervise"
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/migrations"
 )
 
@@ -34,6 +31,8 @@ type Options struct {
 	PortBase int
 	// Binary is the payouts executable to run the roles with (default: this one).
 	Binary string
+	// Logger receives the stack's own log lines; its level is also the
+	// level of the embedded etcd's log (DIR/logs/etcd.log).
 	Logger *slog.Logger
 	// SettlementWindow is passed to the rail stub.
 	SettlementWindow time.Duration
@@ -42,6 +41,9 @@ type Options struct {
 	// EtcdNodes is the size of the embedded etcd cluster (default 1). With
 	// more than one, only the first member's ports follow PortBase.
 	EtcdNodes int
+	// TLS runs every role over HTTPS with a throwaway CA made for this run
+	// (DIR/tls/ca.pem is the CA clients trust).
+	TLS bool
 }
 
 // Ready is the ready line of DESIGN §4b.
@@ -56,14 +58,24 @@ type Ready struct {
 	Etcd         []string          `json:"etcd_endpoints"`
 	Logs         map[string]string `json:"logs"`
 	Dir          string            `json:"dir"`
+	// TokenFiles holds each role's token in a file (0600), by role: what
+	// children and scripts are given instead of a token on a command line.
+	TokenFiles map[string]string `json:"token_files"`
+	// TLS is set when the stack runs over HTTPS.
+	TLS *TLSFiles `json:"tls,omitempty"`
 }
 
-// Tokens are the generated bearer tokens, one per caller role.
-type Tokens struct {
-	Executor   string `json:"executor"`
-	Reconciler string `json:"reconciler"`
-	Operator   string `json:"operator"`
-	Proxy      string `json:"proxy"` // the rail proxy's credential at the rail
+// HTTPClient is a client for the stack's URLs: it trusts the throwaway CA
+// when the stack runs over TLS.
+func (r Ready) HTTPClient() (*http.Client, error) {
+	if r.TLS == nil {
+		return httpx.NewHTTPClient(nil), nil
+	}
+	cfg, err := httpx.ClientTLS(r.TLS.CA, "", "")
+	if err != nil {
+		return nil, err
+	}
+	return httpx.NewHTTPClient(cfg), nil
 }
 
 // DatabaseURLs are the three databases.
@@ -80,16 +92,12 @@ type Stack struct {
 	pg       *infra.PGCluster
 	etcd     *infra.EtcdCluster
 	mu       sync.Mutex
-	children map[string]*child
+	children map[string]*supervise.Proc
+	asked    map[string]bool // children asked to stop (their exit is no failure)
+	stopping bool
 	failed   chan error
 	authFile string
-}
-
-type child struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  *os.File
+	client   *http.Client // trusts the stack's CA (readiness probes)
 }
 
 type ports struct{ lock, payment, proxy, rail, pg, etcdClient, etcdPeer int }
@@ -104,7 +112,9 @@ func choosePorts(base int) (ports, error) {
 		}
 		return p, nil
 	}
-	var out [7]int
+	// The servers bind port 0 themselves (see listen in Start); PostgreSQL
+	// and etcd need theirs chosen here.
+	var out [3]int
 	for i := range out {
 		n, err := infra.FreePort()
 		if err != nil {
@@ -112,217 +122,171 @@ func choosePorts(base int) (ports, error) {
 		}
 		out[i] = n
 	}
-	return ports{out[0], out[1], out[2], out[3], out[4], out[5], out[6]}, nil
+	return ports{pg: out[0], etcdClient: out[1], etcdPeer: out[2]}, nil
 }
 
-func randomToken() string {
-	var b [24]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// loadOrCreateAuth keeps one token per role in DIR/auth.json, reused across runs.
-func loadOrCreateAuth(path string) (Tokens, error) {
-	var f auth.File
-	if b, err := os.ReadFile(path); err == nil {
-		if err := json.Unmarshal(b, &f); err != nil {
-			return Tokens{}, fmt.Errorf("read %s: %w", path, err)
-		}
-	} else {
-		f.Tokens = []auth.FileToken{
-			{Token: randomToken(), Role: auth.Executor, Name: "dev-executor"},
-			{Token: randomToken(), Role: auth.Reconciler, Name: "dev-reconciler"},
-			{Token: randomToken(), Role: auth.Operator, Name: "dev-operator"},
-			{Token: randomToken(), Role: auth.Proxy, Name: "dev-proxy"},
-		}
-		b, _ := json.MarshalIndent(f, "", "  ")
-		if err := os.WriteFile(path, b, 0o600); err != nil {
-			return Tokens{}, err
+func (o *Options) defaults() error {
+	if o.Dir == "" {
+		return errors.New("stack: --dir is required")
+	}
+	dir, err := filepath.Abs(o.Dir)
+	if err != nil {
+		return err
+	}
+	o.Dir = dir
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Binary == "" {
+		if o.Binary, err = os.Executable(); err != nil {
+			return err
 		}
 	}
-	var t Tokens
-	for _, e := range f.Tokens {
-		switch e.Role {
-		case auth.Executor:
-			t.Executor = e.Token
-		case auth.Reconciler:
-			t.Reconciler = e.Token
-		case auth.Operator:
-			t.Operator = e.Token
-		case auth.Proxy:
-			t.Proxy = e.Token
-		}
+	if o.SettlementWindow == 0 {
+		o.SettlementWindow = 3 * time.Second
 	}
-	if t.Executor == "" || t.Reconciler == "" || t.Operator == "" || t.Proxy == "" {
-		return t, fmt.Errorf("%s lacks a token for some role; delete it to regenerate", path)
+	if o.RailTimeout == 0 {
+		o.RailTimeout = 2 * time.Second
 	}
-	return t, nil
+	if o.EtcdNodes == 0 {
+		o.EtcdNodes = 1
+	}
+	return nil
 }
 
 // Start brings the stack up and returns when every role answers /readyz.
 func Start(ctx context.Context, opts Options) (*Stack, error) {
-	if opts.Dir == "" {
-		return nil, errors.New("devstack: --dir is required")
-	}
-	dir, err := filepath.Abs(opts.Dir)
-	if err != nil {
+	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	opts.Dir = dir
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Binary == "" {
-		if opts.Binary, err = os.Executable(); err != nil {
+	dir := opts.Dir
+	for _, d := range []string{"logs", "run"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, err
 		}
-	}
-	if opts.SettlementWindow == 0 {
-		opts.SettlementWindow = 3 * time.Second
-	}
-	if opts.RailTimeout == 0 {
-		opts.RailTimeout = 2 * time.Second
-	}
-	if opts.EtcdNodes == 0 {
-		opts.EtcdNodes = 1
-	}
-	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
-		return nil, err
 	}
 	p, err := choosePorts(opts.PortBase)
 	if err != nil {
 		return nil, err
 	}
-	s := &Stack{opts: opts, children: map[string]*child{}, failed: make(chan error, 8)}
+	s := &Stack{opts: opts, children: map[string]*supervise.Proc{}, asked: map[string]bool{}, failed: make(chan error, 8)}
 	ok := false
 	defer func() {
 		if !ok {
-			s.Stop()
+			_ = s.Stop()
 		}
 	}()
 	s.authFile = filepath.Join(dir, "auth.json")
-	tokens, err := loadOrCreateAuth(s.authFile)
+	tokens, tokenFiles, err := loadOrCreateAuth(dir)
 	if err != nil {
 		return nil, err
 	}
-
-	opts.Logger.Info("starting PostgreSQL", "dir", filepath.Join(dir, "pg"), "port", p.pg)
-	s.pg, err = infra.NewPGCluster(infra.PGOptions{Dir: filepath.Join(dir, "pg"), Port: p.pg, Fsync: true})
-	if err != nil {
-		return nil, err
-	}
-	if err := s.pg.Start(ctx); err != nil {
-		return nil, err
-	}
-	urls := DatabaseURLs{PayDB: s.pg.URL("paydb"), ProxyDB: s.pg.URL("proxydb"), LockDB: s.pg.URL("lockdb")}
-	for db, url := range map[migrations.DB]string{migrations.PayDB: urls.PayDB, migrations.ProxyDB: urls.ProxyDB, migrations.LockDB: urls.LockDB} {
-		if err := s.pg.CreateDatabase(ctx, string(db), ""); err != nil {
-			return nil, fmt.Errorf("create %s: %w", db, err)
+	var tlsFiles *TLSFiles
+	if opts.TLS {
+		f, err := newThrowawayTLS(filepath.Join(dir, "tls"))
+		if err != nil {
+			return nil, fmt.Errorf("make a throwaway CA: %w", err)
 		}
-		if err := migrations.Apply(ctx, db, url); err != nil {
-			return nil, fmt.Errorf("migrate %s: %w", db, err)
-		}
+		tlsFiles = &f
 	}
-
-	opts.Logger.Info("starting embedded etcd", "dir", filepath.Join(dir, "etcd"), "members", opts.EtcdNodes)
-	s.etcd, err = infra.StartEtcd(ctx, filepath.Join(dir, "etcd"), opts.EtcdNodes, p.etcdClient, p.etcdPeer)
+	urls, err := s.startPostgres(ctx, p.pg)
 	if err != nil {
 		return nil, err
 	}
-
-	url := func(port int) string { return "http://127.0.0.1:" + strconv.Itoa(port) }
+	etcdLog := filepath.Join(dir, "logs", "etcd.log")
+	opts.Logger.Info("starting embedded etcd", "dir", filepath.Join(dir, "etcd"), "members", opts.EtcdNodes, "log", etcdLog)
+	s.etcd, err = infra.StartEtcdCluster(ctx, infra.EtcdOptions{Dir: filepath.Join(dir, "etcd"), Nodes: opts.EtcdNodes,
+		Ports: []int{p.etcdClient, p.etcdPeer}, LogFile: etcdLog, LogLevel: obs.LevelOf(opts.Logger)})
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd did not start: %w", err)
+	}
 	s.Ready = Ready{
 		Tokens: tokens, DatabaseURLs: urls, PIDs: map[string]int{"dev": os.Getpid()},
-		Etcd: s.etcd.Endpoints(), Logs: map[string]string{}, Dir: dir,
+		Etcd: s.etcd.Endpoints(), Logs: map[string]string{"etcd": etcdLog, "postgres": filepath.Join(dir, "pg", "postgres.log")}, Dir: dir,
+		TokenFiles: tokenFiles, TLS: tlsFiles,
+	}
+	if s.client, err = s.Ready.HTTPClient(); err != nil {
+		return nil, err
 	}
 	if pid, err := s.postmasterPID(); err == nil {
 		s.Ready.PIDs["postgres"] = pid
 	}
-	// With fixed ports each role listens where the ready line says. With
-	// free ports each role binds port 0 itself and the stack reads the
-	// address it logs: a port picked here and bound later by the child could
-	// be taken by anything on the machine in between, and a readiness probe
-	// would then be answered by someone else's server.
-	listen := func(port int) string {
-		if opts.PortBase == 0 {
-			return "127.0.0.1:0"
-		}
-		return "127.0.0.1:" + strconv.Itoa(port)
-	}
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	start := func(name string, port int, args ...string) (string, error) {
-		args = append(args, "--listen", listen(port), "--auth-file", s.authFile)
-		offset := fileSize(filepath.Join(dir, "logs", name+".log"))
-		if err := s.startChild(name, args...); err != nil {
-			return "", err
-		}
-		if opts.PortBase != 0 {
-			return url(port), nil
-		}
-		addr, err := s.waitListening(rctx, name, offset)
-		if err != nil {
-			return "", err
-		}
-		return "http://" + addr, nil
-	}
-	if s.Ready.RailURL, err = start("rail", p.rail, "serve", "rail", "--settlement-window", opts.SettlementWindow.String()); err != nil {
+	if err := s.startServers(ctx, p); err != nil {
 		return nil, err
-	}
-	if s.Ready.LockURL, err = start("lock", p.lock, "serve", "lock", "--backend", "etcd", "--etcd-endpoints", strings.Join(s.etcd.Endpoints(), ",")); err != nil {
-		return nil, err
-	}
-	if s.Ready.PaymentURL, err = start("payment", p.payment, "serve", "payment", "--database-url", urls.PayDB); err != nil {
-		return nil, err
-	}
-	if s.Ready.ProxyURL, err = start("proxy", p.proxy, "serve", "proxy", "--database-url", urls.ProxyDB, "--rail-url", s.Ready.RailURL,
-		"--rail-token", tokens.Proxy, "--rail-timeout", opts.RailTimeout.String()); err != nil {
-		return nil, err
-	}
-	for name, u := range map[string]string{"rail": s.Ready.RailURL, "lock": s.Ready.LockURL, "payment": s.Ready.PaymentURL, "proxy": s.Ready.ProxyURL} {
-		if err := s.waitReady(rctx, name, u); err != nil {
-			return nil, err
-		}
 	}
 	ok = true
 	return s, nil
 }
 
-func fileSize(path string) int64 {
-	st, err := os.Stat(path)
-	if err != nil {
-		return 0
+func (s *Stack) startPostgres(ctx context.Context, port int) (DatabaseURLs, error) {
+	pgDir := filepath.Join(s.opts.Dir, "pg")
+	s.opts.Logger.Info("starting PostgreSQL", "dir", pgDir, "port", port)
+	var err error
+	if s.pg, err = infra.NewPGCluster(infra.PGOptions{Dir: pgDir, Port: port, Fsync: true}); err != nil {
+		return DatabaseURLs{}, err
 	}
-	return st.Size()
+	if err := s.pg.Start(ctx); err != nil {
+		return DatabaseURLs{}, err
+	}
+	urls := DatabaseURLs{PayDB: s.pg.URL("paydb"), ProxyDB: s.pg.URL("proxydb"), LockDB: s.pg.URL("lockdb")}
+	for db, url := range map[migrations.DB]string{migrations.PayDB: urls.PayDB, migrations.ProxyDB: urls.ProxyDB, migrations.LockDB: urls.LockDB} {
+		if err := s.pg.CreateDatabase(ctx, string(db), ""); err != nil {
+			return urls, fmt.Errorf("create %s: %w", db, err)
+		}
+		if err := migrations.Apply(ctx, db, url); err != nil {
+			return urls, fmt.Errorf("migrate %s: %w", db, err)
+		}
+	}
+	return urls, nil
 }
 
-// waitListening reads a child's log from offset until it logs the address
-// it listens on (httpx logs {"msg":"listening","addr":...} once bound).
-func (s *Stack) waitListening(ctx context.Context, name string, offset int64) (string, error) {
-	s.mu.Lock()
-	c := s.children[name]
-	path := s.Ready.Logs[name]
-	s.mu.Unlock()
-	for {
-		if b, err := os.ReadFile(path); err == nil && int64(len(b)) >= offset {
-			for _, line := range strings.Split(string(b[offset:]), "\n") {
-				var rec struct {
-					Msg  string `json:"msg"`
-					Addr string `json:"addr"`
-				}
-				if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" && rec.Addr != "" {
-					return rec.Addr, nil
-				}
-			}
-		}
-		select {
-		case <-c.done:
-			return "", fmt.Errorf("%s exited during start; see %s:\n%s", name, path, tailFile(path, 15))
-		case <-ctx.Done():
-			return "", fmt.Errorf("%s never logged its listen address: %w; see %s", name, ctx.Err(), path)
-		case <-time.After(50 * time.Millisecond):
+// startServers starts the four server roles and waits until each is ready.
+// No secret goes on a command line: tokens and database URLs are files.
+func (s *Stack) startServers(ctx context.Context, p ports) error {
+	opts := s.opts
+	// With fixed ports each role listens where the ready line says. With
+	// free ports each role binds port 0 itself and reports the address it
+	// got through its address file: a port picked here and bound later by
+	// the child could be taken by anything on the machine in between.
+	listen := func(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	r := &s.Ready
+	dbFile := func(name, url string) (string, error) { return writeSecret(opts.Dir, name+".url", url) }
+	payDB, err := dbFile("paydb", r.DatabaseURLs.PayDB)
+	if err != nil {
+		return err
+	}
+	proxyDB, err := dbFile("proxydb", r.DatabaseURLs.ProxyDB)
+	if err != nil {
+		return err
+	}
+	if r.RailURL, err = s.startServer(rctx, "rail", listen(p.rail), "serve", "rail", "--settlement-window", opts.SettlementWindow.String()); err != nil {
+		return err
+	}
+	if r.LockURL, err = s.startServer(rctx, "lock", listen(p.lock), "serve", "lock", "--backend", "etcd", "--etcd-endpoints", strings.Join(r.Etcd, ",")); err != nil {
+		return err
+	}
+	if r.PaymentURL, err = s.startServer(rctx, "payment", listen(p.payment), "serve", "payment", "--database-url-file", payDB); err != nil {
+		return err
+	}
+	proxyArgs := []string{"serve", "proxy", "--database-url-file", proxyDB, "--rail-url", r.RailURL,
+		"--rail-token-file", r.TokenFiles["proxy"], "--rail-timeout", opts.RailTimeout.String()}
+	if r.TLS != nil {
+		proxyArgs = append(proxyArgs, "--ca-file", r.TLS.CA)
+	}
+	if r.ProxyURL, err = s.startServer(rctx, "proxy", listen(p.proxy), proxyArgs...); err != nil {
+		return err
+	}
+	for name, u := range map[string]string{"rail": r.RailURL, "lock": r.LockURL, "payment": r.PaymentURL, "proxy": r.ProxyURL} {
+		s.mu.Lock()
+		child := s.children[name]
+		s.mu.Unlock()
+		if err := child.Ready(rctx, s.client, u); err != nil {
+			return err
 		}
 	}
+	return nil
 }
 
 func (s *Stack) postmasterPID() (int, error) {
@@ -333,130 +297,25 @@ func (s *Stack) postmasterPID() (int, error) {
 	return strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
 }
 
-// StartRole runs one more child of the binary (e.g. an executor) under the
-// stack's supervision: its output goes to DIR/logs/NAME.log and it is
-// stopped with the stack. Its exit is not a stack failure.
-func (s *Stack) StartRole(name string, args ...string) (*exec.Cmd, error) {
-	if err := s.spawn(name, false, args...); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.children[name].cmd, nil
-}
-
-func (s *Stack) startChild(name string, args ...string) error { return s.spawn(name, true, args...) }
-
-func (s *Stack) spawn(name string, essential bool, args ...string) error {
-	logPath := filepath.Join(s.opts.Dir, "logs", name+".log")
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(s.opts.Binary, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = os.Environ()
-	// Children die with us even if we are killed without a chance to clean up.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		f.Close()
-		return fmt.Errorf("start %s: %w", name, err)
-	}
-	c := &child{name: name, cmd: cmd, done: make(chan struct{}), log: f}
-	s.mu.Lock()
-	s.children[name] = c
-	s.Ready.PIDs[name] = cmd.Process.Pid
-	s.Ready.Logs[name] = logPath
-	s.mu.Unlock()
-	go func() {
-		err := cmd.Wait()
-		f.Close()
-		close(c.done)
-		if essential {
-			select {
-			case s.failed <- fmt.Errorf("%s exited (%v); see %s", name, err, logPath):
-			default:
-			}
-		}
-	}()
-	return nil
-}
-
-func (s *Stack) waitReady(ctx context.Context, name, url string) error {
-	s.mu.Lock()
-	c := s.children[name]
-	s.mu.Unlock()
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-c.done:
-			return fmt.Errorf("%s exited during start; see %s:\n%s", name, s.Ready.Logs[name], tailFile(s.Ready.Logs[name], 15))
-		case <-ctx.Done():
-			return fmt.Errorf("%s not ready at %s: %w; see %s", name, url, ctx.Err(), s.Ready.Logs[name])
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-func tailFile(path string, n int) string {
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-// Failed delivers an error when an essential child exits on its own.
-func (s *Stack) Failed() <-chan error { return s.failed }
-
-// StopRole stops one child (SIGTERM, then SIGKILL after grace).
-func (s *Stack) StopRole(name string, grace time.Duration) {
-	s.mu.Lock()
-	c := s.children[name]
-	s.mu.Unlock()
-	if c == nil {
-		return
-	}
-	_ = c.cmd.Process.Signal(syscall.SIGCONT)
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(grace):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	}
-}
-
-// Stop stops every child, etcd and PostgreSQL.
+// Stop stops every child, then etcd, then PostgreSQL. It reports a child
+// that did not exit 0 when asked to stop, naming its log.
 func (s *Stack) Stop() error {
-	s.mu.Lock()
-	names := make([]string, 0, len(s.children))
-	for n := range s.children {
-		names = append(names, n)
+	var errs []string
+	if failed := s.stopChildren(); len(failed) > 0 {
+		errs = append(errs, "not stopped cleanly: "+strings.Join(failed, ", "))
 	}
-	s.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, n := range names {
-		wg.Add(1)
-		go func(n string) { defer wg.Done(); s.StopRole(n, 20*time.Second) }(n)
-	}
-	wg.Wait()
 	if s.etcd != nil {
 		s.etcd.Close()
 	}
-	var err error
 	if s.pg != nil {
-		err = s.pg.Stop()
+		if err := s.pg.Stop(); err != nil {
+			errs = append(errs, err.Error())
+		}
 	}
-	return err
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "; ")) // one line on a console
+	}
+	return nil
 }
 
 // PG is the stack's PostgreSQL cluster.

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/payouts/payouts/internal/problem"
 )
@@ -25,11 +26,16 @@ const (
 	Executor   Role = "executor"
 	Reconciler Role = "reconciler"
 	Operator   Role = "operator"
-	Proxy      Role = "proxy" // the rail proxy's own credential at the rail, and nowhere else
+	// Proxy is the rail proxy's own identity towards the rail.
+	Proxy Role = "proxy"
 )
 
 // AllRoles lists every role.
 var AllRoles = []Role{Executor, Reconciler, Operator, Proxy}
+
+// Callers are the roles that call the project's own services; Proxy is
+// only ever a caller of the rail.
+var Callers = []Role{Executor, Reconciler, Operator}
 
 func (r Role) valid() bool { return r == Executor || r == Reconciler || r == Operator || r == Proxy }
 
@@ -58,21 +64,62 @@ type entry struct {
 
 // Authenticator checks bearer tokens.
 type Authenticator struct {
-	entries  []entry
+	entries  atomic.Pointer[[]entry]
 	insecure bool
+	path     string // the auth file, for Reload
 }
 
 // Insecure returns an authenticator that lets every request through as an
 // operator named "insecure" (development only: --insecure-no-auth).
 func Insecure() *Authenticator { return &Authenticator{insecure: true} }
 
-// LoadFile reads an auth file.
+// LoadFile reads an auth file. Like ssh with a private key, it refuses a
+// file that group or others may read or write: the tokens in it are
+// credentials.
 func LoadFile(path string) (*Authenticator, error) {
+	if err := CheckPrivate(path); err != nil {
+		return nil, err
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("auth: read auth file: %w", err)
 	}
-	return Parse(b)
+	a, err := Parse(b)
+	if err != nil {
+		return nil, err
+	}
+	a.path = path
+	return a, nil
+}
+
+// Reload re-reads the auth file the authenticator was loaded from (a
+// server does on SIGHUP), so tokens are rotated without a restart: add the
+// new token, move every caller to it, remove the old one. Requests after
+// Reload returns see the new set; when the file is unreadable, not private
+// or invalid, the old set stays in force and the error says why.
+func (a *Authenticator) Reload() error {
+	if a.path == "" {
+		return errors.New("auth: no auth file to reload")
+	}
+	fresh, err := LoadFile(a.path)
+	if err != nil {
+		return err
+	}
+	a.entries.Store(fresh.entries.Load())
+	return nil
+}
+
+// CheckPrivate fails when group or others have any permission on the file
+// at path, with the command that fixes it.
+func CheckPrivate(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("auth: %w", err)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return fmt.Errorf("auth: %s is accessible by group or others (mode %04o); it holds credentials, so it must be private to its owner: chmod 600 %s", path, perm, path)
+	}
+	return nil
 }
 
 // Parse reads auth file contents.
@@ -87,6 +134,7 @@ func Parse(b []byte) (*Authenticator, error) {
 		return nil, errors.New("auth: auth file lists no tokens")
 	}
 	a := &Authenticator{}
+	var entries []entry
 	seen := map[[32]byte]bool{}
 	for i, t := range f.Tokens {
 		if len(t.Token) < 16 {
@@ -103,8 +151,9 @@ func Parse(b []byte) (*Authenticator, error) {
 			return nil, fmt.Errorf("auth: token #%d (%s) is listed twice", i+1, t.Name)
 		}
 		seen[d] = true
-		a.entries = append(a.entries, entry{digest: d, p: Principal{Name: t.Name, Role: t.Role}})
+		entries = append(entries, entry{digest: d, p: Principal{Name: t.Name, Role: t.Role}})
 	}
+	a.entries.Store(&entries)
 	return a, nil
 }
 
@@ -118,7 +167,11 @@ func (a *Authenticator) Authenticate(token string) (Principal, bool) {
 	d := sha256.Sum256([]byte(token))
 	var found Principal
 	ok := 0
-	for _, e := range a.entries {
+	var entries []entry
+	if es := a.entries.Load(); es != nil {
+		entries = *es
+	}
+	for _, e := range entries {
 		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
 			found = e.p
 			ok = 1

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -35,9 +34,17 @@ type ClientOption func(*Client)
 // earlier deadline wins.
 func WithTimeout(d time.Duration) ClientOption { return func(c *Client) { c.timeout = d } }
 
-// WithHTTPClient replaces the underlying http.Client (its Timeout is ignored
-// in favour of WithTimeout).
-func WithHTTPClient(h *http.Client) ClientOption { return func(c *Client) { c.http = h } }
+// WithHTTPClient sets the underlying http.Client, normally one built by
+// NewHTTPClient with the process's TLS settings and shared by every client
+// of the process (its Timeout is ignored in favour of WithTimeout). nil
+// leaves the default: NewHTTPClient(nil).
+func WithHTTPClient(h *http.Client) ClientOption {
+	return func(c *Client) {
+		if h != nil {
+			c.http = h
+		}
+	}
+}
 
 // WithGetRetries sets how often a GET is retried on a connection error.
 func WithGetRetries(n int) ClientOption { return func(c *Client) { c.retries = n } }
@@ -53,13 +60,7 @@ func NewClient(baseURL, token string, opts ...ClientOption) (*Client, error) {
 		o(c)
 	}
 	if c.http == nil {
-		c.http = &http.Client{Transport: &http.Transport{
-			Proxy:               nil, // loopback and internal services only; never via a proxy
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:        100,
-			MaxIdleConnsPerHost: 32,
-			IdleConnTimeout:     90 * time.Second,
-		}}
+		c.http = NewHTTPClient(nil)
 	}
 	return c, nil
 }

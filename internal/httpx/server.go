@@ -6,12 +6,14 @@ package httpx
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -38,6 +40,9 @@ type Config struct {
 	RequestTimeout  time.Duration // per-request deadline; default 30s
 	ShutdownTimeout time.Duration // grace for in-flight requests; default 15s
 	Ready           []Check       // /readyz probes
+	// TLS, when set, makes the server speak only HTTPS (ServerTLS builds it
+	// from --tls-cert-file, --tls-key-file and --tls-client-ca-file).
+	TLS *tls.Config
 }
 
 // Server is an HTTP server with the shared endpoints and middleware.
@@ -56,8 +61,8 @@ type httpMetrics struct {
 	latency  *prometheus.HistogramVec
 }
 
-// NewServer builds the router: /healthz, /readyz and /metrics unauthenticated,
-// everything mounted with API authenticated.
+// NewServer builds the router: /healthz, /readyz, /version and /metrics
+// unauthenticated, everything mounted with API authenticated.
 func NewServer(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -88,11 +93,12 @@ func NewServer(cfg Config) *Server {
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		problem.Write(w, problem.New(problem.NotFound, "no route for %s %s", r.Method, r.URL.Path))
 	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		problem.Write(w, problem.New(problem.NotFound, "method %s is not allowed on %s", r.Method, r.URL.Path))
-	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) { methodNotAllowed(r, w, req) })
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	r.Get("/version", func(w http.ResponseWriter, r *http.Request) {
+		WriteJSON(w, http.StatusOK, obs.Build())
 	})
 	r.Get("/readyz", s.readyz)
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
@@ -218,9 +224,10 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 			}
 			st := strconv.Itoa(status)
 			d := time.Since(start)
-			s.metrics.requests.WithLabelValues(r.Method, route, st).Inc()
-			s.metrics.latency.WithLabelValues(r.Method, route, st).Observe(d.Seconds())
-			if route != "/healthz" && route != "/readyz" && route != "/metrics" {
+			method := metricMethod(r.Method)
+			s.metrics.requests.WithLabelValues(method, route, st).Inc()
+			s.metrics.latency.WithLabelValues(method, route, st).Observe(d.Seconds())
+			if route != "/healthz" && route != "/readyz" && route != "/metrics" && route != "/version" {
 				lvl := slog.LevelDebug
 				if status >= 500 {
 					lvl = slog.LevelWarn
@@ -257,8 +264,35 @@ func (s *Server) Listen() (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", s.cfg.Addr, err)
 	}
+	if s.cfg.TLS != nil {
+		ln = tls.NewListener(ln, s.cfg.TLS)
+	}
 	s.ln = ln
+	if path := os.Getenv(AddrFileEnv); path != "" {
+		if err := writeAddrFile(path, ln.Addr().String()); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
 	return ln.Addr(), nil
+}
+
+// AddrFileEnv names a file a server writes its bound address (host:port)
+// to once it listens, for the process that started it: a supervisor learns
+// the port of ":0" from it rather than from the log.
+const AddrFileEnv = "PAYOUTS_ADDR_FILE"
+
+// writeAddrFile writes addr to path atomically (a reader never sees it
+// half written).
+func writeAddrFile(path, addr string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err != nil {
+		return fmt.Errorf("%s: %w", AddrFileEnv, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("%s: %w", AddrFileEnv, err)
+	}
+	return nil
 }
 
 // Serve runs until ctx is done, then drains: /readyz turns 503 and
@@ -276,7 +310,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),
 	}
-	s.cfg.Logger.Info("listening", "addr", s.ln.Addr().String())
+	s.cfg.Logger.Info("listening", "addr", s.ln.Addr().String(), "tls", s.cfg.TLS != nil)
 	errc := make(chan error, 1)
 	go func() { errc <- s.srv.Serve(s.ln) }()
 	select {

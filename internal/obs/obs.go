@@ -1,8 +1,10 @@
 // Package obs holds the process-wide observability pieces: a JSON slog
-// logger with the project's keys and a Prometheus registry per process.
+// logger with the project's keys, a Prometheus registry per process and the
+// build information every role reports.
 package obs
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"os"
@@ -53,9 +55,22 @@ func NewLogger(w io.Writer, level slog.Level, role string) *slog.Logger {
 	return l
 }
 
-// NewRegistry returns a fresh registry with the Go and process collectors.
+// NewRegistry returns a fresh registry with the Go and process collectors
+// and the payouts_build_info gauge.
 func NewRegistry() *prometheus.Registry {
 	r := prometheus.NewRegistry()
-	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		newBuildInfoGauge(Build()))
 	return r
+}
+
+// LevelOf is the least severe level l writes (its handler's level).
+func LevelOf(l *slog.Logger) slog.Level {
+	ctx := context.Background()
+	for _, lv := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn} {
+		if l.Enabled(ctx, lv) {
+			return lv
+		}
+	}
+	return slog.LevelError
 }

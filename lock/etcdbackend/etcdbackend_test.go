@@ -23,7 +23,9 @@ var (
 	seq     atomic.Int64
 )
 
-func TestMain(m *testing.M) {
+func TestMain(m *testing.M) { backendtest.Main(m, runWithEtcd) }
+
+func runWithEtcd(m *testing.M) int {
 	dir, err := os.MkdirTemp("", "etcdbackend-test-")
 	if err != nil {
 		panic(err)
@@ -33,12 +35,12 @@ func TestMain(m *testing.M) {
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
 	code := m.Run()
 	cluster.Close()
 	os.RemoveAll(dir)
-	os.Exit(code)
+	return code
 }
 
 type store struct{ prefix string }
@@ -61,8 +63,7 @@ func (s store) Open(t *testing.T) backend.Backend {
 	return b
 }
 
-func TestBehaviour(t *testing.T) {
-	backendtest.Run(t, func(t *testing.T) backendtest.Store {
-		return store{prefix: fmt.Sprintf("/test/%d", seq.Add(1))}
-	})
-}
+// setup is a test's system: a fresh prefix on the shared etcd node.
+func setup(t *testing.T) backendtest.Store { return store{prefix: fmt.Sprintf("/test/%d", seq.Add(1))} }
+
+func TestBehaviour(t *testing.T) { backendtest.Run(t, setup) }

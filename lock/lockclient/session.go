@@ -9,7 +9,6 @@ import (
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
-	"github.com/payouts/payouts/lock/fencing"
 )
 
 var errClosed = errors.New("closed")
@@ -213,7 +212,9 @@ func (s *Session) keepAlive() {
 				return
 			}
 			next.Reset(interval)
-		case problem.Has(err, problem.SessionExpired):
+		case problem.Has(err, problem.SessionExpired), problem.Has(err, problem.NotSessionOwner):
+			// Gone, or not ours to renew (403): either way it will not be
+			// renewed by us again.
 			s.lose(fmt.Errorf("%w: %w", ErrSessionLost, err))
 			return
 		case s.loopCtx.Err() != nil:
@@ -251,114 +252,6 @@ func (s *Session) Orphan() {
 	// Nothing renews any more: make LOST happen at the deadline even if
 	// nobody calls State.
 	time.AfterFunc(time.Until(dl), func() { s.State() })
-}
-
-// Grant is a held lock. Its Token is the fencing token to present to every
-// guard, with Holder() as the holder.
-type Grant struct {
-	Key       string
-	Owner     string
-	Token     fencing.Token
-	SessionID string
-	// ServerExpiry is the service's view of when the session expires
-	// (informational; another clock).
-	ServerExpiry time.Time
-	// Deadline is the session's local deadline when the grant was made; it
-	// moves later with each keepalive (see Session.Deadline).
-	Deadline time.Time
-
-	s      *Session
-	ctx    context.Context
-	cancel context.CancelFunc
-}
-
-// Holder is the holder identity to present with the token (the session id).
-func (g *Grant) Holder() fencing.Holder { return fencing.Holder(g.SessionID) }
-
-// Context is cancelled when the session is lost or closed, or the grant is
-// released. Run every step of the work under it.
-func (g *Grant) Context() context.Context { return g.ctx }
-
-// Valid reports whether the grant may still be relied on: not released, and
-// the session HEALTHY or JEOPARDY (its deadline not passed). Liveness only:
-// the guards' fence is what makes a late write harmless.
-func (g *Grant) Valid() bool {
-	if g.ctx.Err() != nil {
-		return false
-	}
-	return g.s.State() != Lost
-}
-
-// TryAcquire acquires key if it is free now (ErrLockHeld otherwise).
-func (s *Session) TryAcquire(ctx context.Context, key string) (*Grant, error) {
-	return s.Acquire(ctx, key, 0)
-}
-
-// Acquire acquires key, waiting up to wait for it to become free. A
-// request that got no answer is retried: a re-acquire by the same session
-// is idempotent (same token), so a retry never mints a second grant.
-func (s *Session) Acquire(ctx context.Context, key string, wait time.Duration) (*Grant, error) {
-	if wait < 0 {
-		wait = 0
-	}
-	for attempt := 0; ; attempt++ {
-		switch st := s.State(); st {
-		case Lost:
-			return nil, s.Err()
-		case Jeopardy:
-			return nil, ErrJeopardy
-		}
-		rctx, cancel := context.WithTimeout(ctx, wait+s.c.o.requestTimeout)
-		var info GrantInfo
-		err := s.c.wait.Post(rctx, lockPath(key)+"/acquire", AcquireRequest{SessionID: s.id, WaitMS: wait.Milliseconds()}, &info)
-		cancel()
-		if errors.Is(err, httpx.ErrTransport) && ctx.Err() == nil && attempt < 3 {
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Duration(attempt+1) * 50 * time.Millisecond):
-			}
-			continue
-		}
-		if problem.Has(err, problem.SessionExpired) {
-			s.lose(fmt.Errorf("%w: %w", ErrSessionLost, err))
-			return nil, s.Err()
-		}
-		if err != nil {
-			return nil, err
-		}
-		return s.register(info)
-	}
-}
-
-func (s *Session) register(info GrantInfo) (*Grant, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.checkDeadlineLocked()
-	if s.state == Lost {
-		return nil, s.lostErr
-	}
-	if !info.Token.Valid() || info.Key == "" || info.SessionID != s.id {
-		return nil, fmt.Errorf("lockclient: the service answered an acquire with an invalid grant (%+v)", info)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	g := &Grant{Key: info.Key, Owner: info.Owner, Token: info.Token, SessionID: info.SessionID,
-		ServerExpiry: info.ServerExpiry, Deadline: s.deadline, s: s, ctx: ctx, cancel: cancel}
-	s.grants[g] = struct{}{}
-	return g, nil
-}
-
-// Release releases g (compare-and-delete on key, session and token). Its
-// context is cancelled whatever the outcome; ErrNotHeld when the grant was
-// no longer current (revoked or expired).
-func (s *Session) Release(ctx context.Context, g *Grant) error {
-	if g == nil || g.s != s {
-		return errors.New("lockclient: release of a grant from another session")
-	}
-	s.mu.Lock()
-	delete(s.grants, g)
-	s.mu.Unlock()
-	g.cancel()
-	return s.c.hc.Post(ctx, lockPath(g.Key)+"/release", ReleaseRequest{SessionID: s.id, Token: g.Token}, nil)
 }
 
 // Close stops renewing and closes the session on the service, which

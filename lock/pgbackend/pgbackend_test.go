@@ -3,7 +3,6 @@ package pgbackend_test
 import (
 	"context"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
@@ -14,7 +13,7 @@ import (
 	"github.com/payouts/payouts/migrations"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) { backendtest.Main(m, pgtest.Main) }
 
 type store struct{ url string }
 
@@ -34,8 +33,7 @@ func open(t *testing.T, url string) *pgbackend.Backend {
 	return b
 }
 
-func TestBehaviour(t *testing.T) {
-	backendtest.Run(t, func(t *testing.T) backendtest.Store {
-		return store{url: pgtest.NewDB(t, migrations.LockDB)}
-	})
-}
+// setup is a test's system: a fresh, migrated lockdb.
+func setup(t *testing.T) backendtest.Store { return store{url: pgtest.NewDB(t, migrations.LockDB)} }
+
+func TestBehaviour(t *testing.T) { backendtest.Run(t, setup) }

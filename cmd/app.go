@@ -1,0 +1,82 @@
+package cmd
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/payouts/payouts/internal/obs"
+)
+
+// app is what every command of one process shares, built in one place
+// (this file): the logger settings, the process's one metrics registry
+// (with the payouts_build_info gauge) and the handling of signals.
+// Commands never exit the process: they return, and Execute exits.
+type app struct {
+	logLevel string
+	registry *prometheus.Registry
+}
+
+func newApp() *app { return &app{registry: obs.NewRegistry()} }
+
+// logger is the process's JSON logger on the command's stderr, tagged with
+// the role.
+func (a *app) logger(cmd *cobra.Command, role string) *slog.Logger {
+	return obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(a.logLevel), role)
+}
+
+// interruptContext is the context of the whole command: the first SIGINT
+// or SIGTERM cancels it (servers drain, the executor finishes its steps and
+// releases its locks); a second one ends the process at once with exit 1,
+// saying so on stderr.
+func interruptContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		if _, ok := <-sigs; !ok {
+			return
+		}
+		log := obs.NewLogger(os.Stderr, slog.LevelInfo, "")
+		log.Info("stop requested: finishing the steps in flight and releasing locks (signal again to exit at once)")
+		cancel()
+		if _, ok := <-sigs; !ok {
+			return
+		}
+		log.Warn("second signal: exiting at once; held locks expire with the session TTL")
+		os.Exit(1)
+	}()
+	return ctx, func() { signal.Stop(sigs); cancel() }
+}
+
+// reloadOnHangup calls every reload on each SIGHUP until ctx ends: a server
+// re-reads its auth file and its TLS certificate and key. A failed reload
+// is logged and keeps what is in force.
+func reloadOnHangup(ctx context.Context, log *slog.Logger, reloads map[string]func() error) error {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	return reloadOn(ctx, hup, log, reloads)
+}
+
+func reloadOn(ctx context.Context, hup <-chan os.Signal, log *slog.Logger, reloads map[string]func() error) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-hup:
+		}
+		for what, reload := range reloads {
+			if err := reload(); err != nil {
+				log.Error("reload failed; the previous settings stay in force", "what", what, obs.KeyError, err.Error())
+				continue
+			}
+			log.Info("reloaded", "what", what)
+		}
+	}
+}

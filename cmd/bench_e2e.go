@@ -1,0 +1,112 @@
+package cmd
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/payouts/payouts/dev/bench"
+	"github.com/payouts/payouts/internal/obs"
+)
+
+func newBenchE2ECmd() *cobra.Command {
+	var (
+		o      bench.E2EOptions
+		asJSON bool
+		plot   string
+	)
+	c := &cobra.Command{
+		Use:   "e2e",
+		Short: "Payouts end to end: load accounts and payouts, run executors, wait until every payout is terminal",
+		Long: `bench e2e starts a throwaway local stack (as dev up does; or uses --payment-urls and friends),
+loads --accounts accounts, runs --executors executor processes, creates --payouts payouts through
+the API (at --rate per second; 0: as fast as the loaders go) and waits until every payout is
+terminal. It prints payouts/s (first created to last terminal), p50/p99 latency from created to
+terminal, CPU seconds per 1,000 payouts of every process (from /proc), and the client references
+the rail settled more than once (must be 0). docs/benchmarks.md describes the method.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			level, _ := cmd.Flags().GetString("log-level")
+			o.Logger = obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), "bench")
+			res, err := bench.RunE2E(cmd.Context(), o)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if plot != "" {
+				if err := writePlot(plot, res); err != nil {
+					return &ExitError{Code: 2, Err: err}
+				}
+			}
+			if asJSON {
+				b, _ := json.Marshal(res)
+				fmt.Fprintln(cmd.OutOrStdout(), string(b))
+			} else {
+				printE2E(cmd.OutOrStdout(), res)
+			}
+			if res.Duplicates != 0 {
+				return &ExitError{Code: 1, Err: fmt.Errorf("%d payouts were paid more than once at the rail", res.Duplicates)}
+			}
+			return nil
+		},
+	}
+	fl := c.Flags()
+	fl.IntVar(&o.Accounts, "accounts", 100, "accounts to load")
+	fl.IntVar(&o.Payouts, "payouts", 1000, "payouts to create (spread round robin over the accounts)")
+	fl.IntVar(&o.Executors, "executors", 1, "executor processes")
+	fl.IntVar(&o.Concurrency, "concurrency", 64, "each executor's --concurrency")
+	fl.DurationVar(&o.PollInterval, "poll-interval", 100*time.Millisecond, "each executor's --poll-interval")
+	fl.DurationVar(&o.RailLatency, "rail-latency", 0, "the rail stub's answer delay (e.g. 10ms, 100ms)")
+	fl.Float64Var(&o.Rate, "rate", 0, "payouts created per second (0: as fast as the loaders go)")
+	fl.IntVar(&o.LoadWorkers, "load-workers", 16, "payouts created at once")
+	fl.IntVar(&o.Replicas, "replicas", 1, "payment-resource and rail-proxy processes over the same databases (local stack only); executors are spread over them")
+	fl.DurationVar(&o.Timeout, "timeout", 30*time.Minute, "give up when the payouts are not all terminal by then")
+	fl.StringSliceVar(&o.PaymentURLs, "payment-urls", nil, "use these payment resources instead of starting a stack (comma-separated)")
+	fl.StringSliceVar(&o.ProxyURLs, "proxy-urls", nil, "rail proxies of the given system (comma-separated)")
+	fl.StringVar(&o.LockURL, "lock-url", "", "lock service of the given system")
+	fl.StringVar(&o.RailURL, "rail-url", "", "rail of the given system")
+	fl.StringVar(&o.ExecutorToken, "executor-token", "", "executor bearer token of the given system")
+	fl.StringVar(&o.OperatorToken, "operator-token", "", "operator bearer token of the given system")
+	fl.StringVar(&o.Dir, "dir", "", "directory for the stack and logs (default: a temporary directory, removed afterwards)")
+	fl.StringVar(&o.ProfileDir, "profile", "", "write CPU profiles of every process here (5 s slices; go tool pprof merges them)")
+	fl.BoolVar(&asJSON, "json", false, "print the result as one JSON line")
+	fl.StringVar(&plot, "plot", "", "write an SVG plot of the run (throughput and latency per second) to this file")
+	return c
+}
+
+func writePlot(path string, res bench.E2EResult) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := bench.E2EPlotSVG(f, res); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func printE2E(w io.Writer, r bench.E2EResult) {
+	fmt.Fprintf(w, "payouts %d  accounts %d  executors %d x %d  replicas %d  rail latency %d ms  load %s\n",
+		r.Payouts, r.Accounts, r.Executors, r.Concurrency, r.Replicas, r.RailLatencyMs, r.LoadAvg)
+	fmt.Fprintf(w, "%.1f payouts/s over %.2f s   latency p50 %.1f ms  p99 %.1f ms  max %.1f ms\n",
+		r.PayoutsPerSec, r.Seconds, r.P50Ms, r.P99Ms, r.MaxMs)
+	fmt.Fprintf(w, "posted %d  failed %d  ambiguous %d  duplicates at the rail %d\n", r.Posted, r.Failed, r.Ambiguous, r.Duplicates)
+	names := make([]string, 0, len(r.CPUPer1000))
+	total := 0.0
+	for n, v := range r.CPUPer1000 {
+		names = append(names, n)
+		total += v
+	}
+	sort.Strings(names)
+	fmt.Fprintln(w, "CPU seconds per 1,000 payouts:")
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-12s %7.3f\n", n, r.CPUPer1000[n])
+	}
+	fmt.Fprintf(w, "  %-12s %7.3f\n", strings.Repeat("-", 5)+" total", total)
+}

@@ -1,0 +1,95 @@
+package cmd
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+
+	"github.com/spf13/cobra"
+
+	"github.com/payouts/payouts/dev/bench"
+	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/lock/etcdbackend"
+	"github.com/payouts/payouts/rail"
+	"github.com/payouts/payouts/reconcile"
+)
+
+func newBenchReconcileCmd() *cobra.Command {
+	var (
+		opts   bench.ReconcileOptions
+		asJSON bool
+	)
+	c := &cobra.Command{
+		Use:   "reconcile",
+		Short: "Load N terminal payouts in bulk into a throwaway stack and time one `payouts reconcile --once` pass",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			level, _ := cmd.Flags().GetString("log-level")
+			opts.Logger = obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), "bench")
+			if err := wireBenchReconcile(&opts); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			res, err := bench.Reconcile(cmd.Context(), opts)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			if asJSON {
+				b, _ := json.Marshal(res)
+				fmt.Fprintln(cmd.OutOrStdout(), string(b))
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "payouts %d (accounts %d, loaded in %.1f s)\npass    %.2f s (%.0f payouts/s), exit %d\nfindings %d\npeak RSS %.1f MB\n",
+				res.Payouts, res.Accounts, res.LoadSeconds, res.Seconds, float64(res.Payouts)/res.Seconds, res.ExitCode, res.Findings, res.PeakRSSMB)
+			return nil
+		},
+	}
+	fl := c.Flags()
+	fl.IntVar(&opts.Payouts, "payouts", 10_000, "terminal payouts to load")
+	fl.IntVar(&opts.PerGrant, "per-grant", 50, "payouts per account (one grant each)")
+	fl.StringVar(&opts.Dir, "dir", "", "directory of the throwaway stack (default: a temporary one, removed afterwards)")
+	fl.BoolVar(&opts.RailPerPayout, "rail-per-payout", false, "run the pass with --rail-per-payout (flat memory; the rail is asked per payout)")
+	fl.StringArrayVar(&opts.ReconcileArgs, "reconcile-arg", nil, "extra flag for the measured `payouts reconcile` (repeatable)")
+	fl.StringVar(&opts.CPUProfile, "cpu-profile", "", "run the pass in this process and write its CPU profile (pprof) to this file")
+	fl.BoolVar(&asJSON, "json", false, `print one JSON line: {"payouts","seconds","findings","peak_rss_mb",...}`)
+	return c
+}
+
+// wireBenchReconcile gives the bench the roles it runs in this process: a
+// rail stub (its payments live in memory) and, for --cpu-profile, the
+// reconciler itself.
+func wireBenchReconcile(opts *bench.ReconcileOptions) error {
+	var toks [2]string
+	for i := range toks {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		toks[i] = hex.EncodeToString(b)
+	}
+	// The loader pays as the proxy would; the reconciler reads the
+	// settlement report as an operator.
+	opts.RailPayToken, opts.RailToken = toks[0], toks[1]
+	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"proxy","name":"bench-proxy"},{"token":%q,"role":"operator","name":"bench-operator"}]}`,
+		opts.RailPayToken, opts.RailToken)))
+	if err != nil {
+		return err
+	}
+	srv, err := rail.New(rail.Config{Logger: slog.New(slog.DiscardHandler), Registry: obs.NewRegistry(), Auth: a})
+	if err != nil {
+		return err
+	}
+	opts.Rail, opts.EtcdPrefix = srv.Handler(), etcdbackend.DefaultPrefix
+	opts.InProcessPass = func(ctx context.Context, u bench.PassURLs) ([]byte, int, error) {
+		var out bytes.Buffer
+		code, err := reconcile.Run(ctx, reconcile.Config{LockURL: u.LockURL, PaymentURL: u.PaymentURL, ProxyURL: u.ProxyURL, RailURL: u.RailURL,
+			Token: u.Token, RailToken: u.RailToken, Once: true, JSON: true, Out: &out, Logger: slog.New(slog.DiscardHandler),
+			Options: reconcile.Options{Resolve: true, Owner: "bench", RailPerPayout: u.RailPerPayout}})
+		return out.Bytes(), code, err
+	}
+	return nil
+}

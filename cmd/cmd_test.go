@@ -1,0 +1,157 @@
+package cmd
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// runArgs runs the command line in-process and returns its exit code,
+// stdout and stderr.
+func runArgs(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	root := NewRoot()
+	var stdout, stderr bytes.Buffer
+	root.SetOut(&stdout)
+	root.SetErr(&stderr)
+	root.SetArgs(args)
+	code := run(context.Background(), root, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestVersionJSON(t *testing.T) {
+	code, out, errOut := runArgs(t, "version", "-o", "json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var v map[string]string
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("version -o json printed %q: %v", out, err)
+	}
+	if len(v) != 3 || v["version"] == "" || v["revision"] == "" || v["go"] != runtime.Version() {
+		t.Fatalf("version -o json = %v; want exactly version, revision and go (%s)", v, runtime.Version())
+	}
+	code, out, _ = runArgs(t, "version")
+	if code != 0 || !strings.Contains(out, v["version"]) || !strings.Contains(out, "REVISION") {
+		t.Fatalf("version (table): exit %d, %q", code, out)
+	}
+}
+
+func TestOutputFormatIsChecked(t *testing.T) {
+	code, _, errOut := runArgs(t, "version", "--output", "yaml")
+	if code != 2 || !strings.Contains(errOut, "--output must be table or json") {
+		t.Fatalf("version --output yaml: exit %d, %q; want 2 and a clear message", code, errOut)
+	}
+}
+
+// walk calls fn on every runnable command of the tree.
+func walk(c *cobra.Command, fn func(*cobra.Command)) {
+	if c.Runnable() {
+		fn(c)
+	}
+	for _, sub := range c.Commands() {
+		walk(sub, fn)
+	}
+}
+
+// TestCommandFlags holds the command-line contract: every command that
+// prints records has -o/--output, --json exists exactly where DESIGN names
+// it, and each client command takes the URL of only the roles it calls.
+func TestCommandFlags(t *testing.T) {
+	wantURLs := map[string][]string{
+		"payouts run executor":     {"lock-url", "payment-url", "proxy-url"},
+		"payouts reconcile":        {"lock-url", "payment-url", "proxy-url", "rail-url"},
+		"payouts payout create":    {"payment-url"},
+		"payouts payout show":      {"payment-url"},
+		"payouts payout list":      {"payment-url"},
+		"payouts payout cancel":    {"lock-url", "payment-url"},
+		"payouts payout abandon":   {"lock-url", "payment-url"},
+		"payouts lock list":        {"lock-url"},
+		"payouts lock show":        {"lock-url"},
+		"payouts lock revoke":      {"lock-url"},
+		"payouts lock grants":      {"lock-url"},
+		"payouts lock bump-tokens": nil,
+		"payouts serve proxy":      {"rail-url"},
+	}
+	withOutput := []string{"payouts payout", "payouts lock", "payouts version", "payouts migrate", "payouts reconcile", "payouts dev up", "payouts status"}
+	withJSON := map[string]bool{"payouts reconcile": true, "payouts dev up": true}
+	seen := map[string]bool{}
+	walk(NewRoot(), func(c *cobra.Command) {
+		path := c.CommandPath()
+		seen[path] = true
+		var urls []string
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if strings.HasSuffix(f.Name, "-url") && f.Name != "database-url" {
+				urls = append(urls, f.Name)
+			}
+		})
+		if want, ok := wantURLs[path]; ok && strings.Join(urls, ",") != strings.Join(want, ",") {
+			t.Errorf("%s: URL flags %v, want %v", path, urls, want)
+		}
+		for _, prefix := range withOutput {
+			if strings.HasPrefix(path, prefix) {
+				if f := c.Flags().Lookup("output"); f == nil || f.Shorthand != "o" {
+					t.Errorf("%s: no -o/--output flag", path)
+				}
+			}
+		}
+		if (c.Flags().Lookup("json") != nil) != withJSON[path] {
+			t.Errorf("%s: --json present = %t, want %t", path, c.Flags().Lookup("json") != nil, withJSON[path])
+		}
+	})
+	for path := range wantURLs {
+		if !seen[path] {
+			t.Errorf("command %q is missing from the tree", path)
+		}
+	}
+}
+
+// TestJSONAlias: --json is --output json.
+func TestJSONAlias(t *testing.T) {
+	var o output
+	c := &cobra.Command{Use: "x", RunE: func(*cobra.Command, []string) error { return nil }}
+	o.register(c, true)
+	c.SetArgs([]string{"--json"})
+	if err := c.Execute(); err != nil || !o.isJSON() {
+		t.Fatalf("--json: err %v, json %t", err, o.isJSON())
+	}
+}
+
+func TestBuildInfoGauge(t *testing.T) {
+	mfs, err := newApp().registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "payouts_build_info" {
+			continue
+		}
+		m := mf.GetMetric()[0]
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if m.GetGauge().GetValue() != 1 || labels["goversion"] != runtime.Version() || labels["version"] == "" || labels["revision"] == "" {
+			t.Fatalf("payouts_build_info = %v %v", m.GetGauge().GetValue(), labels)
+		}
+		return
+	}
+	t.Fatal("the process registry has no payouts_build_info gauge")
+}
+
+// TestClientNeedsToken: a client command without a credential stops with
+// exit 2 before calling anything, naming the flags to use.
+func TestClientNeedsToken(t *testing.T) {
+	t.Setenv("PAYOUTS_TOKEN", "")
+	t.Setenv("PAYOUTS_TOKEN_FILE", "")
+	code, _, errOut := runArgs(t, "lock", "list")
+	if code != 2 || !strings.Contains(errOut, "--token-file") {
+		t.Fatalf("lock list without a token: exit %d, %q", code, errOut)
+	}
+}

@@ -1,0 +1,99 @@
+package cmd
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// output is the -o/--output flag of every command that prints records:
+// a table for people, JSON for programs.
+type output struct {
+	format string
+	json   bool // --json, kept where DESIGN names it
+}
+
+// register adds -o/--output (and --json when jsonAlias) to c and checks
+// the value before c runs.
+func (o *output) register(c *cobra.Command, jsonAlias bool) {
+	c.Flags().StringVarP(&o.format, "output", "o", "table", "output format: table or json")
+	_ = c.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]string{"table", "json"}, cobra.ShellCompDirectiveNoFileComp))
+	if jsonAlias {
+		c.Flags().BoolVar(&o.json, "json", false, "same as --output json")
+	}
+	c.PreRunE = func(*cobra.Command, []string) error { return o.check() }
+}
+
+func (o *output) check() error {
+	if o.json {
+		o.format = "json"
+	}
+	if o.format != "table" && o.format != "json" {
+		return &ExitError{Code: 2, Err: fmt.Errorf("--output must be table or json, got %q", o.format)}
+	}
+	return nil
+}
+
+// isJSON reports whether records are printed as JSON.
+func (o *output) isJSON() bool { return o.format == "json" }
+
+// print writes v as indented JSON, or t as a table.
+func (o *output) print(w io.Writer, v any, t *table) error {
+	if o.isJSON() {
+		return writeJSON(w, v)
+	}
+	return t.write(w)
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// table is rows of cells under an optional header, aligned in columns.
+type table struct {
+	rows [][]string
+}
+
+func newTable(header ...string) *table {
+	t := &table{}
+	if len(header) > 0 {
+		t.rows = append(t.rows, header)
+	}
+	return t
+}
+
+func (t *table) row(cells ...string) *table {
+	t.rows = append(t.rows, cells)
+	return t
+}
+
+func (t *table) write(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, r := range t.rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	return tw.Flush()
+}
+
+// dash shows an empty value as "-".
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// timeText formats an optional time in UTC ("-" when absent).
+func timeText(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}

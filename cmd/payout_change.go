@@ -1,0 +1,70 @@
+package cmd
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/payouts/payouts/executor"
+)
+
+// newPayoutChangeCmd is cancel or abandon: a fenced write under the
+// account's lock, like any other writer's.
+func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
+	var (
+		cf     clientFlags
+		out    output
+		reason string
+		owner  string
+		wait   time.Duration
+	)
+	c := &cobra.Command{
+		Use:               verb + " PAYOUT_ID --reason TEXT",
+		Short:             short,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: cobra.NoFileCompletions,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if strings.TrimSpace(reason) == "" {
+				return &ExitError{Code: 2, Err: errors.New("--reason is required: say why, it is kept in the audit trail")}
+			}
+			token, hc, err := cf.connect()
+			if err != nil {
+				return err
+			}
+			if owner == "" {
+				host, _ := os.Hostname()
+				user := os.Getenv("USER")
+				if user == "" {
+					user = "unknown"
+				}
+				owner = fmt.Sprintf("operator:%s@%s", user, host)
+			}
+			op, err := executor.NewOperator(executor.OperatorConfig{
+				Owner: owner, LockURL: cf.lockURL, PaymentURL: cf.paymentURL, Token: token, HTTPClient: hc, Wait: wait,
+			})
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			do := op.Cancel
+			if verb == "abandon" {
+				do = op.Abandon
+			}
+			p, err := do(cmd.Context(), args[0], reason)
+			if err != nil {
+				return cliError(err)
+			}
+			return out.print(cmd.OutOrStdout(), p, payoutDetail(p))
+		},
+	}
+	cf.register(c, "operator", lockService, paymentService)
+	out.register(c, false)
+	fl := c.Flags()
+	fl.StringVar(&reason, "reason", "", "why (required; recorded in the payout's history)")
+	fl.StringVar(&owner, "owner", "", "name of this operator in the lock service (default operator:$USER@HOST)")
+	fl.DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the account's lock")
+	return c
+}

@@ -1,0 +1,53 @@
+package cmd
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// databaseURL is --database-url or --database-url-file: the URL may carry
+// a password, so it can come from a file (or PAYOUTS_DATABASE_URL) rather
+// than the command line, where ps shows it.
+type databaseURL struct {
+	url, file string
+}
+
+func (d *databaseURL) register(c *cobra.Command, what string) {
+	c.Flags().StringVar(&d.url, "database-url", "", "PostgreSQL URL of "+what+" (visible in ps: prefer --database-url-file or "+EnvName("database-url")+")")
+	c.Flags().StringVar(&d.file, "database-url-file", "", "file holding the PostgreSQL URL of "+what)
+}
+
+func (d *databaseURL) value() (string, error) {
+	v, err := secret("database-url", d.url, d.file)
+	if err == nil && v == "" {
+		err = fmt.Errorf("--database-url-file or --database-url (or %s) is required", EnvName("database-url"))
+	}
+	if err != nil {
+		return "", &ExitError{Code: 2, Err: err}
+	}
+	return v, nil
+}
+
+// secret is the value of --NAME or the contents of --NAME-file (at most one
+// of them), trimmed of surrounding white space; "" when neither is given.
+func secret(name, value, file string) (string, error) {
+	switch {
+	case value != "" && file != "":
+		return "", fmt.Errorf("--%s and --%s-file are mutually exclusive", name, name)
+	case file == "":
+		return value, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("--%s-file: %w", name, err)
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "" {
+		return "", errors.New("--" + name + "-file " + file + " is empty")
+	}
+	return v, nil
+}

@@ -1,0 +1,120 @@
+package cmd
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/migrations"
+)
+
+// serverFlags are the flags every server role takes (DESIGN §4b).
+type serverFlags struct {
+	role        string
+	db          migrations.DB // "" when the role has no database
+	listen      string
+	dbURL       databaseURL
+	migrate     bool
+	authFile    string
+	insecure    bool
+	tlsCert     string
+	tlsKey      string
+	tlsClientCA string
+	pprof       pprofFlag
+}
+
+func (f *serverFlags) register(c *cobra.Command, role, defaultListen string, db migrations.DB) {
+	f.role, f.db = role, db
+	fl := c.Flags()
+	fl.StringVar(&f.listen, "listen", defaultListen, "address to listen on")
+	if db != "" {
+		f.dbURL.register(c, "this role's database ("+string(db)+")")
+		fl.BoolVar(&f.migrate, "migrate", false, "apply the embedded migrations at start")
+	}
+	fl.StringVar(&f.authFile, "auth-file", "", `bearer tokens, readable by the owner only: {"tokens":[{"token":"...","role":"executor|reconciler|operator|proxy","name":"..."}]}`)
+	fl.BoolVar(&f.insecure, "insecure-no-auth", false, "accept every request without a token, as an operator (local development; loopback --listen only)")
+	fl.StringVar(&f.tlsCert, "tls-cert-file", "", "serve HTTPS with this PEM certificate (chain); needs --tls-key-file")
+	fl.StringVar(&f.tlsKey, "tls-key-file", "", "PEM private key of --tls-cert-file")
+	fl.StringVar(&f.tlsClientCA, "tls-client-ca-file", "", "require every client to present a certificate signed by this PEM CA (mutual TLS)")
+	f.pprof.register(c)
+}
+
+// serverEnv is what a server role gets from its flags.
+type serverEnv struct {
+	Logger      *slog.Logger
+	Registry    *prometheus.Registry
+	Auth        *auth.Authenticator
+	TLS         *tls.Config // nil: plain HTTP
+	DatabaseURL string
+	pprof       string
+	reloads     map[string]func() error // on SIGHUP
+}
+
+// setup validates the common flags, builds the authenticator and the TLS
+// configuration, and applies migrations when asked.
+func (f *serverFlags) setup(cmd *cobra.Command, a *app) (*serverEnv, error) {
+	usage := func(err error) error { return &ExitError{Code: 2, Err: err} }
+	env := &serverEnv{Logger: a.logger(cmd, f.role), Registry: a.registry, pprof: f.pprof.addr, reloads: map[string]func() error{}}
+	if err := f.pprof.check(); err != nil {
+		return nil, usage(err)
+	}
+	if f.insecure && !isLoopback(f.listen) {
+		return nil, usage(fmt.Errorf("--insecure-no-auth is refused with --listen %s: without authentication a server may only listen on a loopback address (127.0.0.1:PORT, [::1]:PORT or localhost:PORT)", f.listen))
+	}
+	var err error
+	if env.Auth, err = auth.FromFlags(f.authFile, f.insecure); err != nil {
+		return nil, usage(err)
+	}
+	if f.authFile != "" {
+		env.reloads["auth file "+f.authFile] = env.Auth.Reload
+	}
+	if f.insecure {
+		env.Logger.Warn("authentication is off (--insecure-no-auth): every caller is treated as an operator")
+	}
+	switch {
+	case f.tlsCert != "" || f.tlsKey != "":
+		st, err := httpx.NewServerTLS(f.tlsCert, f.tlsKey, f.tlsClientCA)
+		if err != nil {
+			return nil, usage(err)
+		}
+		env.TLS, env.reloads["TLS certificate "+f.tlsCert] = st.Config(), st.Reload
+	case f.tlsClientCA != "":
+		return nil, usage(errors.New("--tls-client-ca-file needs --tls-cert-file and --tls-key-file"))
+	}
+	if f.db == "" {
+		return env, nil
+	}
+	if env.DatabaseURL, err = f.dbURL.value(); err != nil {
+		return nil, err
+	}
+	if f.migrate {
+		ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
+		defer cancel()
+		if err := migrations.Apply(ctx, f.db, env.DatabaseURL); err != nil {
+			return nil, fmt.Errorf("migrate %s: %w", f.db, err)
+		}
+		env.Logger.Info("migrations applied", "db", string(f.db))
+	}
+	return env, nil
+}
+
+// run runs the role (and the pprof listener, when asked for) until ctx
+// ends or one of them fails; SIGHUP re-reads the auth file and the TLS
+// certificate and key.
+func (e *serverEnv) run(ctx context.Context, role func(context.Context) error) error {
+	if len(e.reloads) == 0 {
+		return runWithPprof(ctx, e.pprof, e.Logger, role)
+	}
+	var g httpx.Group
+	g.Add(func(ctx context.Context) error { return runWithPprof(ctx, e.pprof, e.Logger, role) })
+	g.Add(func(ctx context.Context) error { return reloadOnHangup(ctx, e.Logger, e.reloads) })
+	return g.Run(ctx)
+}

@@ -1,0 +1,244 @@
+package cmd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/lock/lockclient"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+// prober asks the roles for `payouts status`.
+type prober struct {
+	ctx        context.Context
+	hc         *http.Client
+	token      string
+	timeout    time.Duration
+	countLimit int
+}
+
+func (p *prober) probeAll(lockURL, paymentURL, proxyURL, railURL string) statusReport {
+	rep := statusReport{Problems: []string{}, Roles: []roleStatus{}}
+	var lockHigh *int64
+	if lockURL != "" {
+		r := p.base("lock", lockURL)
+		p.lock(&r)
+		lockHigh = r.HighToken
+		rep.Roles = append(rep.Roles, r)
+	}
+	if paymentURL != "" {
+		r := p.base("payment", paymentURL)
+		p.payment(&r)
+		rep.Roles = append(rep.Roles, r)
+	}
+	if proxyURL != "" {
+		r := p.base("proxy", proxyURL)
+		p.proxy(&r)
+		rep.Roles = append(rep.Roles, r)
+	}
+	if railURL != "" {
+		rep.Roles = append(rep.Roles, p.base("rail", railURL))
+	}
+	for _, r := range rep.Roles {
+		if !r.Healthy {
+			rep.Problems = append(rep.Problems, r.Role+" is down ("+r.URL+"): "+strings.Join(r.Errors, "; "))
+			continue
+		}
+		if !r.Ready {
+			rep.Problems = append(rep.Problems, r.Role+" is not ready ("+r.URL+")")
+		}
+		for _, e := range r.Errors {
+			rep.Problems = append(rep.Problems, r.Role+": "+e)
+		}
+		if r.HighFence != nil && lockHigh != nil && *r.HighFence > *lockHigh {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("%s's high fence %d exceeds the lock service's high token %d: the lock service's tokens went back (restore without D-13?); new holders are fenced out until `payouts lock bump-tokens --to %d` (docs/operations.md)",
+				r.Role, *r.HighFence, *lockHigh, *r.HighFence))
+		}
+	}
+	rep.OK = len(rep.Problems) == 0
+	return rep
+}
+
+// base reads health, readiness and version; the role's key numbers are
+// only asked for when it is healthy.
+func (p *prober) base(role, url string) roleStatus {
+	r := roleStatus{Role: role, URL: strings.TrimRight(url, "/")}
+	status, _, err := p.get(r.URL + "/healthz")
+	if err != nil {
+		r.Errors = append(r.Errors, err.Error())
+		return r
+	}
+	r.Healthy = status == http.StatusOK
+	if !r.Healthy {
+		r.Errors = append(r.Errors, fmt.Sprintf("/healthz answered %d", status))
+	}
+	status, _, err = p.get(r.URL + "/readyz")
+	r.Ready = err == nil && status == http.StatusOK
+	if status, body, err := p.get(r.URL + "/version"); err == nil && status == http.StatusOK {
+		var b obs.BuildInfo
+		if json.Unmarshal(body, &b) == nil {
+			r.Version = &b
+		}
+	}
+	return r
+}
+
+func (p *prober) get(url string) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := p.hc.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	return resp.StatusCode, body, err
+}
+
+// metric sums the samples of a counter or gauge on the role's /metrics.
+func (p *prober) metric(r *roleStatus, name string) *float64 {
+	status, body, err := p.get(r.URL + "/metrics")
+	if err == nil && status != http.StatusOK {
+		err = fmt.Errorf("HTTP %d", status)
+	}
+	var mfs map[string]*dto.MetricFamily
+	if err == nil {
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		mfs, err = parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	}
+	if err != nil {
+		r.Errors = append(r.Errors, "read /metrics: "+err.Error())
+		return nil
+	}
+	var sum float64
+	if mf, ok := mfs[name]; ok {
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return &sum
+}
+
+// call runs one API read with the call timeout, noting a failure.
+func (p *prober) call(r *roleStatus, what string, fn func(ctx context.Context) error) bool {
+	ctx, cancel := context.WithTimeout(p.ctx, p.timeout)
+	defer cancel()
+	if err := fn(ctx); err != nil {
+		r.Errors = append(r.Errors, what+": "+err.Error())
+		return false
+	}
+	return true
+}
+
+func tokenPtr(t fencing.Token) *int64 { v := int64(t); return &v }
+
+func (p *prober) lock(r *roleStatus) {
+	if !r.Healthy {
+		return
+	}
+	c, err := lockclient.New(r.URL, lockclient.WithToken(p.token), lockclient.WithHTTPClient(p.hc), lockclient.WithRequestTimeout(p.timeout))
+	if err != nil {
+		r.Errors = append(r.Errors, err.Error())
+		return
+	}
+	r.Sessions = p.metric(r, "payouts_lock_active_sessions")
+	p.call(r, "held locks", func(ctx context.Context) error {
+		locks, err := c.Locks(ctx, "")
+		if err != nil {
+			return err
+		}
+		held := 0
+		for _, l := range locks {
+			if l.Held {
+				held++
+			}
+		}
+		r.HeldLocks = &held
+		return nil
+	})
+	p.call(r, "high token", func(ctx context.Context) error {
+		t, err := c.HighToken(ctx)
+		if err == nil {
+			r.HighToken = tokenPtr(t)
+		}
+		return err
+	})
+}
+
+func (p *prober) payment(r *roleStatus) {
+	if !r.Healthy {
+		return
+	}
+	c, err := pc.New(r.URL, p.token, httpx.WithHTTPClient(p.hc), httpx.WithTimeout(p.timeout))
+	if err != nil {
+		r.Errors = append(r.Errors, err.Error())
+		return
+	}
+	r.PayoutsByState = map[string]int64{}
+	for _, s := range pc.States {
+		f := pc.PayoutFilter{State: s, Limit: min(1000, p.countLimit)}
+		p.call(r, "count "+string(s)+" payouts", func(ctx context.Context) error {
+			for {
+				page, err := c.Payouts(ctx, f)
+				if err != nil {
+					return err
+				}
+				r.PayoutsByState[string(s)] += int64(len(page.Items))
+				if page.Next == "" || len(page.Items) == 0 {
+					return nil
+				}
+				if r.PayoutsByState[string(s)] >= int64(p.countLimit) {
+					r.PayoutsCapped = append(r.PayoutsCapped, string(s))
+					return nil
+				}
+				f.After = page.Next
+			}
+		})
+	}
+	amb := r.PayoutsByState[string(pc.RailAmbiguous)]
+	r.Ambiguous = &amb
+	r.FencedOut = p.metric(r, "payouts_payment_fenced_out_total")
+	p.call(r, "high fence", func(ctx context.Context) error {
+		t, err := c.HighFence(ctx)
+		if err == nil {
+			r.HighFence = tokenPtr(t)
+		}
+		return err
+	})
+}
+
+func (p *prober) proxy(r *roleStatus) {
+	if !r.Healthy {
+		return
+	}
+	c, err := proxyclient.New(r.URL, p.token, httpx.WithHTTPClient(p.hc), httpx.WithTimeout(p.timeout))
+	if err != nil {
+		r.Errors = append(r.Errors, err.Error())
+		return
+	}
+	r.FencedOut = p.metric(r, "payouts_proxy_fenced_out_total")
+	p.call(r, "high fence", func(ctx context.Context) error {
+		t, err := c.HighFence(ctx)
+		if err == nil {
+			r.HighFence = tokenPtr(t)
+		}
+		return err
+	})
+}

@@ -1,0 +1,296 @@
+// Package bench holds the benchmarks behind `payouts bench`: each starts
+// what it needs (or uses given URLs), drives the real processes, and
+// reports one result line.
+package bench
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/payouts/payouts/dev/stack"
+)
+
+// E2EOptions configures one end-to-end run (`payouts bench e2e`).
+type E2EOptions struct {
+	Accounts    int
+	Payouts     int
+	Executors   int
+	Concurrency int // per executor
+	// PollInterval is each executor's --poll-interval.
+	PollInterval time.Duration
+	// RailLatency is the rail stub's answer delay (PUT /faults latency_ms).
+	RailLatency time.Duration
+	// Rate is the offered load in payouts created per second; 0 creates
+	// them as fast as the loaders go.
+	Rate float64
+	// LoadWorkers is how many payouts are created at once.
+	LoadWorkers int
+	// Replicas is how many payment-resource and rail-proxy processes run
+	// over the same databases when the bench starts the stack itself;
+	// executors are spread over them.
+	Replicas int
+	// Timeout bounds the wait for every payout to become terminal.
+	Timeout time.Duration
+
+	// External system: when PaymentURLs is set, no stack is started.
+	PaymentURLs   []string
+	ProxyURLs     []string
+	LockURL       string
+	RailURL       string
+	ExecutorToken string
+	OperatorToken string
+
+	// Dir holds the throwaway stack and every log (a temp dir when empty,
+	// removed afterwards).
+	Dir string
+	// Binary is the payouts executable (default: this one).
+	Binary string
+	// ProfileDir, when set, receives CPU profiles of every process
+	// (children run with --pprof-listen on a loopback port of their own).
+	ProfileDir string
+	Logger     *slog.Logger
+}
+
+// E2EResult is the result line of one run.
+type E2EResult struct {
+	Payouts       int                `json:"payouts"`
+	Accounts      int                `json:"accounts"`
+	Executors     int                `json:"executors"`
+	PayoutsPerSec float64            `json:"payouts_per_sec"`
+	P50Ms         float64            `json:"p50_ms"`
+	P99Ms         float64            `json:"p99_ms"`
+	Duplicates    int                `json:"duplicates"`
+	CPUPer1000    map[string]float64 `json:"cpu_s_per_1000"`
+
+	Concurrency   int     `json:"concurrency"`
+	Replicas      int     `json:"replicas"`
+	RailLatencyMs int64   `json:"rail_latency_ms"`
+	OfferedRate   float64 `json:"offered_rate"`
+	Seconds       float64 `json:"seconds"`
+	MaxMs         float64 `json:"max_ms"`
+	Posted        int     `json:"posted"`
+	Failed        int     `json:"failed"`
+	Ambiguous     int     `json:"ambiguous"`
+	LoadAvg       string  `json:"loadavg"`
+
+	// Timeline is completions and latency per second of the run (for the plot).
+	Timeline []E2ESecond `json:"-"`
+}
+
+// E2ESecond is one second of a run.
+type E2ESecond struct {
+	Created, Done int
+	P50Ms, P99Ms  float64
+}
+
+func (o *E2EOptions) defaults() error {
+	if o.Accounts < 1 || o.Payouts < 1 {
+		return errors.New("bench e2e: --accounts and --payouts must be at least 1")
+	}
+	if o.Executors == 0 {
+		o.Executors = 1
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = 64
+	}
+	if o.Executors < 1 || o.Concurrency < 1 || o.Concurrency > 256 {
+		return errors.New("bench e2e: --executors must be at least 1 and --concurrency from 1 to 256")
+	}
+	if o.PollInterval == 0 {
+		o.PollInterval = 100 * time.Millisecond
+	}
+	if o.LoadWorkers == 0 {
+		o.LoadWorkers = 16
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 1
+	}
+	if o.Replicas < 1 || o.Replicas > 8 {
+		return errors.New("bench e2e: --replicas must be from 1 to 8")
+	}
+	if o.Rate < 0 || o.RailLatency < 0 {
+		return errors.New("bench e2e: --rate and --rail-latency must not be negative")
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 30 * time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if len(o.PaymentURLs) > 0 {
+		switch {
+		case len(o.ProxyURLs) == 0 || o.LockURL == "" || o.RailURL == "":
+			return errors.New("bench e2e: with --payment-urls, --proxy-urls, --lock-url and --rail-url are required too")
+		case o.ExecutorToken == "" || o.OperatorToken == "":
+			return errors.New("bench e2e: with --payment-urls, --executor-token and --operator-token are required")
+		}
+	}
+	if o.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		o.Binary = exe
+	}
+	return nil
+}
+
+// e2eSystem is what a run talks to.
+type e2eSystem struct {
+	paymentURLs, proxyURLs []string
+	lockURL, railURL       string
+	executorToken          string
+	operatorToken          string
+	st                     *stack.Stack
+	procs                  *children
+	cpu                    *cpuMeter
+	logs                   map[string]string // process name -> its log file
+}
+
+// RunE2E runs the end-to-end benchmark once.
+func RunE2E(ctx context.Context, o E2EOptions) (E2EResult, error) {
+	if err := o.defaults(); err != nil {
+		return E2EResult{}, err
+	}
+	if o.Dir == "" {
+		d, err := os.MkdirTemp("", "payouts-bench-e2e-")
+		if err != nil {
+			return E2EResult{}, err
+		}
+		defer os.RemoveAll(d)
+		o.Dir = d
+	}
+	sys, err := bringUp(ctx, o)
+	if sys != nil {
+		defer sys.down(o.Logger)
+	}
+	if err != nil {
+		return E2EResult{}, err
+	}
+	return runE2E(ctx, o, sys)
+}
+
+// bringUp starts the stack (or adopts the given URLs) and the executors.
+func bringUp(ctx context.Context, o E2EOptions) (*e2eSystem, error) {
+	sys := &e2eSystem{procs: &children{bin: o.Binary, dir: o.Dir}, cpu: newCPUMeter(), logs: map[string]string{}}
+	sys.cpu.add("bench", os.Getpid(), false)
+	if o.ProfileDir != "" {
+		if err := os.MkdirAll(o.ProfileDir, 0o755); err != nil {
+			return sys, err
+		}
+		// Every child inherits the environment: each serves pprof on a
+		// port of its own and logs it.
+		if err := os.Setenv(pprofEnv, "127.0.0.1:0"); err != nil {
+			return sys, err
+		}
+	}
+	if len(o.PaymentURLs) > 0 {
+		sys.paymentURLs, sys.proxyURLs = o.PaymentURLs, o.ProxyURLs
+		sys.lockURL, sys.railURL = o.LockURL, o.RailURL
+		sys.executorToken, sys.operatorToken = o.ExecutorToken, o.OperatorToken
+	} else if err := sys.startStack(ctx, o); err != nil {
+		return sys, err
+	}
+	for i := 1; i <= o.Executors; i++ {
+		name := "executor-" + strconv.Itoa(i)
+		// The token travels in the environment, never on a command line.
+		c, err := sys.procs.start(name, []string{"PAYOUTS_TOKEN=" + sys.executorToken}, "run", "executor",
+			"--owner", "bench-"+name,
+			"--lock-url", sys.lockURL,
+			"--payment-url", sys.paymentURLs[(i-1)%len(sys.paymentURLs)],
+			"--proxy-url", sys.proxyURLs[(i-1)%len(sys.proxyURLs)],
+			"--concurrency", strconv.Itoa(o.Concurrency),
+			"--poll-interval", o.PollInterval.String())
+		if err != nil {
+			return sys, err
+		}
+		sys.cpu.add(name, c.Pid(), false)
+		sys.logs[name] = c.Spec.Log
+	}
+	return sys, nil
+}
+
+// startStack runs the local stack (as `payouts dev up` does) plus the
+// extra payment-resource and proxy replicas.
+func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
+	st, err := stack.Start(ctx, stack.Options{Dir: filepath.Join(o.Dir, "stack"), Binary: o.Binary, Logger: o.Logger})
+	if err != nil {
+		return err
+	}
+	sys.st = st
+	r := st.Ready
+	sys.paymentURLs, sys.proxyURLs = []string{r.PaymentURL}, []string{r.ProxyURL}
+	sys.lockURL, sys.railURL = r.LockURL, r.RailURL
+	sys.executorToken, sys.operatorToken = r.Tokens.Executor, r.Tokens.Operator
+	for _, name := range []string{"lock", "payment", "proxy", "rail"} {
+		sys.cpu.add(name, r.PIDs[name], false)
+		sys.logs[name] = r.Logs[name]
+	}
+	if pid, ok := r.PIDs["postgres"]; ok {
+		sys.cpu.add("postgres", pid, true)
+	}
+	authFile := filepath.Join(r.Dir, "auth.json")
+	for i := 2; i <= o.Replicas; i++ {
+		pay, err := sys.startServer(ctx, "payment-"+strconv.Itoa(i), "serve", "payment",
+			"--database-url", r.DatabaseURLs.PayDB, "--listen", "127.0.0.1:0", "--auth-file", authFile)
+		if err != nil {
+			return err
+		}
+		prx, err := sys.startServer(ctx, "proxy-"+strconv.Itoa(i), "serve", "proxy",
+			"--database-url", r.DatabaseURLs.ProxyDB, "--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["proxy"],
+			"--listen", "127.0.0.1:0", "--auth-file", authFile)
+		if err != nil {
+			return err
+		}
+		sys.paymentURLs = append(sys.paymentURLs, pay)
+		sys.proxyURLs = append(sys.proxyURLs, prx)
+	}
+	return nil
+}
+
+func (sys *e2eSystem) startServer(ctx context.Context, name string, args ...string) (string, error) {
+	c, err := sys.procs.startServer(name, args...)
+	if err != nil {
+		return "", err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	addr, err := c.Addr(wctx)
+	if err != nil {
+		return "", err
+	}
+	url := "http://" + addr
+	if err := c.Ready(wctx, nil, url); err != nil {
+		return "", err
+	}
+	sys.cpu.add(name, c.Pid(), false)
+	sys.logs[name] = c.Spec.Log
+	return url, nil
+}
+
+func (sys *e2eSystem) down(log *slog.Logger) {
+	sys.procs.stop(20 * time.Second)
+	if sys.st != nil {
+		if err := sys.st.Stop(); err != nil {
+			log.Warn("stopping the stack", "error", err.Error())
+		}
+	}
+}
+
+// loadAvg is /proc/loadavg's first three fields.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := splitFields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return f[0] + " " + f[1] + " " + f[2]
+}

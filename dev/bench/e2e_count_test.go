@@ -1,0 +1,36 @@
+package bench
+
+import (
+	"testing"
+
+	"github.com/payouts/payouts/rail/railclient"
+)
+
+// The bench's duplicate count is what shows at-most-once held, so it must
+// see a client reference the rail settled twice, and only this run's.
+func TestE2ECountDuplicates(t *testing.T) {
+	report := []railclient.Payment{
+		{ClientRef: "po-run1-p1", Status: "settled"},
+		{ClientRef: "po-run1-p2", Status: "settled"},
+		{ClientRef: "po-run1-p2", Status: "settled"},
+		{ClientRef: "po-run1-p3", Status: "declined"},
+		{ClientRef: "po-run1-p3", Status: "settled"},
+		{ClientRef: "po-run0-p2", Status: "settled"},
+		{ClientRef: "po-run0-p2", Status: "settled"},
+	}
+	if got := countDuplicates(report, "po-run1-"); got != 1 {
+		t.Errorf("countDuplicates = %d, want 1 (po-run1-p2)", got)
+	}
+}
+
+func TestE2EQuantile(t *testing.T) {
+	v := make([]float64, 100)
+	for i := range v {
+		v[i] = float64(i + 1)
+	}
+	for _, c := range []struct{ q, want float64 }{{0.5, 50}, {0.99, 99}, {1, 100}} {
+		if got := quantile(v, c.q); got != c.want {
+			t.Errorf("quantile(1..100, %v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,106 @@
+package bench_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/payouts/payouts/dev/proctest"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	proctest.Cleanup()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// TestE2EBenchShortRun runs `payouts bench e2e` on a throwaway stack and
+// checks the result line: its shape, every payout terminal, nothing paid
+// twice at the rail, a CPU figure for every process, the profiles and the
+// plot.
+func TestE2EBenchShortRun(t *testing.T) {
+	bin := proctest.Binary(t)
+	dir := t.TempDir()
+	plot := filepath.Join(dir, "run.svg")
+	prof := filepath.Join(dir, "profiles")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "e2e", "--accounts", "10", "--payouts", "100",
+		"--executors", "2", "--concurrency", "8", "--replicas", "2", "--json", "--plot", plot, "--profile", prof, "--dir", filepath.Join(dir, "stack"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench e2e: %v\nstderr:\n%s", err, tail(stderr.String(), 40))
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("want one JSON line, got %d:\n%s", len(lines), stdout.String())
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(lines[0]), &raw); err != nil {
+		t.Fatalf("result is not a JSON object: %v\n%s", err, lines[0])
+	}
+	for _, k := range []string{"payouts", "accounts", "executors", "payouts_per_sec", "p50_ms", "p99_ms", "duplicates", "cpu_s_per_1000"} {
+		if _, ok := raw[k]; !ok {
+			t.Errorf("result lacks %q: %s", k, lines[0])
+		}
+	}
+	var res struct {
+		Payouts, Accounts, Executors, Duplicates, Posted, Replicas int
+		PayoutsPerSec                                              float64            `json:"payouts_per_sec"`
+		P50                                                        float64            `json:"p50_ms"`
+		P99                                                        float64            `json:"p99_ms"`
+		CPU                                                        map[string]float64 `json:"cpu_s_per_1000"`
+	}
+	if err := json.Unmarshal([]byte(lines[0]), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Payouts != 100 || res.Accounts != 10 || res.Executors != 2 || res.Replicas != 2 {
+		t.Errorf("result does not echo the run's shape: %s", lines[0])
+	}
+	if res.Duplicates != 0 {
+		t.Errorf("duplicates at the rail = %d, want 0", res.Duplicates)
+	}
+	if res.Posted != 100 {
+		t.Errorf("posted = %d, want every one of 100", res.Posted)
+	}
+	if res.PayoutsPerSec <= 0 || res.P50 <= 0 || res.P99 < res.P50 {
+		t.Errorf("implausible throughput or latency: %s", lines[0])
+	}
+	for _, p := range []string{"bench", "lock", "payment", "payment-2", "proxy", "proxy-2", "rail", "postgres", "executor-1", "executor-2"} {
+		if _, ok := res.CPU[p]; !ok {
+			t.Errorf("no CPU figure for %s: %v", p, res.CPU)
+		}
+	}
+	for _, p := range []string{"bench.pprof", "payment-000.pprof", "payment-2-000.pprof", "executor-1-000.pprof", "lock-000.pprof"} {
+		if st, err := os.Stat(filepath.Join(prof, p)); err != nil || st.Size() == 0 {
+			t.Errorf("no CPU profile %s (err %v)", p, err)
+		}
+	}
+	svg, err := os.ReadFile(plot)
+	if err != nil || !bytes.HasPrefix(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("</svg>")) {
+		t.Errorf("plot %s is not an SVG image (err %v)", plot, err)
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

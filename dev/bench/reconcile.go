@@ -1,0 +1,525 @@
+// Package bench holds the benchmarks of `payouts bench`: each starts what
+// it measures on this machine, loads it, and reports one JSON line.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/payouts/payouts/dev/stack"
+	"github.com/payouts/payouts/lock/fencing"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/rail/railclient"
+)
+
+// ReconcileOptions configure `payouts bench reconcile`.
+type ReconcileOptions struct {
+	// Payouts is how many terminal payouts to load.
+	Payouts int
+	// PerGrant is how many payouts share one account and one grant (an
+	// executor drives up to 50 payouts per grant).
+	PerGrant int
+	// Dir holds the throwaway stack; a temporary directory when empty.
+	Dir string
+	// Binary is the payouts executable (default: this one).
+	Binary string
+	// RailPerPayout runs the pass with --rail-per-payout.
+	RailPerPayout bool
+	// ReconcileArgs are extra flags of the measured `payouts reconcile`.
+	ReconcileArgs []string
+	// CPUProfile, when set, runs the pass in this process (InProcessPass)
+	// instead of a child and writes its CPU profile there (peak RSS is then
+	// this process's, loader included).
+	CPUProfile string
+	// InProcessPass runs one `reconcile --once --json` pass in this process
+	// and returns its JSON report and exit code (the command tree wires
+	// the reconciler in: dev tooling sees roles only through clients).
+	InProcessPass func(ctx context.Context, urls PassURLs) (report []byte, exitCode int, err error)
+	// Rail is the rail stub's handler, run in this process (its payments
+	// live in memory, so the bench loads it through this handler). Its
+	// authenticator must accept RailToken for payments and the report.
+	Rail http.Handler
+	// RailPayToken pays at the rail (the proxy's role); RailToken reads
+	// its settlement report (an operator's).
+	RailPayToken, RailToken string
+	// EtcdPrefix is the lock service's etcd key prefix.
+	EtcdPrefix string
+	Logger     *slog.Logger
+}
+
+// PassURLs is where the measured pass finds the services.
+type PassURLs struct {
+	LockURL, PaymentURL, ProxyURL, RailURL string
+	Token, RailToken                       string
+	RailPerPayout                          bool
+}
+
+// ReconcileResult is the JSON line of `payouts bench reconcile --json`.
+type ReconcileResult struct {
+	Payouts   int     `json:"payouts"`
+	Seconds   float64 `json:"seconds"`
+	Findings  int     `json:"findings"`
+	PeakRSSMB float64 `json:"peak_rss_mb"`
+	// Load is how long loading took (not part of the measurement).
+	LoadSeconds float64 `json:"load_seconds"`
+	Accounts    int     `json:"accounts"`
+	ExitCode    int     `json:"exit_code"`
+	// CPUSeconds is the CPU each process used during the pass.
+	CPUSeconds map[string]float64 `json:"cpu_s"`
+}
+
+const benchAmount = 100
+
+// Reconcile starts a local stack, loads opts.Payouts POSTED payouts with
+// their ledger, history, grants, submissions and rail payments, then times
+// one `payouts reconcile --once --json` pass as a child process (its peak
+// RSS is the child's).
+func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult, err error) {
+	if opts.Payouts < 1 {
+		return ReconcileResult{}, errors.New("bench reconcile: --payouts must be at least 1")
+	}
+	if opts.PerGrant <= 0 {
+		opts.PerGrant = 50
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Dir == "" {
+		dir, err := os.MkdirTemp("", "payouts-bench-reconcile-")
+		if err != nil {
+			return ReconcileResult{}, err
+		}
+		defer os.RemoveAll(dir)
+		opts.Dir = dir
+	}
+	st, err := stack.Start(ctx, stack.Options{Dir: opts.Dir, Binary: opts.Binary, Logger: opts.Logger, SettlementWindow: time.Second, RailTimeout: 5 * time.Second})
+	if err != nil {
+		return ReconcileResult{}, fmt.Errorf("start the stack: %w", err)
+	}
+	defer st.Stop()
+
+	// The rail stub keeps its payments in memory: the bench runs one in
+	// this process and loads it through its own API, in process.
+	railURL, railLoad, stopRail, err := serveRail(opts.Rail, opts.RailPayToken)
+	if err != nil {
+		return ReconcileResult{}, err
+	}
+	defer stopRail()
+
+	l := &loader{n: opts.Payouts, perGrant: opts.PerGrant, ready: st.Ready, etcdPrefix: opts.EtcdPrefix}
+	l.accounts = (l.n + l.perGrant - 1) / l.perGrant
+	start := time.Now()
+	if err := l.load(ctx, railLoad); err != nil {
+		return ReconcileResult{}, err
+	}
+	res = ReconcileResult{Payouts: l.n, Accounts: l.accounts, LoadSeconds: time.Since(start).Seconds()}
+	opts.Logger.Info("loaded", "payouts", l.n, "accounts", l.accounts, "seconds", res.LoadSeconds)
+
+	meter := newCPUMeter()
+	for name, pid := range st.Ready.PIDs {
+		meter.add(name, pid, name == "postgres")
+	}
+	if err := meter.start(); err != nil {
+		return res, err
+	}
+	if opts.CPUProfile != "" {
+		res, err = profilePass(ctx, res, opts, PassURLs{LockURL: st.Ready.LockURL, PaymentURL: st.Ready.PaymentURL, ProxyURL: st.Ready.ProxyURL,
+			RailURL: railURL, Token: st.Ready.Tokens.Reconciler, RailToken: opts.RailToken})
+		res.CPUSeconds = cpuSeconds(meter)
+		return res, err
+	}
+	bin := opts.Binary
+	if bin == "" {
+		if bin, err = os.Executable(); err != nil {
+			return res, err
+		}
+	}
+	r := st.Ready
+	args := append([]string{"reconcile", "--once", "--json", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL,
+		"--proxy-url", r.ProxyURL, "--rail-url", railURL, "--rail-token", opts.RailToken, "--log-level", "warn"}, opts.ReconcileArgs...)
+	if opts.RailPerPayout {
+		args = append(args, "--rail-per-payout")
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), "PAYOUTS_TOKEN="+r.Tokens.Reconciler)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		return res, err
+	}
+	hwm := watchHWM(cmd.Process.Pid)
+	err = cmd.Wait()
+	res.Seconds = time.Since(t0).Seconds()
+	res.PeakRSSMB = hwm()
+	res.CPUSeconds = cpuSeconds(meter)
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		res.ExitCode = ee.ExitCode()
+	case err != nil:
+		return res, err
+	}
+	// (The rusage's maxrss is not the pass's: a child shares this
+	// process's memory — the loaded rail — until it execs.)
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		if res.CPUSeconds != nil {
+			res.CPUSeconds["reconcile"] = float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+		}
+	}
+	if res.ExitCode > 1 || countFindings(&res, out.Bytes()) != nil {
+		return res, fmt.Errorf("reconcile exited %d: %s", res.ExitCode, tailText(errb.String(), 2000))
+	}
+	return res, nil
+}
+
+// watchHWM samples pid's peak resident set (VmHWM, a high-water mark of
+// the image it runs now) every 50 ms until the returned function is
+// called, which gives the last sample in MB. Only the last 50 ms of the
+// process's life go unseen.
+func watchHWM(pid int) func() float64 {
+	path := fmt.Sprintf("/proc/%d/status", pid)
+	var mu sync.Mutex
+	peak := 0.0
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if b, err := os.ReadFile(path); err == nil {
+				for _, line := range strings.Split(string(b), "\n") {
+					var kb float64
+					if _, err := fmt.Sscanf(line, "VmHWM: %f kB", &kb); err == nil {
+						mu.Lock()
+						peak = max(peak, kb/1024)
+						mu.Unlock()
+					}
+				}
+			}
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() float64 {
+		close(done)
+		mu.Lock()
+		defer mu.Unlock()
+		return peak
+	}
+}
+
+// cpuSeconds is each watched process's CPU seconds since the meter
+// started (nil when a process could not be read).
+func cpuSeconds(m *cpuMeter) map[string]float64 {
+	d, err := m.since()
+	if err != nil {
+		return nil
+	}
+	out := make(map[string]float64, len(d))
+	for k, v := range d {
+		out[k] = v.Seconds()
+	}
+	return out
+}
+
+func tailText(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// serveRail serves the rail handler on a loopback port. load pays one
+// payment through the handler directly (no socket) and returns its rail
+// reference.
+func serveRail(h http.Handler, token string) (url string, load func(railclient.PaymentRequest) (string, error), stop func(), err error) {
+	if h == nil {
+		return "", nil, nil, errors.New("bench reconcile: no rail handler")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, nil, err
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	load = func(p railclient.PaymentRequest) (string, error) {
+		body, _ := json.Marshal(p)
+		req := httptest.NewRequest(http.MethodPost, "/v1/payments", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		var got railclient.Payment
+		if w.Code != http.StatusOK && w.Code != http.StatusCreated {
+			return "", fmt.Errorf("rail refused a payment: %d %s", w.Code, strings.TrimSpace(w.Body.String()))
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
+			return "", err
+		}
+		return got.RailRef, nil
+	}
+	return "http://" + ln.Addr().String(), load, func() { _ = hs.Close() }, nil
+}
+
+// loader writes the system's state after n payouts were paid correctly:
+// accounts of perGrant payouts each, one grant per account, every payout
+// POSTED with its history, ledger group, forwarded submission and settled
+// rail payment.
+type loader struct {
+	n, perGrant, accounts int
+	ready                 stack.Ready
+	etcdPrefix            string
+	tokens                []fencing.Token // per account
+	railRefs              []string        // per payout
+}
+
+func accountID(a int) string { return fmt.Sprintf("bench-acc-%07d", a) }
+func payoutID(i int) string  { return fmt.Sprintf("bench-po-%09d", i) }
+func holder(a int) string    { return fmt.Sprintf("bench-session-%07d", a) }
+
+// payoutsOf is how many payouts account a has.
+func (l *loader) payoutsOf(a int) int { return min(l.perGrant, l.n-a*l.perGrant) }
+
+func (l *loader) load(ctx context.Context, railLoad func(railclient.PaymentRequest) (string, error)) error {
+	if err := l.grants(ctx); err != nil {
+		return fmt.Errorf("load the grant log: %w", err)
+	}
+	if err := l.rail(ctx, railLoad); err != nil {
+		return fmt.Errorf("load the rail: %w", err)
+	}
+	if err := l.paydb(ctx); err != nil {
+		return fmt.Errorf("load paydb: %w", err)
+	}
+	if err := l.proxydb(ctx); err != nil {
+		return fmt.Errorf("load proxydb: %w", err)
+	}
+	return nil
+}
+
+// grants writes one ended grant record per account into the lock
+// service's etcd keyspace, as the etcd backend does; the record's create
+// revision is the token.
+func (l *loader) grants(ctx context.Context) error {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: l.ready.Etcd, DialTimeout: 10 * time.Second, Logger: nil})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	l.tokens = make([]fencing.Token, l.accounts)
+	return parallel(ctx, l.accounts, 32, func(ctx context.Context, a int) error {
+		at := time.Now().UTC()
+		v, _ := json.Marshal(map[string]any{"key": fencing.Key(accountID(a)), "owner": "bench", "session_id": holder(a),
+			"granted_at": at, "ended_at": at, "end_reason": "released"})
+		resp, err := cli.Put(ctx, fmt.Sprintf("%s/grants/bench-%07d", l.etcdPrefix, a), string(v))
+		if err != nil {
+			return err
+		}
+		l.tokens[a] = fencing.Token(resp.Header.Revision)
+		return nil
+	})
+}
+
+func (l *loader) rail(ctx context.Context, load func(railclient.PaymentRequest) (string, error)) error {
+	l.railRefs = make([]string, l.n)
+	return parallel(ctx, l.n, runtime.GOMAXPROCS(0), func(_ context.Context, i int) error {
+		ref, err := load(railclient.PaymentRequest{ClientRef: pc.ClientRef(payoutID(i)), Amount: benchAmount, Currency: "EUR", BeneficiaryRef: "BEN-bench"})
+		l.railRefs[i] = ref
+		return err
+	})
+}
+
+// inReplicaTx runs fn in one transaction on url with triggers off (the
+// rows are a finished history, written as the services would have left
+// it).
+func inReplicaTx(ctx context.Context, url string, fn func(pgx.Tx) error) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// copyRows streams n rows into table with COPY.
+func copyRows(ctx context.Context, url, table string, cols []string, n int, row func(i int) []any) error {
+	return inReplicaTx(ctx, url, func(tx pgx.Tx) error {
+		i := 0
+		src := pgx.CopyFromFunc(func() ([]any, error) {
+			if i >= n {
+				return nil, nil
+			}
+			r := row(i)
+			i++
+			return r, nil
+		})
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{table}, cols, src); err != nil {
+			return fmt.Errorf("copy %s: %w", table, err)
+		}
+		return nil
+	})
+}
+
+func exec1(ctx context.Context, url, sql string, args ...any) error {
+	return inReplicaTx(ctx, url, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, sql, args...); err != nil {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
+		return nil
+	})
+}
+
+const opening = 1000 // each account's balance once its payouts are posted
+
+func (l *loader) paydb(ctx context.Context) error {
+	url := l.ready.DatabaseURLs.PayDB
+	now := time.Now().UTC()
+	err := copyRows(ctx, url, "account", []string{"id", "currency", "balance", "fence_token", "fence_holder"}, l.accounts, func(a int) []any {
+		return []any{accountID(a), "EUR", int64(opening), int64(l.tokens[a]), holder(a)}
+	})
+	if err != nil {
+		return err
+	}
+	err = copyRows(ctx, url, "payout", []string{"id", "account_id", "amount", "currency", "beneficiary_ref", "state", "client_ref",
+		"claimed_by", "token", "created_at", "claimed_at", "submitted_at", "settled_at"}, l.n, func(i int) []any {
+		a := i / l.perGrant
+		return []any{payoutID(i), accountID(a), int64(benchAmount), "EUR", "BEN-bench", string(pc.Posted), pc.ClientRef(payoutID(i)),
+			holder(a), int64(l.tokens[a]), now, now, now, now}
+	})
+	if err != nil {
+		return err
+	}
+	// History: created, then four changes under the account's grant.
+	steps := [][2]string{{"", "PENDING"}, {"PENDING", "CLAIMED"}, {"CLAIMED", "RAIL_SUBMITTED"}, {"RAIL_SUBMITTED", "RAIL_ACKED"}, {"RAIL_ACKED", "POSTED"}}
+	err = copyRows(ctx, url, "payout_event", []string{"payout_id", "from_state", "to_state", "token", "holder", "actor", "at"}, l.n*len(steps), func(j int) []any {
+		i, s := j/len(steps), j%len(steps)
+		a := i / l.perGrant
+		if s == 0 {
+			return []any{payoutID(i), nil, steps[s][1], nil, nil, "bench", now}
+		}
+		return []any{payoutID(i), steps[s][0], steps[s][1], int64(l.tokens[a]), holder(a), "bench", now}
+	})
+	if err != nil {
+		return err
+	}
+	// Ledger: each account's opening group, then two entries per payout.
+	cols := []string{"group_id", "account_id", "amount", "counterparty_account_id", "payout_id", "token", "created_at"}
+	err = copyRows(ctx, url, "ledger_entry", cols, 2*l.accounts, func(j int) []any {
+		a := j / 2
+		amt := int64(opening + benchAmount*l.payoutsOf(a))
+		if j%2 == 0 {
+			return []any{"open:" + accountID(a), accountID(a), amt, pc.FundingAccount, nil, nil, now}
+		}
+		return []any{"open:" + accountID(a), pc.FundingAccount, -amt, accountID(a), nil, nil, now}
+	})
+	if err != nil {
+		return err
+	}
+	err = copyRows(ctx, url, "ledger_entry", cols, 2*l.n, func(j int) []any {
+		i := j / 2
+		a := i / l.perGrant
+		if j%2 == 0 {
+			return []any{"post:" + payoutID(i), accountID(a), int64(-benchAmount), pc.ClearingAccount, payoutID(i), int64(l.tokens[a]), now}
+		}
+		return []any{"post:" + payoutID(i), pc.ClearingAccount, int64(benchAmount), accountID(a), payoutID(i), int64(l.tokens[a]), now}
+	})
+	if err != nil {
+		return err
+	}
+	// The system accounts' balances follow their entries.
+	total := int64(opening*l.accounts + benchAmount*l.n)
+	if err := exec1(ctx, url, "UPDATE account SET balance = balance - $1 WHERE id = $2", total, pc.FundingAccount); err != nil {
+		return err
+	}
+	return exec1(ctx, url, "UPDATE account SET balance = balance + $1 WHERE id = $2", int64(benchAmount*l.n), pc.ClearingAccount)
+}
+
+func (l *loader) proxydb(ctx context.Context) error {
+	url := l.ready.DatabaseURLs.ProxyDB
+	now := time.Now().UTC()
+	err := copyRows(ctx, url, "account_high_water", []string{"account_id", "token", "holder"}, l.accounts, func(a int) []any {
+		return []any{accountID(a), int64(l.tokens[a]), holder(a)}
+	})
+	if err != nil {
+		return err
+	}
+	return copyRows(ctx, url, "rail_submission", []string{"payout_id", "account_id", "fence_token", "holder", "client_ref", "amount",
+		"currency", "beneficiary_ref", "outcome", "rail_ref", "created_at", "outcome_at"}, l.n, func(i int) []any {
+		a := i / l.perGrant
+		return []any{payoutID(i), accountID(a), int64(l.tokens[a]), holder(a), pc.ClientRef(payoutID(i)), int64(benchAmount),
+			"EUR", "BEN-bench", "ACKED", l.railRefs[i], now, now}
+	})
+}
+
+// profilePass runs the pass in this process under the CPU profiler.
+func profilePass(ctx context.Context, res ReconcileResult, opts ReconcileOptions, urls PassURLs) (ReconcileResult, error) {
+	urls.RailPerPayout = opts.RailPerPayout
+	if opts.InProcessPass == nil {
+		return res, errors.New("bench reconcile: no in-process pass to profile")
+	}
+	f, err := os.Create(opts.CPUProfile)
+	if err != nil {
+		return res, err
+	}
+	defer f.Close()
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return res, err
+	}
+	t0 := time.Now()
+	report, code, err := opts.InProcessPass(ctx, urls)
+	res.Seconds = time.Since(t0).Seconds()
+	pprof.StopCPUProfile()
+	res.ExitCode = code
+	if err != nil {
+		return res, err
+	}
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
+		res.PeakRSSMB = float64(ru.Maxrss) / 1024
+	}
+	return res, countFindings(&res, report)
+}
+
+func countFindings(res *ReconcileResult, report []byte) error {
+	var rep struct {
+		Counts map[string]int `json:"counts"`
+	}
+	if err := json.Unmarshal(report, &rep); err != nil {
+		return fmt.Errorf("reconcile report: %w", err)
+	}
+	for _, n := range rep.Counts {
+		res.Findings += n
+	}
+	return nil
+}

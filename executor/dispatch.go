@@ -1,0 +1,197 @@
+package executor
+
+import (
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/payouts/payouts/internal/obs"
+)
+
+// maxWorkLimit is the payment resource's largest page of GET /v1/work.
+const maxWorkLimit = 1000
+
+// Cooldown of an account after a round that moved nothing: 1 s, doubling
+// up to 30 s, with jitter; reset by the first round that moves a payout.
+const (
+	cooldownMin = time.Second
+	cooldownMax = 30 * time.Second
+)
+
+// runSession dispatches accounts with work to workers until a stop is
+// requested (false) or the session is lost (true). It returns once every
+// worker has finished.
+func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
+	var wg sync.WaitGroup
+	defer func() {
+		wg.Wait()
+		// Whatever this session still holds ends with it.
+		e.mu.Lock()
+		clear(e.unreleased)
+		e.mu.Unlock()
+	}()
+	slots := make(chan struct{}, e.cfg.Concurrency)
+	progress := make(chan struct{}, 1)
+	jeopardy := false
+	for {
+		if e.stopping.Load() {
+			return false
+		}
+		if sess.Lost() {
+			return true
+		}
+		if !sess.Healthy() {
+			// JEOPARDY: a keepalive failed; start nothing new.
+			if !jeopardy {
+				log.Warn("lock session in jeopardy (a keepalive failed): starting no new work")
+				jeopardy = true
+			}
+		} else {
+			if jeopardy {
+				log.Info("lock session healthy again")
+				jeopardy = false
+			}
+			e.retryReleases(log)
+			e.dispatch(sess, log, slots, progress, &wg)
+		}
+		t := time.NewTimer(e.cfg.PollInterval)
+		select {
+		case <-e.stopCh:
+		case <-progress:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// workLimit is how many accounts to ask for: enough for every worker four
+// times over, plus the accounts cooling down, so that accounts which cannot
+// progress never hide the others behind them.
+// Entries long past their cooldown are dropped (the account has likely
+// left the work list); the next round without progress starts over at 1 s.
+func (e *Executor) workLimit(now time.Time) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cooling := 0
+	for acc, c := range e.cooling {
+		switch {
+		case now.Before(c.until):
+			cooling++
+		case now.Sub(c.until) > 2*cooldownMax:
+			delete(e.cooling, acc)
+		}
+	}
+	return min(e.cfg.Concurrency*4+cooling, maxWorkLimit)
+}
+
+func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{}, progress chan struct{}, wg *sync.WaitGroup) {
+	ctx, cancel := e.callCtx()
+	items, err := e.pay.Work(ctx, e.workLimit(time.Now()))
+	cancel()
+	if err != nil {
+		if refusedToken(err) {
+			e.refuse("payment resource", e.cfg.PaymentURL, err)
+			return
+		}
+		log.Warn("could not ask the payment resource for work", obs.KeyError, err.Error())
+		return
+	}
+	// Executors read the same list; starting at a random place spreads them
+	// over the accounts instead of all contending for the first one.
+	n := len(items)
+	start := 0
+	if n > 1 {
+		start = rand.IntN(n)
+	}
+	for i := range n {
+		it := items[(start+i)%n]
+		if e.stopping.Load() || !sess.Healthy() {
+			return
+		}
+		select {
+		case slots <- struct{}{}:
+		default:
+			return // every worker is busy; the next poll continues
+		}
+		if !e.reserve(it.AccountID, time.Now()) {
+			<-slots
+			continue
+		}
+		wg.Add(1)
+		go func(account string) {
+			defer wg.Done()
+			res := e.workAccount(sess, log, account)
+			moved := e.finishRound(log, account, res, time.Now())
+			<-slots
+			if moved {
+				select {
+				case progress <- struct{}{}:
+				default:
+				}
+			}
+		}(it.AccountID)
+	}
+}
+
+// reserve marks account as worked on by this process, unless a worker (or
+// a release retry) already is, or the account is cooling down.
+func (e *Executor) reserve(account string, now time.Time) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.active[account] {
+		return false
+	}
+	if c := e.cooling[account]; c != nil && now.Before(c.until) {
+		return false
+	}
+	e.active[account] = true
+	return true
+}
+
+// unreserve ends what reserve started.
+func (e *Executor) unreserve(account string) {
+	e.mu.Lock()
+	delete(e.active, account)
+	e.mu.Unlock()
+}
+
+// roundResult is what one grant's work on an account came to.
+type roundResult struct {
+	// acquired: this executor held the account's lock for the round.
+	acquired bool
+	// moved: at least one payout changed state under the grant.
+	moved bool
+	// fenced: a guard refused the grant's token.
+	fenced bool
+}
+
+// finishRound ends a round on account and reports whether it moved a
+// payout. A round that took the lock and moved nothing — fenced out, a
+// payout the proxy refuses, a payout that cannot be settled yet — cools
+// the account down: dispatching it again at once would only mint a token
+// (and perhaps a fenced_out event or an ERROR line) per poll.
+func (e *Executor) finishRound(log *slog.Logger, account string, res roundResult, now time.Time) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.active, account)
+	switch {
+	case res.moved:
+		delete(e.cooling, account)
+	case res.acquired:
+		c := e.cooling[account]
+		if c == nil {
+			c = &cooldown{b: backoff{min: cooldownMin, max: cooldownMax}}
+			e.cooling[account] = c
+		}
+		wait := c.b.next()
+		c.until = now.Add(wait)
+		msg := "no progress on the account: leaving it alone for a while"
+		if res.fenced {
+			msg = "account fenced out: leaving it alone for a while"
+		}
+		e.m.cooldowns.Inc()
+		log.Warn(msg, obs.KeyAccountID, account, "retry_in", wait.String())
+	}
+	return res.moved
+}

@@ -1,0 +1,118 @@
+package executor
+
+import (
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/lockclient"
+)
+
+// release gives back a round's grant. A release with no verdict is kept
+// for retryReleases: the session lives on, so the key would otherwise stay
+// held by it for as long as this process runs.
+func (e *Executor) release(log *slog.Logger, account string, g grant) {
+	ctx, cancel := e.callCtx()
+	defer cancel()
+	err := g.Release(ctx)
+	switch {
+	case err == nil:
+		log.Info("lock released")
+	case releaseRetryable(err):
+		e.releaseLater(account, g)
+		log.Warn("lock release failed; retrying on the next poll", obs.KeyError, err.Error())
+	default:
+		// After a loss the key is no longer ours; the release is moot.
+		log.Info("lock release refused; the key is no longer ours", obs.KeyError, err.Error())
+	}
+}
+
+// releaseLater records a grant whose release failed for a reason that may
+// pass (no answer from the lock service).
+func (e *Executor) releaseLater(account string, g grant) {
+	e.mu.Lock()
+	e.unreleased[account] = g
+	e.mu.Unlock()
+}
+
+// retryReleases retries every failed release once; a release refused as
+// not held (the key already moved on) or for a gone session is done too.
+//
+// A release is never retried for an account a worker is on: that worker
+// may have re-acquired the key, and since a re-acquire by the same session
+// returns the same token, the retry would free the worker's live grant on
+// the server while it carries on. Each retry reserves its account like a
+// worker does, so no worker can start on it while the retry is in flight.
+func (e *Executor) retryReleases(log *slog.Logger) {
+	type pending struct {
+		account string
+		g       grant
+	}
+	var todo []pending
+	e.mu.Lock()
+	for account, g := range e.unreleased {
+		if e.active[account] {
+			continue // its worker owns the key now; the worker releases it
+		}
+		e.active[account] = true
+		todo = append(todo, pending{account, g})
+	}
+	e.mu.Unlock()
+	for _, p := range todo {
+		ctx, cancel := e.callCtx()
+		err := p.g.Release(ctx)
+		cancel()
+		e.mu.Lock()
+		if err == nil || !releaseRetryable(err) {
+			delete(e.unreleased, p.account)
+		}
+		delete(e.active, p.account)
+		e.mu.Unlock()
+		if err != nil && releaseRetryable(err) {
+			continue
+		}
+		log.Info("earlier failed lock release settled", obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()), "result", releaseResult(err))
+	}
+}
+
+// releaseRetryable: the lock service gave no verdict (unreachable, 5xx).
+func releaseRetryable(err error) bool {
+	switch {
+	case problem.Has(err, problem.NotHeld), problem.Has(err, problem.SessionExpired),
+		errors.Is(err, lockclient.ErrSessionLost), problem.Has(err, problem.InvalidRequest):
+		return false
+	}
+	return true
+}
+
+func releaseResult(err error) string {
+	if err == nil {
+		return "released"
+	}
+	return err.Error()
+}
+
+// cooldown is how long an account whose last round moved nothing waits.
+type cooldown struct {
+	b     backoff
+	until time.Time
+}
+
+// backoff is a capped exponential backoff with jitter.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(b.cur*2, b.max)
+	}
+	return b.cur/2 + rand.N(b.cur/2+1)
+}
+
+func (b *backoff) reset() { b.cur = 0 }

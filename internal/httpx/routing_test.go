@@ -1,0 +1,96 @@
+package httpx_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/payouts/payouts/internal/auth"
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/problem"
+)
+
+// A routed path with a method it does not have answers 405 with Allow, as
+// a problem document; an unrouted path stays 404.
+func TestMethodNotAllowed(t *testing.T) {
+	ts, _ := newTestServer(t)
+	cases := []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{http.MethodGet, "/v1/echo", http.StatusMethodNotAllowed, "POST"},
+		{http.MethodDelete, "/healthz", http.StatusMethodNotAllowed, "GET"},
+		{"XMETHOD1", "/healthz", http.StatusMethodNotAllowed, "GET"},
+		{"XMETHOD1", "/v1/nowhere", http.StatusNotFound, ""},
+		{http.MethodGet, "/v1/nowhere", http.StatusNotFound, ""},
+	}
+	for _, tc := range cases {
+		req, _ := http.NewRequest(tc.method, ts.URL+tc.path, nil)
+		req.Header.Set("Authorization", "Bearer "+execToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || resp.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d Allow=%q, want %d Allow=%q (%s)", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Allow"), tc.status, tc.allow, body)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != problem.ContentType {
+			t.Errorf("%s %s: content type %q, want a problem document", tc.method, tc.path, ct)
+		}
+	}
+}
+
+// Methods outside a fixed set are one "other" label: a caller sending
+// made-up methods cannot grow the metric's series.
+func TestMetricLabelsAreBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := httpx.NewServer(httpx.Config{Role: "test", Registry: reg, Auth: auth.Insecure()})
+	h := s.Handler()
+	for i := range 20 {
+		req, _ := http.NewRequest("XMETHOD"+strings.Repeat("X", i), "/healthz", nil)
+		h.ServeHTTP(nopWriter{http.Header{}}, req)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "/healthz", nil)
+	h.ServeHTTP(nopWriter{http.Header{}}, req)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "payouts_http_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			got[strings.Join(labels, ",")] = m.GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{
+		"method=GET,route=/healthz,status=200":    1,
+		"method=other,route=unmatched,status=405": 20,
+	}
+	if len(got) != len(want) {
+		t.Fatalf("payouts_http_requests_total series %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("payouts_http_requests_total series %v, want %v", got, want)
+		}
+	}
+}
+
+type nopWriter struct{ h http.Header }
+
+func (w nopWriter) Header() http.Header         { return w.h }
+func (w nopWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (w nopWriter) WriteHeader(int)             {}

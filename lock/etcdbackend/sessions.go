@@ -1,0 +1,157 @@
+package etcdbackend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/backend"
+)
+
+// Sessions: one lease each, and a record under sessions/ that outlives it.
+
+// CreateSession implements backend.Backend. etcd leases are whole seconds:
+// the TTL is rounded up and the applied TTL reported.
+func (b *Backend) CreateSession(ctx context.Context, owner, principal string, ttl time.Duration) (backend.Session, error) {
+	secs := int64((ttl + time.Second - 1) / time.Second)
+	lr, err := b.cli.Grant(ctx, secs)
+	if err != nil {
+		return backend.Session{}, classify("create session", err)
+	}
+	id := sessionID(lr.ID)
+	now := time.Now()
+	applied := time.Duration(lr.TTL) * time.Second
+	rec := sessionValue{Owner: owner, Principal: principal, TTLMS: applied.Milliseconds(), CreatedAt: now.UTC()}
+	if _, err := b.cli.Put(ctx, b.sessionPath(id), mustJSON(rec)); err != nil {
+		_, _ = b.cli.Revoke(context.WithoutCancel(ctx), lr.ID)
+		return backend.Session{}, classify("create session", err)
+	}
+	return backend.Session{ID: id, Owner: owner, Principal: principal, TTL: applied, State: backend.StateActive, CreatedAt: now,
+		LastHeartbeatAt: now, ExpiresAt: now.Add(applied)}, nil
+}
+
+func (b *Backend) readSession(ctx context.Context, id string) (sessionValue, bool, error) {
+	var rec sessionValue
+	resp, err := b.cli.Get(ctx, b.sessionPath(id))
+	if err != nil {
+		return rec, false, classify("read session", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return rec, false, nil
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return rec, false, problem.Wrap(problem.Internal, err, "session %s: corrupt record", id)
+	}
+	return rec, true, nil
+}
+
+// KeepAlive implements backend.Backend: KeepAliveOnce, which etcd refuses
+// for an expired or revoked lease, so renewal never revives a session.
+func (b *Backend) KeepAlive(ctx context.Context, id string) (backend.Session, error) {
+	lease, ok := parseSessionID(id)
+	if !ok {
+		return backend.Session{}, backend.ErrSessionGone(id)
+	}
+	rec, found, err := b.readSession(ctx, id)
+	if err != nil {
+		return backend.Session{}, err
+	}
+	if !found || rec.Closed {
+		return backend.Session{}, backend.ErrSessionGone(id)
+	}
+	resp, err := b.cli.KeepAliveOnce(ctx, lease)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return backend.Session{}, backend.ErrSessionGone(id)
+	}
+	if err != nil {
+		return backend.Session{}, classify("keepalive", err)
+	}
+	now := time.Now()
+	ttl := time.Duration(resp.TTL) * time.Second
+	return backend.Session{ID: id, Owner: rec.Owner, Principal: rec.Principal, TTL: ttl, State: backend.StateActive, CreatedAt: rec.CreatedAt,
+		LastHeartbeatAt: now, ExpiresAt: now.Add(ttl)}, nil
+}
+
+// Session implements backend.Backend. etcd does not record heartbeats: the
+// last one is inferred from the lease's remaining TTL.
+func (b *Backend) Session(ctx context.Context, id string) (backend.Session, error) {
+	lease, ok := parseSessionID(id)
+	if !ok {
+		return backend.Session{}, problem.New(problem.NotFound, "session %s does not exist", id)
+	}
+	rec, found, err := b.readSession(ctx, id)
+	if err != nil {
+		return backend.Session{}, err
+	}
+	if !found {
+		return backend.Session{}, problem.New(problem.NotFound, "session %s does not exist", id)
+	}
+	s := backend.Session{ID: id, Owner: rec.Owner, Principal: rec.Principal, TTL: time.Duration(rec.TTLMS) * time.Millisecond, CreatedAt: rec.CreatedAt}
+	if rec.Closed {
+		s.State = backend.StateClosed
+		return s, nil
+	}
+	ttl, err := b.cli.TimeToLive(ctx, lease)
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return s, classify("read session", err)
+	}
+	if err != nil || ttl.TTL < 0 { // -1: expired or revoked
+		s.State = backend.StateExpired
+		return s, nil
+	}
+	now := time.Now()
+	granted, remaining := time.Duration(ttl.GrantedTTL)*time.Second, time.Duration(ttl.TTL)*time.Second
+	s.TTL = granted
+	s.ExpiresAt = now.Add(remaining)
+	s.LastHeartbeatAt = now.Add(remaining - granted)
+	s.State = backend.SessionState(s.LastHeartbeatAt, now, granted)
+	return s, nil
+}
+
+// CloseSession implements backend.Backend: release every lock of the session
+// (grants end as released), mark the record closed, revoke the lease.
+func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session, error) {
+	lease, ok := parseSessionID(id)
+	if !ok {
+		return backend.Session{}, backend.ErrSessionGone(id)
+	}
+	s, err := b.Session(ctx, id)
+	if problem.Has(err, problem.NotFound) {
+		return s, backend.ErrSessionGone(id)
+	}
+	if err != nil {
+		return s, err
+	}
+	switch s.State {
+	case backend.StateClosed:
+		return s, nil
+	case backend.StateExpired:
+		return s, backend.ErrSessionGone(id)
+	}
+	resp, err := b.cli.Get(ctx, b.prefix+"/locks/", clientv3.WithPrefix())
+	if err != nil {
+		return s, classify("close session", err)
+	}
+	for _, kv := range resp.Kvs {
+		if clientv3.LeaseID(kv.Lease) != lease {
+			continue
+		}
+		if _, err := b.end(ctx, kv, lease, backend.EndReleased, "session closed", ""); err != nil && !problem.Has(err, problem.NotHeld) {
+			return s, err
+		}
+	}
+	rec := sessionValue{Owner: s.Owner, Principal: s.Principal, TTLMS: s.TTL.Milliseconds(), CreatedAt: s.CreatedAt, Closed: true}
+	if _, err := b.cli.Put(ctx, b.sessionPath(id), mustJSON(rec)); err != nil {
+		return s, classify("close session", err)
+	}
+	if _, err := b.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return s, classify("close session", err)
+	}
+	s.State = backend.StateClosed
+	return s, nil
+}

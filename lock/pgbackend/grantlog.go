@@ -1,0 +1,119 @@
+package pgbackend
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/fencing"
+)
+
+// The grant log (D-9) and the token sequence (D-2, D-13).
+
+const grantCols = `token, key, owner, session_id, granted_at, ended_at, end_reason, actor, reason`
+
+func collectGrants(rows pgx.Rows, withNotify bool) ([]backend.GrantRecord, error) {
+	defer rows.Close()
+	var out []backend.GrantRecord
+	for rows.Next() {
+		var (
+			r                           backend.GrantRecord
+			token                       int64
+			endReason, actor, reason, n *string
+		)
+		dest := []any{&token, &r.Key, &r.Owner, &r.SessionID, &r.GrantedAt, &r.EndedAt, &endReason, &actor, &reason}
+		if withNotify {
+			dest = append(dest, &n)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
+		}
+		r.Token = fencing.Token(token)
+		r.EndReason, r.Actor, r.Reason = deref(endReason), deref(actor), deref(reason)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// Grants implements backend.Backend.
+func (b *Backend) Grants(ctx context.Context, after fencing.Token, limit int) ([]backend.GrantRecord, error) {
+	rows, err := b.pool.Query(ctx, `SELECT `+grantCols+` FROM lock_grant WHERE token > $1 ORDER BY token LIMIT $2`, int64(after), limit)
+	if err != nil {
+		return nil, b.classify("list grants", err)
+	}
+	recs, err := collectGrants(rows, false)
+	return recs, b.classify("list grants", err)
+}
+
+// HighToken implements backend.Backend: the sequence's position, which is at
+// least every token ever issued (tokens burned by a losing race count too).
+func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
+	var (
+		last   int64
+		called bool
+		maxG   int64
+	)
+	err := b.pool.QueryRow(ctx, `SELECT last_value, is_called, (SELECT coalesce(max(token), 0) FROM lock_grant) FROM lock_token_seq`).Scan(&last, &called, &maxG)
+	if err != nil {
+		return 0, b.classify("read high token", err)
+	}
+	if !called {
+		last--
+	}
+	return fencing.Token(max(last, maxG)), nil
+}
+
+// BumpTokens moves lock_token_seq up so that every future token is above
+// to (D-13). It refuses to move the sequence down or to a value at or below
+// a token already issued, and holds off concurrent acquires while it runs.
+func BumpTokens(ctx context.Context, databaseURL string, to fencing.Token) (from fencing.Token, err error) {
+	if !to.Valid() {
+		return 0, fmt.Errorf("bump-tokens: --to %d is not a valid token (1 .. 2^53-1)", int64(to))
+	}
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		return 0, fmt.Errorf("bump-tokens: connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.Background())
+	// Every acquire writes lock_entry and lock_grant: holding these locks
+	// means no nextval can run between the check and the setval.
+	if _, err := tx.Exec(ctx, `LOCK TABLE lock_entry, lock_grant IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		return 0, fmt.Errorf("bump-tokens: lock tables: %w", err)
+	}
+	var (
+		last   int64
+		called bool
+		maxG   int64
+	)
+	if err := tx.QueryRow(ctx, `SELECT last_value, is_called, (SELECT coalesce(max(token), 0) FROM lock_grant) FROM lock_token_seq`).Scan(&last, &called, &maxG); err != nil {
+		return 0, fmt.Errorf("bump-tokens: read sequence: %w", err)
+	}
+	if !called {
+		last--
+	}
+	cur := fencing.Token(max(last, maxG))
+	if to < cur {
+		return cur, fmt.Errorf("bump-tokens: refusing to move tokens down: tokens up to %d were already issued, --to %d is lower", int64(cur), int64(to))
+	}
+	if to == cur {
+		return cur, tx.Commit(ctx)
+	}
+	if _, err := tx.Exec(ctx, `SELECT setval('lock_token_seq', $1, true)`, int64(to)); err != nil {
+		return cur, fmt.Errorf("bump-tokens: setval: %w", err)
+	}
+	return cur, tx.Commit(ctx)
+}

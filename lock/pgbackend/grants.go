@@ -1,0 +1,269 @@
+package pgbackend
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/fencing"
+)
+
+// Grants: acquire, release, revoke and introspection of held keys.
+
+// Grant log timestamps use clock_timestamp(), read while the statement
+// executes (after its snapshot), so a grant never appears to start before
+// the end of the grant it follows; expiry decisions use now() (D-11).
+
+// acquireSQL is the acquire: one conditional statement. The key is free
+// when it has no entry, or its entry's session is no longer live by the
+// database's now() (then the entry is taken over with a compare-and-swap on
+// its token and the lapsed grant is ended as expired, in the same step). The
+// grant record is written in the same statement (D-9). When the key is held
+// the current entry is returned instead: by our session, that is the
+// idempotent re-acquire (same token); by another, lock_held.
+//
+// A takeover and a keepalive of the lapsed session conflict on that
+// session's row (INV-06): the takeover ends the session (EXPIRED) in the
+// same statement and happens only if that update did, re-checked on the
+// row's newest version. A keepalive in flight either commits first (the
+// session is live again: no takeover, lock_held) or waits for the takeover
+// and then finds the session expired. The acquiring session's own row is
+// read FOR SHARE for the same reason: a statement that is ending it
+// concurrently is waited for, and then no grant is made to it.
+const acquireSQL = `
+WITH ts AS MATERIALIZED (
+	SELECT clock_timestamp() AS at
+), sess AS (
+	SELECT s.id, s.owner, s.expires_at FROM lock_session s
+	 WHERE s.id = $2 AND lock_session_live(s.state, s.expires_at)
+	   FOR SHARE
+), cur AS (
+	SELECT e.key, e.owner, e.session_id, e.token, e.acquired_at, ls.expires_at, ls.state,
+	       lock_session_live(ls.state, ls.expires_at) AS live
+	  FROM lock_entry e JOIN lock_session ls ON ls.id = e.session_id
+	 WHERE e.key = $1
+), lapsed AS (
+	UPDATE lock_session ls SET state = 'EXPIRED'
+	  FROM cur
+	 WHERE ls.id = cur.session_id AND cur.session_id <> $2 AND NOT cur.live
+	   AND ls.state = 'ACTIVE' AND NOT lock_session_live(ls.state, ls.expires_at)
+	RETURNING ls.id
+), took AS (
+	UPDATE lock_entry e
+	   SET owner = sess.owner, session_id = sess.id, token = nextval('lock_token_seq'), acquired_at = (SELECT at FROM ts)
+	  FROM sess, cur
+	 WHERE e.key = $1 AND e.token = cur.token AND ` + takeoverSQL + `
+	RETURNING e.key, e.owner, e.session_id, e.token, e.acquired_at, cur.token AS prev_token
+), fresh AS (
+	INSERT INTO lock_entry (key, owner, session_id, token, acquired_at)
+	SELECT $1, sess.owner, sess.id, nextval('lock_token_seq'), (SELECT at FROM ts) FROM sess
+	 WHERE NOT EXISTS (SELECT 1 FROM cur)
+	ON CONFLICT (key) DO NOTHING
+	RETURNING key, owner, session_id, token, acquired_at
+), granted AS (
+	SELECT key, owner, session_id, token, acquired_at, prev_token FROM took
+	UNION ALL
+	SELECT key, owner, session_id, token, acquired_at, NULL::bigint FROM fresh
+), logged AS (
+	INSERT INTO lock_grant (token, key, owner, session_id, granted_at)
+	SELECT token, key, owner, session_id, acquired_at FROM granted
+	RETURNING token
+), ended AS (
+	UPDATE lock_grant
+	   SET ended_at = (SELECT at FROM ts), end_reason = 'expired', actor = 'lock-service'
+	 WHERE token IN (SELECT prev_token FROM took) AND ended_at IS NULL
+	RETURNING token, key, owner, session_id, granted_at, ended_at
+)
+SELECT 'granted' AS outcome, g.key, g.owner, g.session_id, g.token, g.acquired_at,
+       (SELECT expires_at FROM sess), e.token, e.owner, e.session_id, e.granted_at, e.ended_at,
+       (SELECT count(*) FROM logged), true
+  FROM granted g LEFT JOIN ended e ON true
+UNION ALL
+SELECT 'held', c.key, c.owner, c.session_id, c.token, c.acquired_at, c.expires_at,
+       NULL, NULL, NULL, NULL, NULL, 0, c.live
+  FROM cur c
+ WHERE NOT EXISTS (SELECT 1 FROM granted) AND EXISTS (SELECT 1 FROM sess)
+UNION ALL
+SELECT 'no_session', $1, '', $2, 0, now(), now(), NULL, NULL, NULL, NULL, NULL, 0, true
+ WHERE NOT EXISTS (SELECT 1 FROM sess)`
+
+// Acquire implements backend.Backend.
+func (b *Backend) Acquire(ctx context.Context, key, sessionID string) (backend.Grant, error) {
+	for attempt := 0; ; attempt++ {
+		g, retry, err := b.acquireOnce(ctx, key, sessionID)
+		if !retry || attempt >= 20 || ctx.Err() != nil {
+			return g, err
+		}
+	}
+}
+
+func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g backend.Grant, retry bool, err error) {
+	var (
+		outcome                string
+		token                  int64
+		prevToken              *int64
+		prevOwner, prevSession *string
+		prevGranted, prevEnded *time.Time
+		logged                 int64
+		holderLive             bool
+	)
+	// A sequence hands out values in call order, not commit order: two
+	// acquires of one key racing inside the database could commit a token
+	// below one already granted (and released) for that key. Acquires of a
+	// key are therefore serialized by a transaction-scoped advisory lock,
+	// taken in the same implicit transaction (one batch, one round trip)
+	// before the acquire statement, which then takes its snapshot with no
+	// other acquire of the key in flight. Releases need no lock: they mint
+	// nothing.
+	batch := &pgx.Batch{}
+	batch.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 7101))`, key)
+	batch.Queue(acquireSQL, key, sessionID)
+	br := b.pool.SendBatch(ctx, batch)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return g, retryable(err), b.classify("acquire", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return g, retryable(err), b.classify("acquire", err)
+	}
+	found := false
+	for rows.Next() {
+		found = true
+		if err := rows.Scan(&outcome, &g.Key, &g.Owner, &g.SessionID, &token, new(time.Time), &g.ServerExpiry,
+			&prevToken, &prevOwner, &prevSession, &prevGranted, &prevEnded, &logged, &holderLive); err != nil {
+			rows.Close()
+			return g, false, b.classify("acquire", err)
+		}
+		g.Token = fencing.Token(token)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return backend.Grant{}, retryable(err), b.classify("acquire", err)
+	}
+	if err := br.Close(); err != nil { // the implicit transaction commits here
+		return backend.Grant{}, retryable(err), b.classify("acquire", err)
+	}
+	if !found {
+		// A concurrent acquire inserted the entry after our snapshot: ask again.
+		return backend.Grant{}, true, backend.ErrHeld(key, backend.Lock{})
+	}
+	switch outcome {
+	case "no_session":
+		return backend.Grant{}, false, backend.ErrSessionGone(sessionID)
+	case "held":
+		if !holderLive && g.SessionID != sessionID {
+			// The holder had lapsed in our snapshot but was not taken over:
+			// a keepalive renewed it first, or another statement ended it.
+			// Ask again with a fresh snapshot.
+			return backend.Grant{}, true, backend.ErrHeld(key, backend.Lock{})
+		}
+		if g.SessionID == sessionID {
+			g.Existing = true
+			return g, false, nil // idempotent re-acquire: the same token
+		}
+		return backend.Grant{}, false, backend.ErrHeld(key, backend.Lock{Key: key, Held: true, Owner: g.Owner, SessionID: g.SessionID, Token: g.Token, ServerExpiry: g.ServerExpiry})
+	}
+	if prevToken != nil {
+		b.obs().Expired([]backend.GrantRecord{{Token: fencing.Token(*prevToken), Key: key, Owner: *prevOwner, SessionID: *prevSession,
+			GrantedAt: *prevGranted, EndedAt: prevEnded, EndReason: backend.EndExpired, Actor: "lock-service"}})
+	}
+	return g, false, nil
+}
+
+// Release implements backend.Backend: compare-and-delete on (key, session,
+// token), by a live session.
+func (b *Backend) Release(ctx context.Context, key, sessionID string, token fencing.Token) (backend.GrantRecord, error) {
+	rows, err := b.pool.Query(ctx, `
+		WITH d AS (
+			DELETE FROM lock_entry e USING lock_session s
+			 WHERE e.key = $1 AND e.session_id = $2 AND e.token = $3
+			   AND s.id = e.session_id AND lock_session_live(s.state, s.expires_at)
+			RETURNING e.key, e.token
+		), g AS (
+			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = owner
+			 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
+			RETURNING `+grantCols+`
+		)
+		SELECT g.*, pg_notify('`+notifyChannel+`', g.key)::text FROM g`, key, sessionID, int64(token))
+	if err != nil {
+		return backend.GrantRecord{}, b.classify("release", err)
+	}
+	recs, err := collectGrants(rows, true)
+	if err != nil {
+		return backend.GrantRecord{}, b.classify("release", err)
+	}
+	if len(recs) == 0 {
+		return backend.GrantRecord{}, backend.ErrNotHeld(key, sessionID, token)
+	}
+	return recs[0], nil
+}
+
+// Revoke implements backend.Backend.
+func (b *Backend) Revoke(ctx context.Context, key, actor, reason string) (backend.GrantRecord, error) {
+	rows, err := b.pool.Query(ctx, `
+		WITH d AS (
+			DELETE FROM lock_entry WHERE key = $1 RETURNING key, token
+		), g AS (
+			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'revoked', actor = $2, reason = $3
+			 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
+			RETURNING `+grantCols+`
+		)
+		SELECT g.*, pg_notify('`+notifyChannel+`', g.key)::text FROM g`, key, actor, reason)
+	if err != nil {
+		return backend.GrantRecord{}, b.classify("revoke", err)
+	}
+	recs, err := collectGrants(rows, true)
+	if err != nil {
+		return backend.GrantRecord{}, b.classify("revoke", err)
+	}
+	if len(recs) == 0 {
+		return backend.GrantRecord{}, backend.ErrFree(key)
+	}
+	return recs[0], nil
+}
+
+const lockSelect = `
+	SELECT e.key, e.owner, e.session_id, e.token, e.acquired_at, s.expires_at
+	  FROM lock_entry e JOIN lock_session s ON s.id = e.session_id
+	 WHERE lock_session_live(s.state, s.expires_at)`
+
+func scanLock(row pgx.Row) (backend.Lock, error) {
+	var (
+		l     backend.Lock
+		token int64
+	)
+	err := row.Scan(&l.Key, &l.Owner, &l.SessionID, &token, &l.AcquiredAt, &l.ServerExpiry)
+	l.Token, l.Held = fencing.Token(token), err == nil
+	return l, err
+}
+
+// Lock implements backend.Backend. A lapsed session's entry is shown free.
+func (b *Backend) Lock(ctx context.Context, key string) (backend.Lock, error) {
+	l, err := scanLock(b.pool.QueryRow(ctx, lockSelect+` AND e.key = $1`, key))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return backend.Lock{Key: key}, nil
+	}
+	return l, b.classify("read lock", err)
+}
+
+// Locks implements backend.Backend.
+func (b *Backend) Locks(ctx context.Context, prefix string, limit int) ([]backend.Lock, error) {
+	rows, err := b.pool.Query(ctx, lockSelect+` AND starts_with(e.key, $1) ORDER BY e.key LIMIT $2`, prefix, limit)
+	if err != nil {
+		return nil, b.classify("list locks", err)
+	}
+	defer rows.Close()
+	var out []backend.Lock
+	for rows.Next() {
+		l, err := scanLock(rows)
+		if err != nil {
+			return nil, b.classify("list locks", err)
+		}
+		out = append(out, l)
+	}
+	return out, b.classify("list locks", rows.Err())
+}

@@ -1,0 +1,157 @@
+package pgbackend
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/backend"
+)
+
+// Sessions: a client's liveness relationship, one lock_session row.
+
+const sessionCols = `id, owner, principal, ttl_ms, state, created_at, last_heartbeat_at, expires_at,
+	lock_session_live(state, expires_at) AS live, now() AS db_now`
+
+func scanSession(row pgx.Row) (backend.Session, error) {
+	var (
+		s     backend.Session
+		ttlMS int64
+		live  bool
+		now   time.Time
+	)
+	if err := row.Scan(&s.ID, &s.Owner, &s.Principal, &ttlMS, &s.State, &s.CreatedAt, &s.LastHeartbeatAt, &s.ExpiresAt, &live, &now); err != nil {
+		return s, err
+	}
+	s.TTL = time.Duration(ttlMS) * time.Millisecond
+	switch {
+	case s.State == backend.StateActive && !live:
+		// Lapsed; the reaper will record it shortly. It is expired now.
+		s.State = backend.StateExpired
+	case s.State == backend.StateActive:
+		s.State = backend.SessionState(s.LastHeartbeatAt, now, s.TTL)
+	}
+	return s, nil
+}
+
+// CreateSession implements backend.Backend.
+func (b *Backend) CreateSession(ctx context.Context, owner, principal string, ttl time.Duration) (backend.Session, error) {
+	row := b.pool.QueryRow(ctx, `
+		INSERT INTO lock_session (owner, principal, ttl_ms, expires_at)
+		VALUES ($1, $3, $2::integer, now() + $2::integer * interval '1 millisecond')
+		RETURNING `+sessionCols, owner, ttl.Milliseconds(), principal)
+	s, err := scanSession(row)
+	return s, b.classify("create session", err)
+}
+
+// keepAliveSQL renews a live session. It updates the session's row, so it
+// conflicts with an acquire taking over one of the session's lapsed locks
+// (which ends the session on that row): whichever commits second sees the
+// other's effect (INV-06).
+const keepAliveSQL = `
+	UPDATE lock_session
+	   SET last_heartbeat_at = now(), expires_at = now() + ttl_ms * interval '1 millisecond'
+	 WHERE id = $1 AND lock_session_live(state, expires_at)
+	RETURNING ` + sessionCols
+
+// KeepAlive implements backend.Backend. Renewal only ever updates a live
+// row: it never inserts, so an expired session cannot come back.
+func (b *Backend) KeepAlive(ctx context.Context, id string) (backend.Session, error) {
+	row := b.pool.QueryRow(ctx, keepAliveSQL, id)
+	s, err := scanSession(row)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, backend.ErrSessionGone(id)
+	}
+	return s, b.classify("keepalive", err)
+}
+
+// CloseSession implements backend.Backend.
+func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session, error) {
+	var closed bool
+	err := b.pool.QueryRow(ctx, `
+		WITH s AS (
+			UPDATE lock_session SET state = 'CLOSED'
+			 WHERE id = $1 AND lock_session_live(state, expires_at)
+			RETURNING id
+		), d AS (
+			DELETE FROM lock_entry WHERE session_id IN (SELECT id FROM s) RETURNING key, token
+		), g AS (
+			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = 'session closed'
+			 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
+			RETURNING token
+		), n AS (
+			SELECT pg_notify('`+notifyChannel+`', d.key) FROM d
+		)
+		SELECT EXISTS (SELECT 1 FROM s), (SELECT count(*) FROM g), (SELECT count(*) FROM n)`, id).Scan(&closed, new(int64), new(int64))
+	if err != nil {
+		return backend.Session{}, b.classify("close session", err)
+	}
+	s, err := b.Session(ctx, id)
+	if err != nil {
+		if problem.Has(err, problem.NotFound) {
+			return s, backend.ErrSessionGone(id)
+		}
+		return s, err
+	}
+	if !closed && s.State != backend.StateClosed {
+		return s, backend.ErrSessionGone(id)
+	}
+	return s, nil
+}
+
+// Session implements backend.Backend.
+func (b *Backend) Session(ctx context.Context, id string) (backend.Session, error) {
+	s, err := scanSession(b.pool.QueryRow(ctx, `SELECT `+sessionCols+` FROM lock_session WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, problem.New(problem.NotFound, "session %s does not exist", id)
+	}
+	return s, b.classify("read session", err)
+}
+
+// Reap expires every lapsed session (outside grace), frees its locks and
+// ends their grants as expired, in one statement; it also frees the other
+// locks of sessions an acquire ended when it took one of their keys over. Run calls it on a timer;
+// it is exported for tests and tools.
+func (b *Backend) Reap(ctx context.Context) error {
+	for attempt := 0; ; attempt++ {
+		rows, err := b.pool.Query(ctx, `
+			WITH s AS (
+				UPDATE lock_session SET state = 'EXPIRED'
+				 WHERE state = 'ACTIVE' AND expires_at <= now() AND NOT lock_session_live(state, expires_at)
+				RETURNING id
+			), d AS (
+				DELETE FROM lock_entry e USING lock_session ls
+				 WHERE ls.id = e.session_id AND (ls.id IN (SELECT id FROM s) OR ls.state <> 'ACTIVE')
+				RETURNING e.key, e.token
+			), g AS (
+				UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'expired', actor = 'lock-service'
+				 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
+				RETURNING `+grantCols+`
+			)
+			SELECT g.*, pg_notify('`+notifyChannel+`', g.key)::text FROM g`)
+		if err != nil {
+			if retryable(err) && attempt < 5 {
+				continue
+			}
+			return b.classify("reap", err)
+		}
+		recs, err := collectGrants(rows, true)
+		if err != nil {
+			if retryable(err) && attempt < 5 {
+				continue
+			}
+			return b.classify("reap", err)
+		}
+		if len(recs) > 0 {
+			b.obs().Expired(recs)
+		}
+		var n int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM lock_session WHERE state = 'ACTIVE' AND lock_session_live(state, expires_at)`).Scan(&n); err == nil {
+			b.obs().ActiveSessions(n)
+		}
+		return nil
+	}
+}

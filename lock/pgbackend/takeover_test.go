@@ -1,0 +1,225 @@
+package pgbackend
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/payouts/payouts/dev/pgtest"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/migrations"
+)
+
+// takeoverRig is one backend (its background loop not running, so nothing
+// but the test ends a session) on a fresh lockdb, with session A (TTL one
+// minute) holding key.
+type takeoverRig struct {
+	b    *Backend
+	ctx  context.Context
+	key  string
+	a    backend.Session
+	held backend.Grant
+}
+
+func setupTakeover(t *testing.T) *takeoverRig {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	b, err := Open(ctx, Config{DatabaseURL: pgtest.NewDB(t, migrations.LockDB), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	r := &takeoverRig{b: b, ctx: ctx, key: "payout:race"}
+	if r.a, err = b.CreateSession(ctx, "a", "p", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if r.held, err = b.Acquire(ctx, r.key, r.a.ID); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// lapseIn moves A's expiry to d from the database's now, as if its last
+// heartbeat had been a TTL minus d ago.
+func (r *takeoverRig) lapseIn(t *testing.T, d time.Duration) {
+	t.Helper()
+	if _, err := r.b.pool.Exec(r.ctx, `UPDATE lock_session SET expires_at = now() + $2 * interval '1 millisecond' WHERE id = $1`,
+		r.a.ID, d.Milliseconds()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitLapsed waits until A's expiry has passed by the database's clock.
+func (r *takeoverRig) waitLapsed(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var lapsed bool
+		if err := r.b.pool.QueryRow(r.ctx, `SELECT expires_at < now() FROM lock_session WHERE id = $1`, r.a.ID).Scan(&lapsed); err != nil {
+			t.Fatal(err)
+		}
+		if lapsed {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("session A never lapsed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// blockedOrDone waits until done is closed or some statement waits for a
+// row lock held by the test's open transaction.
+func (r *takeoverRig) blockedOrDone(t *testing.T, done <-chan struct{}) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		var waiting bool
+		if err := r.b.pool.QueryRow(r.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the concurrent statement neither finished nor waited")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestKeepAliveInFlightAcrossTakeover: A's keepalive starts while A is
+// live and its transaction is still open when A has lapsed and B acquires
+// A's key. Exactly one may win: either the keepalive (B is refused) or the
+// takeover (the keepalive fails). Before the takeover locked A's row, both
+// succeeded: A was told it was live with token 1 while B held token 2.
+func TestKeepAliveInFlightAcrossTakeover(t *testing.T) {
+	r := setupTakeover(t)
+	r.lapseIn(t, 300*time.Millisecond)
+	tx, err := r.b.pool.Begin(r.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	renewed, err := scanSession(tx.QueryRow(r.ctx, keepAliveSQL, r.a.ID))
+	if err != nil {
+		t.Fatalf("keepalive of a live session: %v", err)
+	}
+	r.waitLapsed(t)
+
+	sb, err := r.b.CreateSession(r.ctx, "b", "p", backend.MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var (
+		g    backend.Grant
+		gErr error
+	)
+	go func() { defer close(done); g, gErr = r.b.Acquire(r.ctx, r.key, sb.ID) }()
+	r.blockedOrDone(t, done)
+	if err := tx.Commit(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if gErr == nil {
+		t.Fatalf("INV-06: B was granted %s with token %d while A's keepalive committed (A live until %s, holding token %d)",
+			r.key, g.Token, renewed.ExpiresAt, r.held.Token)
+	}
+	if !problem.Has(gErr, problem.LockHeld) {
+		t.Fatalf("B's acquire: %v; want lock_held", gErr)
+	}
+	s, err := r.b.Session(r.ctx, r.a.ID)
+	if err != nil || s.State == backend.StateExpired || s.State == backend.StateClosed {
+		t.Fatalf("A after its keepalive won: %+v, %v", s, err)
+	}
+}
+
+// TestTakeoverInFlightAcrossKeepAlive: A's keepalive starts while A is
+// live (its statement's now() is before A's expiry) and reaches A's row
+// only while B's acquire, which took A's lapsed key over, is still open.
+// Once the takeover commits the keepalive must fail; before the takeover
+// ended A's session on its row, the keepalive answered that A was live.
+func TestTakeoverInFlightAcrossKeepAlive(t *testing.T) {
+	r := setupTakeover(t)
+	sb, err := r.b.CreateSession(r.ctx, "b", "p", backend.MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.lapseIn(t, 300*time.Millisecond)
+	ktx, err := r.b.pool.Begin(r.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ktx.Rollback(context.Background())
+	var live bool // the keepalive's clock starts here, before A's expiry
+	if err := ktx.QueryRow(r.ctx, `SELECT expires_at > now() FROM lock_session WHERE id = $1`, r.a.ID).Scan(&live); err != nil || !live {
+		t.Fatalf("A should still be live when its keepalive starts: %v %v", live, err)
+	}
+	r.waitLapsed(t)
+
+	tx, err := r.b.pool.Begin(r.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	rows, err := tx.Query(r.ctx, acquireSQL, r.key, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		outcome string
+		token   int64
+	)
+	for rows.Next() {
+		v, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		outcome, token = v[0].(string), v[4].(int64)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if outcome != "granted" || token <= int64(r.held.Token) {
+		t.Fatalf("B's takeover: %s with token %d; want granted above %d", outcome, token, r.held.Token)
+	}
+	done := make(chan struct{})
+	var (
+		s    backend.Session
+		kErr error
+	)
+	go func() {
+		defer close(done)
+		if s, kErr = scanSession(ktx.QueryRow(r.ctx, keepAliveSQL, r.a.ID)); kErr == nil {
+			kErr = ktx.Commit(r.ctx)
+		}
+	}()
+	r.blockedOrDone(t, done)
+	if err := tx.Commit(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if kErr == nil {
+		t.Fatalf("INV-06: A's keepalive succeeded (live until %s, believing it holds token %d) after B took %s over with token %d",
+			s.ExpiresAt, r.held.Token, r.key, token)
+	}
+	if !errors.Is(kErr, pgx.ErrNoRows) {
+		t.Fatalf("A's keepalive: %v; want no row (session_expired)", kErr)
+	}
+	a, err := r.b.Session(r.ctx, r.a.ID)
+	if err != nil || a.State != backend.StateExpired {
+		t.Fatalf("A after the takeover: %+v, %v; want EXPIRED (a later grace period must not revive it)", a, err)
+	}
+}
