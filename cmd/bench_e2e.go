@@ -73,7 +73,7 @@ the rail settled more than once (must be 0). docs/benchmarks.md describes the me
 	fl.StringVar(&o.ExecutorToken, "executor-token", "", "executor bearer token of the given system")
 	fl.StringVar(&o.OperatorToken, "operator-token", "", "operator bearer token of the given system")
 	fl.StringVar(&o.Dir, "dir", "", "directory for the stack and logs (default: a temporary directory, removed afterwards)")
-	fl.StringVar(&o.ProfileDir, "profile", "", "write CPU profiles of every process here (roles need a binary built with -tags pprof)")
+	fl.StringVar(&o.ProfileDir, "profile", "", "write CPU profiles of every process here (5 s slices; go tool pprof merges them)")
 	fl.BoolVar(&asJSON, "json", false, "print the result as one JSON line")
 	fl.StringVar(&plot, "plot", "", "write an SVG plot of the run (throughput and latency per second) to this file")
 	return c

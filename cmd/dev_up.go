@@ -17,6 +17,7 @@ func newDevUpCmd(a *app) *cobra.Command {
 		out        output
 		portBase   int
 		settlement time.Duration
+		useTLS     bool
 	)
 	c := &cobra.Command{
 		Use:   "up",
@@ -25,7 +26,7 @@ func newDevUpCmd(a *app) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			logger := a.logger(cmd, "dev")
 			ctx := cmd.Context()
-			st, err := stack.Start(ctx, stack.Options{Dir: dir, PortBase: portBase, Logger: logger, SettlementWindow: settlement})
+			st, err := stack.Start(ctx, stack.Options{Dir: dir, PortBase: portBase, Logger: logger, SettlementWindow: settlement, TLS: useTLS})
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
@@ -57,6 +58,7 @@ func newDevUpCmd(a *app) *cobra.Command {
 	out.register(c, true)
 	c.Flags().IntVar(&portBase, "port-base", 7100, "ports: lock +1, payment +2, proxy +3, rail +4, PostgreSQL +5, etcd +6/+7; 0 picks free ports")
 	c.Flags().DurationVar(&settlement, "settlement-window", 3*time.Second, "the rail stub's settlement window")
+	c.Flags().BoolVar(&useTLS, "tls", false, "run every role over HTTPS with a throwaway CA made for this run (DIR/tls/ca.pem: pass it as --ca-file)")
 	return c
 }
 
@@ -64,7 +66,14 @@ func printReady(w io.Writer, r stack.Ready) {
 	fmt.Fprintf(w, "payouts dev stack is up (data in %s)\n\n", r.Dir)
 	fmt.Fprintf(w, "  lock service      %s\n  payment resource  %s\n  rail proxy        %s\n  rail stub         %s\n\n", r.LockURL, r.PaymentURL, r.ProxyURL, r.RailURL)
 	fmt.Fprintf(w, "  paydb    %s\n  proxydb  %s\n  lockdb   %s\n\n", r.DatabaseURLs.PayDB, r.DatabaseURLs.ProxyDB, r.DatabaseURLs.LockDB)
-	fmt.Fprintf(w, "  tokens   executor=%s\n           reconciler=%s\n           operator=%s\n\n", r.Tokens.Executor, r.Tokens.Reconciler, r.Tokens.Operator)
+	fmt.Fprintf(w, "  tokens   executor=%s\n           reconciler=%s\n           operator=%s\n           proxy=%s (the proxy's own, at the rail)\n",
+		r.Tokens.Executor, r.Tokens.Reconciler, r.Tokens.Operator, r.Tokens.Proxy)
+	fmt.Fprintf(w, "           also in files (0600): %s/secrets/ROLE.token, for --token-file\n\n", r.Dir)
+	ca := ""
+	if r.TLS != nil {
+		fmt.Fprintf(w, "  TLS      throwaway CA %s (--ca-file)\n\n", r.TLS.CA)
+		ca = " --cacert " + r.TLS.CA
+	}
 	fmt.Fprintf(w, "  logs     %s/logs/\n\n", r.Dir)
-	fmt.Fprintf(w, "Try: curl -s -H 'Authorization: Bearer %s' %s/v1/accounts\nCtrl-C stops everything.\n", r.Tokens.Operator, r.PaymentURL)
+	fmt.Fprintf(w, "Try: curl -s%s -H \"Authorization: Bearer $(cat %s)\" %s/v1/accounts\nCtrl-C stops everything.\n", ca, r.TokenFiles["operator"], r.PaymentURL)
 }

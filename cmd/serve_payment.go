@@ -16,6 +16,7 @@ func newServePaymentCmd(a *app) *cobra.Command {
 		currency    string
 		ledgerCheck time.Duration
 		maxConns    int32
+		sla         time.Duration
 	)
 	c := &cobra.Command{
 		Use:   "payment",
@@ -36,6 +37,7 @@ func newServePaymentCmd(a *app) *cobra.Command {
 				TLS:                 env.TLS,
 				LedgerCheckInterval: ledgerCheck,
 				MaxConns:            maxConns,
+				ResolutionSLA:       sla,
 			}
 			return env.run(cmd.Context(), func(ctx context.Context) error { return payment.Run(ctx, cfg) })
 		},
@@ -44,5 +46,6 @@ func newServePaymentCmd(a *app) *cobra.Command {
 	c.Flags().StringVar(&currency, "currency", payment.DefaultCurrency, "the one currency of every account and payout (ISO 4217 code)")
 	c.Flags().DurationVar(&ledgerCheck, "ledger-check-interval", 30*time.Second, "how often balances are compared with the ledger (INV-03)")
 	c.Flags().Int32Var(&maxConns, "max-db-conns", 16, "largest number of paydb connections")
+	c.Flags().DurationVar(&sla, "resolution-sla", payment.DefaultResolutionSLA, "how long a payout must have been RAIL_AMBIGUOUS before an operator may abandon it")
 	return c
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/payouts/payouts/dev/faultproxy"
@@ -30,7 +31,7 @@ var chaosPartitionLinks = []string{"exec-lock", "exec-payment", "exec-proxy", "p
 var chaosPartitionModes = []faultproxy.Mode{faultproxy.Blackhole, faultproxy.Reset, faultproxy.Delay}
 
 func chaosKinds(backend string) []string {
-	kinds := []string{"executor_sigkill", "executor_sigstop", "lock_sigterm", "lock_sigkill", "payment_sigterm",
+	kinds := []string{"executor_sigkill", "executor_sigstop", "stale_writer_sigstop", "lock_sigterm", "lock_sigkill", "payment_sigterm",
 		"payment_sigkill", "proxy_sigterm", "proxy_sigkill", "postgres_crash"}
 	if backend == "etcd" {
 		kinds = append(kinds, "etcd_leader_loss", "etcd_follower_loss")
@@ -56,6 +57,9 @@ func (c *chaosRun) chaos() {
 	kinds := chaosKinds(c.backend)
 	plan := append([]string(nil), kinds...)
 	c.rng.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
+	// The random draws favour the stale writer a little: between two of
+	// its freezes it keeps the accounts it holds.
+	pool := append(append([]string(nil), kinds...), "stale_writer_sigstop", "stale_writer_sigstop")
 	deferred := map[string]int{}
 	every := c.cfg.duration / time.Duration(c.cfg.faults+1)
 	next := c.chaosStart
@@ -75,7 +79,7 @@ func (c *chaosRun) chaos() {
 		if fromPlan {
 			kind, plan = plan[0], plan[1:]
 		} else {
-			kind = kinds[c.rng.IntN(len(kinds))]
+			kind = pool[c.rng.IntN(len(pool))]
 		}
 		if !c.do(kind) {
 			// Not applicable now (e.g. one executor left working, an etcd
@@ -117,9 +121,12 @@ func (c *chaosRun) do(kind string) bool {
 			_ = l.Close()
 		}
 		c.startExecutor()
-	case kind == "executor_sigstop":
+	case kind == "executor_sigstop", kind == "stale_writer_sigstop":
 		e := c.pick()
-		if e == nil {
+		if kind == "stale_writer_sigstop" {
+			e = c.stale
+		}
+		if e == nil || e.paused {
 			return false
 		}
 		// Frozen past its session TTL: a successor takes its accounts, and
@@ -248,7 +255,7 @@ func (c *chaosRun) heal(l *faultproxy.Link) {
 // thaws frozen executors, heals links, brings the stopped etcd member back.
 func (c *chaosRun) settleDue(all bool) {
 	now := time.Now()
-	for _, e := range c.execs {
+	for _, e := range append([]*chaosExec{c.stale}, c.execs...) {
 		if e.paused && (all || now.After(e.resumeAt)) {
 			if err := e.p.Resume(); err != nil {
 				c.t.Fatalf("resume %s: %v", e.p.Name, err)
@@ -274,9 +281,17 @@ func (c *chaosRun) settleDue(all bool) {
 }
 
 // calm ends the chaos: every frozen executor thawed, every link healed,
-// every etcd member up with a leader.
+// every etcd member up with a leader, the stale writer stopped (SIGTERM:
+// its held work carries on under the grant check, and it exits cleanly).
 func (c *chaosRun) calm() {
 	c.settleDue(true)
+	if err := c.stale.p.Signal(syscall.SIGTERM); err != nil {
+		c.t.Fatalf("SIGTERM the stale writer: %v", err)
+	}
+	if code, err := c.stale.p.Wait(2 * time.Minute); err != nil || code != 0 {
+		c.t.Errorf("the stale writer after SIGTERM: exit %d, %v\n%s", code, err, tailLines(c.stale.p.Log(), 30))
+	}
+	c.stale.exitChecked = true
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := c.s.st.Etcd().Leader(ctx); err != nil {

@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/payouts/payouts/dev/faultproxy"
 	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/executor"
 )
 
 // The processes of a chaos run: every server role but the rail stub runs
@@ -141,12 +144,26 @@ type chaosExec struct {
 // startExecutor runs one more executor; executors alternate between the
 // lock replicas.
 func (c *chaosRun) startExecutor() {
-	t, r := c.t, c.s.st.Ready
 	c.started++
-	name := fmt.Sprintf("exec-%d", c.started)
+	e := c.spawnExecutor(fmt.Sprintf("exec-%d", c.started), c.cfg.concurrency)
+	c.execs = append(c.execs, e)
+}
+
+// startStaleWriter runs the stale writer: an executor whose test hook holds
+// each grant's work after RAIL_SUBMITTED until its grant is lost, then
+// calls the proxy and reports WITHOUT its client-side grant check — a
+// process paused between its check and its write (UC-03). The chaos
+// freezes it past its session TTL from time to time; its late writes must
+// be fenced out by the guards.
+func (c *chaosRun) startStaleWriter() {
+	c.stale = c.spawnExecutor("stale-writer", 2, executor.HoldAfterEnv+"="+string(executor.AfterSubmitting))
+}
+
+func (c *chaosRun) spawnExecutor(name string, concurrency int, env ...string) *chaosExec {
+	t, r := c.t, c.s.st.Ready
 	e := &chaosExec{links: map[string]*faultproxy.Link{}}
 	for _, to := range []struct{ link, target string }{
-		{"lock", c.locks[c.started%len(c.locks)].addr}, {"payment", c.payment.addr}, {"proxy", c.proxy.addr},
+		{"lock", c.locks[len(c.execs)%len(c.locks)].addr}, {"payment", c.payment.addr}, {"proxy", c.proxy.addr},
 	} {
 		l, err := c.fp.Link(name+"-"+to.link, to.target)
 		if err != nil {
@@ -157,9 +174,9 @@ func (c *chaosRun) startExecutor() {
 	args := []string{"run", "executor", "--owner", name, "--lock-url", e.links["lock"].URL("http"),
 		"--payment-url", e.links["payment"].URL("http"), "--proxy-url", e.links["proxy"].URL("http"),
 		"--session-ttl", executorTTL, "--poll-interval", "200ms", "--call-timeout", "5s",
-		"--concurrency", fmt.Sprint(c.cfg.concurrency)}
-	e.p = proctest.Start(t, name, []string{"PAYOUTS_TOKEN=" + r.Tokens.Executor}, args...)
-	c.execs = append(c.execs, e)
+		"--concurrency", fmt.Sprint(concurrency)}
+	e.p = proctest.Start(t, name, append(env, "PAYOUTS_TOKEN="+r.Tokens.Executor), args...)
+	return e
 }
 
 // pick chooses a running, unfrozen executor; nil when only one is left
@@ -177,9 +194,67 @@ func (c *chaosRun) pick() *chaosExec {
 	return live[c.rng.IntN(len(live))]
 }
 
+// startReconciler runs `payouts reconcile --once` every few seconds while
+// the chaos runs, as cron would: each pass resolves the ambiguous payouts
+// whose settlement window has passed and ends its lock session on exit.
+// A pass that cannot run (exit 2) is expected while a store is down.
+func (c *chaosRun) startReconciler() {
+	r := c.s.st.Ready
+	bin := proctest.Binary(c.t)
+	args := []string{"reconcile", "--once", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL,
+		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Operator, "--settlement-window", chaosSettleWindow.String(),
+		"--owner", "chaos-reconciler", "--request-timeout", "10s"}
+	// A pass reads every payout, ledger entry, grant and submission: on a
+	// big run, fewer passes leave the machine to the workload.
+	interval := 5*time.Second + time.Duration(c.cfg.payouts)*time.Millisecond
+	c.recStop, c.recDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(c.recDone)
+		for {
+			cmd := exec.Command(bin, args...)
+			cmd.Env = append(os.Environ(), "PAYOUTS_TOKEN="+r.Tokens.Reconciler)
+			out, err := cmd.CombinedOutput()
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			} else if err != nil {
+				code = -1
+			}
+			c.recMu.Lock()
+			c.recPasses[code]++
+			if code < 0 || code > 2 {
+				c.recErr = fmt.Errorf("reconcile --once: exit %d (%v):\n%s", code, err, tailLines(string(out), 30))
+			}
+			c.recMu.Unlock()
+			select {
+			case <-c.recStop:
+				return
+			case <-time.After(interval): // the pass interval
+			}
+		}
+	}()
+}
+
+// stopReconciler ends the reconciler passes (the one running finishes).
+func (c *chaosRun) stopReconciler() {
+	close(c.recStop)
+	<-c.recDone
+	c.recMu.Lock()
+	defer c.recMu.Unlock()
+	c.t.Logf("reconciler passes during the run, by exit code: %v", c.recPasses)
+	if c.recErr != nil {
+		c.t.Error(c.recErr)
+	}
+}
+
 // checkProcesses: no process the chaos did not kill may have exited.
 func (c *chaosRun) checkProcesses() {
 	t := c.t
+	if c.stale != nil && !c.stale.exitChecked && c.stale.p.Exited() {
+		c.stale.exitChecked = true
+		code, _ := c.stale.p.Wait(time.Second)
+		t.Errorf("the stale writer exited on its own (exit %d):\n%s", code, tailLines(c.stale.p.Log(), 40))
+	}
 	for _, e := range c.execs {
 		if e.killedByUs || e.exitChecked || !e.p.Exited() {
 			continue

@@ -17,6 +17,7 @@ import (
 	"github.com/payouts/payouts/dev/lockhistory"
 	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
 )
@@ -40,8 +41,8 @@ import (
 //
 // By default (`make test`) the run is small. PAYOUTS_CHAOS=full gives the
 // figures of `make chaos`; PAYOUTS_CHAOS_PAYOUTS, _ACCOUNTS, _EXECUTORS,
-// _FAULTS, _DURATION, _BACKEND (etcd, postgres or both) and _OUT (where the
-// timeline and the grant log go) change them.
+// _FAULTS, _CONCURRENCY (per executor), _DURATION, _BACKEND (etcd, postgres
+// or both) and _OUT (where the timeline and the grant log go) change them.
 
 const (
 	chaosRailTimeout  = time.Second
@@ -79,13 +80,13 @@ func chaosConfigFromEnv(t *testing.T) chaosConfig {
 	case "", "small":
 	case "full":
 		cfg.full = true
-		cfg.payouts, cfg.accounts, cfg.concurrency, cfg.faults, cfg.duration = 10_000, 250, 6, 110, 5*time.Minute
+		cfg.payouts, cfg.accounts, cfg.concurrency, cfg.faults, cfg.duration = 10_000, 250, 6, 110, 4*time.Minute
 	default:
 		t.Fatalf("PAYOUTS_CHAOS=%q: want small or full", v)
 	}
 	cfg.seed = time.Now().UnixNano()
 	ints := map[string]*int{"PAYOUTS_CHAOS_PAYOUTS": &cfg.payouts, "PAYOUTS_CHAOS_ACCOUNTS": &cfg.accounts,
-		"PAYOUTS_CHAOS_EXECUTORS": &cfg.executors, "PAYOUTS_CHAOS_FAULTS": &cfg.faults}
+		"PAYOUTS_CHAOS_EXECUTORS": &cfg.executors, "PAYOUTS_CHAOS_FAULTS": &cfg.faults, "PAYOUTS_CHAOS_CONCURRENCY": &cfg.concurrency}
 	for name, dst := range ints {
 		if v := os.Getenv(name); v != "" {
 			n, err := strconv.Atoi(v)
@@ -200,21 +201,26 @@ type chaosRun struct {
 	rng     *rand.Rand
 	fp      *faultproxy.Proxy
 
-	locks           []*chaosService
-	payment, proxy  *chaosService
-	railLink        *faultproxy.Link
-	execs           []*chaosExec
-	started         int
-	pauses          map[*chaosExec]int
-	partitions      map[*faultproxy.Link]partition
-	etcdDown        *infra.EtcdNode
-	etcdBackAt      time.Time
-	etcdFault       int
-	chaosStart      time.Time
-	timeline        []chaosFault
-	counts          map[string]int
-	opening         map[string]int64
-	outDir, outBase string
+	recStop, recDone chan struct{}
+	recMu            sync.Mutex
+	recPasses        map[int]int
+	recErr           error
+	locks            []*chaosService
+	payment, proxy   *chaosService
+	railLink         *faultproxy.Link
+	execs            []*chaosExec
+	stale            *chaosExec
+	started          int
+	pauses           map[*chaosExec]int
+	partitions       map[*faultproxy.Link]partition
+	etcdDown         *infra.EtcdNode
+	etcdBackAt       time.Time
+	etcdFault        int
+	chaosStart       time.Time
+	timeline         []chaosFault
+	counts           map[string]int
+	opening          map[string]int64
+	outDir, outBase  string
 }
 
 var chaosTTL = func() time.Duration {
@@ -238,7 +244,7 @@ func runChaos(t *testing.T, cfg chaosConfig, backend string) chaosSummary {
 	h.Write([]byte(backend))
 	c := &chaosRun{t: t, cfg: cfg, backend: backend, s: s, rng: rand.New(rand.NewPCG(uint64(cfg.seed), h.Sum64())),
 		fp: faultproxy.New(), pauses: map[*chaosExec]int{}, partitions: map[*faultproxy.Link]partition{},
-		counts: map[string]int{}, opening: map[string]int64{}, outDir: cfg.outDir, outBase: "chaos-" + backend}
+		counts: map[string]int{}, recPasses: map[int]int{}, opening: map[string]int64{}, outDir: cfg.outDir, outBase: "chaos-" + backend}
 	t.Cleanup(func() { _ = c.fp.Close() })
 	if c.outDir == "" {
 		c.outDir = t.TempDir()
@@ -261,14 +267,16 @@ func runChaos(t *testing.T, cfg chaosConfig, backend string) chaosSummary {
 		t.Fatal(err)
 	}
 	// At least 10% of the rail's answers time out after it accepted.
-	faults := railclient.Faults{TimeoutAfterAccept: 0.10, ErrorBeforeAccept: 0.04, ErrorAfterAccept: 0.04,
-		DropBeforeAccept: 0.04, LatencyMS: 10, DeclineBeneficiaryPrefix: "DECLINE"}
+	faults := railclient.Faults{TimeoutAfterAccept: 0.10, ErrorBeforeAccept: 0.03, ErrorAfterAccept: 0.03,
+		DropBeforeAccept: 0.03, LatencyMS: 10, DeclineBeneficiaryPrefix: "DECLINE"}
 	if _, err := s.rail.SetFaults(ctxT(t, 30*time.Second), faults.Full()); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < cfg.executors; i++ {
 		c.startExecutor()
 	}
+	c.startStaleWriter()
+	c.startReconciler()
 
 	// The rest of the payouts arrive while the chaos runs; each create is
 	// retried while the payment resource or PostgreSQL is down.
@@ -291,20 +299,8 @@ func runChaos(t *testing.T, cfg chaosConfig, backend string) chaosSummary {
 	if _, err := s.rail.SetFaults(ctxT(t, 30*time.Second), railclient.Faults{DeclineBeneficiaryPrefix: "DECLINE"}.Full()); err != nil {
 		t.Fatal(err)
 	}
-	drainFor := 3*time.Minute + time.Duration(cfg.payouts)*30*time.Millisecond
-	waitUntil(t, drainFor, "every payout to leave the actionable states", func() (bool, error) {
-		c.checkProcesses()
-		for _, st := range []pc.State{pc.Pending, pc.Claimed, pc.RailSubmitted, pc.RailAcked} {
-			page, err := s.pay.Payouts(context.Background(), pc.PayoutFilter{State: st, Limit: 1})
-			if err != nil {
-				return false, err
-			}
-			if len(page.Items) > 0 {
-				return false, fmt.Errorf("payout %s is still %s", page.Items[0].ID, st)
-			}
-		}
-		return true, nil
-	})
+	c.drain(3*time.Minute + time.Duration(cfg.payouts)*30*time.Millisecond)
+	c.stopReconciler()
 	all := s.payouts(t, "")
 	if len(all) != cfg.payouts {
 		t.Fatalf("%d payouts, want %d", len(all), cfg.payouts)
@@ -320,6 +316,45 @@ func runChaos(t *testing.T, cfg chaosConfig, backend string) chaosSummary {
 		t.Errorf("chaos run on %s is not clean: %s", backend, sum.line())
 	}
 	return sum
+}
+
+// drain waits until no payout is in an actionable state, logging what is
+// left every 30s and naming the stuck payouts if the time runs out.
+func (c *chaosRun) drain(timeout time.Duration) {
+	t, s := c.t, c.s
+	start := time.Now()
+	deadline, nextLog := start.Add(timeout), start.Add(30*time.Second)
+	for {
+		c.checkProcesses()
+		left := map[pc.State]int{}
+		var sample []pc.Payout
+		for _, st := range []pc.State{pc.Pending, pc.Claimed, pc.RailSubmitted, pc.RailAcked} {
+			page, err := s.pay.Payouts(ctxT(t, 30*time.Second), pc.PayoutFilter{State: st, Limit: 5})
+			if err != nil {
+				t.Fatalf("list %s payouts: %v", st, err)
+			}
+			left[st] = len(page.Items)
+			sample = append(sample, page.Items...)
+		}
+		if len(sample) == 0 {
+			t.Logf("drained in %s", time.Since(start).Round(time.Second))
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, p := range sample {
+				a, err := s.pay.Account(ctxT(t, 30*time.Second), p.AccountID)
+				l, lerr := s.lock.Lock(ctxT(t, 30*time.Second), fencing.Key(p.AccountID))
+				t.Errorf("stuck: payout %s %s on %s (claimed by %s, token %d); account fence %d/%s, available %d (%v); lock %+v (%v)",
+					p.ID, p.State, p.AccountID, p.ClaimedBy, p.Token, a.FenceToken, a.FenceHolder, a.Available, err, l, lerr)
+			}
+			t.Fatalf("payouts still actionable after %s (up to 5 per state): %v", timeout, left)
+		}
+		if time.Now().After(nextLog) {
+			t.Logf("draining: still actionable (up to 5 per state): %v, e.g. %s %s", left, sample[0].ID, sample[0].State)
+			nextLog = nextLog.Add(30 * time.Second)
+		}
+		time.Sleep(250 * time.Millisecond) // polling interval
+	}
 }
 
 // createPayouts creates payouts [from, to): at once when over is 0, else
@@ -427,6 +462,14 @@ func (c *chaosRun) finalReconcile() {
 		}
 	}
 	t.Logf("final reconcile (exit %d) reports: %v", code, byCheck)
+	pay, proxy := map[string]int{}, map[string]int{}
+	for _, e := range c.s.paySafetyEvents(t) {
+		pay[e.Kind]++
+	}
+	for _, e := range c.s.proxySafetyEvents(t) {
+		proxy[e.Kind]++
+	}
+	t.Logf("safety events: payment resource %v, proxy %v", pay, proxy)
 }
 
 // checkLockHistory writes the lock service's grant log and checks it

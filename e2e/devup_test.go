@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -14,13 +15,15 @@ import (
 
 	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/dev/stack"
+	"github.com/payouts/payouts/internal/httpx"
+	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
 // devUp runs `payouts dev up --json` on the bundle's directory and returns
 // the command and its ready line.
-func (b *devBundle) devUp(env []string, portBase int) (*command, stack.Ready) {
+func (b *devBundle) devUp(env []string, portBase int, extra ...string) (*command, stack.Ready) {
 	b.t.Helper()
-	c := b.start(env, "dev", "up", "--dir", b.dir, "--json", "--port-base", strconv.Itoa(portBase))
+	c := b.start(env, append([]string{"dev", "up", "--dir", b.dir, "--json", "--port-base", strconv.Itoa(portBase)}, extra...)...)
 	line := c.waitLine(b.t, 4*time.Minute, `{"lock_url"`)
 	var ready stack.Ready
 	if err := json.Unmarshal([]byte(line), &ready); err != nil {
@@ -28,7 +31,7 @@ func (b *devBundle) devUp(env []string, portBase int) (*command, stack.Ready) {
 	}
 	var raw map[string]any
 	_ = json.Unmarshal([]byte(line), &raw)
-	for _, k := range []string{"lock_url", "payment_url", "proxy_url", "rail_url", "tokens", "database_urls", "pids"} {
+	for _, k := range []string{"lock_url", "payment_url", "proxy_url", "rail_url", "tokens", "database_urls", "pids", "token_files"} {
 		if _, ok := raw[k]; !ok {
 			b.t.Fatalf("ready line lacks %q: %s", k, line)
 		}
@@ -234,4 +237,96 @@ func TestServeLockEmbeddedEtcdStopsClean(t *testing.T) {
 
 func listenTCP(port int) (net.Listener, error) {
 	return net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+}
+
+// TestDevUpTLSOneTokenPerRoleNoSecretOnACommandLine: `dev up --tls` runs
+// every role over HTTPS with a throwaway CA, issues one token per role
+// (the proxy its own, for the rail), hands every secret to its children in
+// 0600 files rather than on their command lines, and a payout goes all the
+// way to the rail through it (the proxy calling the rail over TLS with its
+// own token).
+func TestDevUpTLSOneTokenPerRoleNoSecretOnACommandLine(t *testing.T) {
+	b := setup(t)
+	c, ready := b.devUp(nil, 0, "--tls")
+	if ready.TLS == nil {
+		t.Fatal("the ready line of dev up --tls has no tls files")
+	}
+	tok := ready.Tokens
+	seen := map[string]bool{}
+	for role, v := range map[string]string{"executor": tok.Executor, "reconciler": tok.Reconciler, "operator": tok.Operator, "proxy": tok.Proxy} {
+		if v == "" || seen[v] {
+			t.Fatalf("token of %s is empty or shared: %+v", role, tok)
+		}
+		seen[v] = true
+		st, err := os.Stat(ready.TokenFiles[role])
+		if err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("token file of %s: %v %v, want mode 0600", role, err, st)
+		}
+		if data, _ := os.ReadFile(ready.TokenFiles[role]); strings.TrimSpace(string(data)) != v {
+			t.Fatalf("token file of %s does not hold its token", role)
+		}
+	}
+	// No child carries a secret on its command line (what ps shows).
+	for name, pid := range ready.PIDs {
+		cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if err != nil {
+			t.Fatalf("%s (pid %d): %v", name, pid, err)
+		}
+		for secret := range seen {
+			if strings.Contains(string(cmdline), secret) {
+				t.Errorf("%s has a token on its command line: %q", name, cmdline)
+			}
+		}
+		if strings.Contains(string(cmdline), "postgres://") {
+			t.Errorf("%s has a database URL on its command line: %q", name, cmdline)
+		}
+	}
+	hc, err := ready.HTTPClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{ready.LockURL, ready.PaymentURL, ready.ProxyURL, ready.RailURL} {
+		if !strings.HasPrefix(u, "https://127.0.0.1:") {
+			t.Fatalf("URL %s is not https", u)
+		}
+		resp, err := hc.Get(u + "/readyz")
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s/readyz over TLS: %v", u, err)
+		}
+		resp.Body.Close()
+		// The same port refuses plain HTTP.
+		if resp, err := http.Get("http://" + strings.TrimPrefix(u, "https://") + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				t.Fatalf("%s answers plain HTTP", u)
+			}
+		}
+	}
+
+	pay, err := pc.New(ready.PaymentURL, tok.Operator, httpx.WithHTTPClient(hc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 3*time.Minute)
+	if _, err := pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: "tls-acc", Currency: "EUR", OpeningBalance: 10_000}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pay.CreatePayout(ctx, pc.CreatePayoutRequest{ID: "tls-po", AccountID: "tls-acc", Amount: 500, Currency: "EUR", BeneficiaryRef: "BEN-TLS"}); err != nil {
+		t.Fatal(err)
+	}
+	ex := b.start([]string{"PAYOUTS_TOKEN_FILE=" + ready.TokenFiles["executor"]}, "run", "executor", "--owner", "tls-executor",
+		"--lock-url", ready.LockURL, "--payment-url", ready.PaymentURL, "--proxy-url", ready.ProxyURL,
+		"--ca-file", ready.TLS.CA, "--poll-interval", "200ms")
+	waitUntil(t, 2*time.Minute, "the payout to be POSTED over TLS", func() (bool, error) {
+		p, err := pay.Payout(ctx, "tls-po")
+		if err != nil {
+			return false, err
+		}
+		if p.State != pc.Posted {
+			return false, fmt.Errorf("payout is %s", p.State)
+		}
+		return true, nil
+	})
+	stopClean(t, ex, syscall.SIGTERM, "run executor")
+	stopClean(t, c, syscall.SIGINT, "dev up --tls")
 }

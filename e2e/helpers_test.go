@@ -365,7 +365,7 @@ func (s *system) startProxy(t *testing.T, name string, env []string, railTimeout
 	r := s.st.Ready
 	p := proctest.Start(t, name, env, "serve", "proxy", "--listen", hostPort(t, r.ProxyURL),
 		"--auth-file", filepath.Join(r.Dir, "auth.json"), "--database-url", r.DatabaseURLs.ProxyDB,
-		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Proxy, "--rail-timeout", railTimeout.String())
+		"--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["proxy"], "--rail-timeout", railTimeout.String())
 	if err := proctest.WaitReady(ctxT(t, time.Minute), r.ProxyURL); err != nil {
 		t.Fatalf("%v\n%s", err, p.Log())
 	}

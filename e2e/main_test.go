@@ -12,6 +12,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// Whole-system tests abandon ambiguous payouts without waiting a day.
+	os.Setenv("PAYOUTS_RESOLUTION_SLA", "1ms")
 	code := m.Run()
 	proctest.Cleanup()
 	if code == 0 {

@@ -211,11 +211,42 @@ func TestBadInput(t *testing.T) {
 			{"token zero", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":0}`, 400, problem.InvalidRequest, "token"},
 			{"token huge", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":9007199254740993}`, 400, problem.InvalidRequest, "token"},
 			{"release free key", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":5}`, 409, problem.NotHeld, "payout:a"},
+			// Values that wrapped around when converted to a duration.
+			{"ttl wraps", "/v1/sessions", `{"owner":"x","ttl_ms":288230376151771744}`, 400, problem.InvalidRequest, "ttl_ms"},
+			{"wait wraps", "/v1/locks/payout:a/acquire", `{"session_id":"` + sid + `","wait_ms":288230376151771744}`, 400, problem.InvalidRequest, "wait_ms"},
+			// Field names match exactly, never case-insensitively.
+			{"owner capitalised", "/v1/sessions", `{"Owner":"x","ttl_ms":5000}`, 400, problem.InvalidRequest, "Owner"},
+			{"ttl capitalised", "/v1/sessions", `{"owner":"x","TTL_MS":5000}`, 400, problem.InvalidRequest, "TTL_MS"},
+			{"session id capitalised", "/v1/locks/payout:a/acquire", `{"Session_ID":"` + sid + `"}`, 400, problem.InvalidRequest, "Session_ID"},
+			{"token capitalised", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","TOKEN":5}`, 400, problem.InvalidRequest, "TOKEN"},
+			// A keepalive carries nothing: empty or {}.
+			{"keepalive garbage", "/v1/sessions/" + sid + "/keepalive", `garbage`, 400, problem.InvalidRequest, "{}"},
+			{"keepalive null", "/v1/sessions/" + sid + "/keepalive", `null`, 400, problem.InvalidRequest, "{}"},
+			{"keepalive member", "/v1/sessions/" + sid + "/keepalive", `{"ttl_ms":60000}`, 400, problem.InvalidRequest, "{}"},
 		}
 		for _, tc := range cases {
 			status, body := rawPost(t, svc.URL+tc.path, executorToken, tc.body)
 			if status != tc.status || !strings.Contains(body, `"code":"`+string(tc.code)+`"`) || !strings.Contains(body, tc.mention) {
 				t.Errorf("%s: got %d %s; want %d %s mentioning %q", tc.name, status, body, tc.status, tc.code, tc.mention)
+			}
+		}
+		if status, body := rawPost(t, svc.URL+"/v1/locks/payout:a/revoke", operatorToken, `{"Reason":"x"}`); status != 400 || !strings.Contains(body, "Reason") {
+			t.Errorf("revoke with a capitalised field: %d %s; want 400", status, body)
+		}
+		// A body of unknown length (chunked) is read and judged too.
+		req, _ := http.NewRequest(http.MethodPost, svc.URL+"/v1/sessions/"+sid+"/keepalive", io.MultiReader(strings.NewReader("garbage")))
+		req.Header.Set("Authorization", "Bearer "+executorToken)
+		resp, err := httpClient().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("chunked garbage keepalive: %d; want 400", resp.StatusCode)
+		}
+		for _, body := range []string{"", "{}", " { } "} {
+			if status, out := rawPost(t, svc.URL+"/v1/sessions/"+sid+"/keepalive", executorToken, body); status != http.StatusOK {
+				t.Errorf("keepalive with body %q: %d %s; want 200", body, status, out)
 			}
 		}
 		cl := s.Client()

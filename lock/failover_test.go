@@ -56,6 +56,9 @@ func (w *loadWorker) run(ctx context.Context, stop <-chan struct{}) {
 	// drop ends a session whose last step had an unknown outcome: whatever
 	// it holds ends with it (closed, or expired if the close fails).
 	drop := func(s *lockclient.Session) {
+		if s == nil { // open gave up: the test is ending
+			return
+		}
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_ = s.Close(cctx)
 		cancel()

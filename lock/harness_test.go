@@ -30,8 +30,9 @@ import (
 )
 
 const (
-	executorToken = "executor-token-0123456789"
-	operatorToken = "operator-token-0123456789"
+	executorToken  = "executor-token-0123456789"
+	executor2Token = "executor-2-token-0123456789" // another principal with the executor role
+	operatorToken  = "operator-token-0123456789"
 )
 
 var (
@@ -133,6 +134,7 @@ func startService(t testing.TB, s store) *service {
 	t.Helper()
 	b := s.open(t)
 	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + executorToken + `","role":"executor","name":"exec-1"},` +
+		`{"token":"` + executor2Token + `","role":"executor","name":"exec-2"},` +
 		`{"token":"` + operatorToken + `","role":"operator","name":"alice"}]}`))
 	if err != nil {
 		t.Fatal(err)

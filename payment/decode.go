@@ -97,6 +97,12 @@ func decodeCommand(r *http.Request, op Op) (Command, error) {
 			return cmd, err
 		}
 		cmd.Token, cmd.Holder, cmd.Text = req.Token, req.Holder, req.Reason
+	case OpRefuse:
+		var req pc.RefuseRequest
+		if err := httpx.DecodeJSON(r, &req); err != nil {
+			return cmd, err
+		}
+		cmd.Token, cmd.Holder, cmd.ErrorCode, cmd.Text = req.Token, req.Holder, req.ErrorCode, req.Evidence
 	default:
 		return cmd, problem.New(problem.NotFound, "no operation %q", op)
 	}
@@ -131,6 +137,13 @@ func decodeCommand(r *http.Request, op Op) (Command, error) {
 		}
 	case OpCancel, OpAbandon:
 		if err := wire.ValidText("reason", cmd.Text, wire.MaxTextLen, true, false); err != nil {
+			return cmd, err
+		}
+	case OpRefuse:
+		if err := wire.ValidRef("error_code", cmd.ErrorCode); err != nil {
+			return cmd, err
+		}
+		if err := wire.ValidText("evidence", cmd.Text, wire.MaxTextLen, true, false); err != nil {
 			return cmd, err
 		}
 	}

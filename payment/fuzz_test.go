@@ -28,6 +28,7 @@ func FuzzDecodeCommand(f *testing.F) {
 		`{"token":5,"holder":"h","outcome":"ACKED","rail_ref":"r-1"}`,
 		`{"token":5,"holder":"h","resolution":"SETTLED","evidence":"lookup"}`,
 		`{"token":5,"holder":"h","reason":"why"}`,
+		`{"token":5,"holder":"h","error_code":"invalid_request:beneficiary_ref","evidence":"proxy 400"}`,
 		`{"token":-1,"holder":"h"}`, `{"token":1.5}`, `{"token":9007199254740992,"holder":"h"}`,
 		`{"token":1,"holder":"\u0000"}`, `{"token":1,"holder":"h","extra":1}`, `[]`, `null`, ``,
 	} {
@@ -46,7 +47,7 @@ func FuzzDecodeCommand(f *testing.F) {
 		if !cmd.Token.Valid() || cmd.Holder == "" {
 			t.Fatalf("accepted a command without a valid fence: %+v", cmd)
 		}
-		if (op == OpCancel || op == OpAbandon || op == OpResolve) && cmd.Text == "" {
+		if (op == OpCancel || op == OpAbandon || op == OpResolve || op == OpRefuse) && cmd.Text == "" {
 			t.Fatalf("accepted %s without a reason or evidence", op)
 		}
 		if op == OpOutcome && cmd.Outcome == "" {

@@ -18,7 +18,7 @@ var validIn = map[string]pc.State{
 	"claim": pc.Pending, "submitting": pc.Claimed, "outcome-acked": pc.RailSubmitted,
 	"outcome-rejected": pc.RailSubmitted, "outcome-timeout": pc.RailSubmitted, "post": pc.RailAcked,
 	"resolve-settled": pc.RailAmbiguous, "resolve-absent": pc.RailAmbiguous,
-	"cancel": pc.Pending, "abandon": pc.RailAmbiguous,
+	"cancel": pc.Pending, "abandon": pc.RailAmbiguous, "refuse": pc.RailSubmitted,
 }
 
 // TestGuard presents a stale token, an equal token from another holder, and

@@ -76,7 +76,9 @@ type testBundle struct {
 	proxy *pc.Client // the rail proxy's credential: valid, but for the rail only
 }
 
-func setup(t testing.TB) *testBundle {
+// setup starts the bundle; opts adjust the service's configuration (the
+// resolution SLA is a nanosecond unless an option sets it).
+func setup(t testing.TB, opts ...func(*Config)) *testBundle {
 	t.Helper()
 	dbURL := pgtest.NewDB(t, migrations.PayDB)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -84,7 +86,11 @@ func setup(t testing.TB) *testBundle {
 	logs := &syncBuffer{}
 	logger := obs.NewLogger(logs, slog.LevelDebug, Role)
 	reg := obs.NewRegistry()
-	svc, err := New(ctx, Config{DatabaseURL: dbURL, Logger: logger, Registry: reg, MaxConns: 8})
+	cfg := Config{DatabaseURL: dbURL, Logger: logger, Registry: reg, MaxConns: 8, ResolutionSLA: time.Nanosecond}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	svc, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

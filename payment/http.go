@@ -23,6 +23,7 @@ var opRoles = map[Op][]auth.Role{
 	OpResolve:    {auth.Reconciler, auth.Operator},
 	OpCancel:     {auth.Operator},
 	OpAbandon:    {auth.Operator},
+	OpRefuse:     {auth.Executor, auth.Operator},
 }
 
 // Mount adds the payment resource's routes (under /v1) to an authenticated router.
@@ -229,7 +230,16 @@ func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	items, err := s.Work(r.Context(), limit)
+	skip := r.URL.Query()["skip"]
+	if len(skip) > pc.MaxWorkSkip {
+		return badField("skip", "at most %d accounts, got %d", pc.MaxWorkSkip, len(skip))
+	}
+	for _, a := range skip {
+		if !wire.IDPattern.MatchString(a) {
+			return badField("skip", "is not an account id: %q", a)
+		}
+	}
+	items, err := s.Work(r.Context(), limit, skip)
 	if err != nil {
 		return err
 	}

@@ -28,10 +28,11 @@ const (
 	OpResolve    Op = "resolve"
 	OpCancel     Op = "cancel"
 	OpAbandon    Op = "abandon"
+	OpRefuse     Op = "refuse"
 )
 
 // Ops lists every fenced mutation.
-var Ops = []Op{OpClaim, OpSubmitting, OpOutcome, OpPost, OpResolve, OpCancel, OpAbandon}
+var Ops = []Op{OpClaim, OpSubmitting, OpOutcome, OpPost, OpResolve, OpCancel, OpAbandon, OpRefuse}
 
 // Command is one validated fenced mutation request.
 type Command struct {
@@ -42,9 +43,9 @@ type Command struct {
 
 	Outcome    pc.Outcome    // OpOutcome
 	RailRef    string        // OpOutcome
-	ErrorCode  string        // OpOutcome
+	ErrorCode  string        // OpOutcome, OpRefuse
 	Resolution pc.Resolution // OpResolve
-	Text       string        // OpResolve evidence, OpCancel/OpAbandon reason
+	Text       string        // OpResolve/OpRefuse evidence, OpCancel/OpAbandon reason
 }
 
 // event maps a command to its state-machine event. Claims on a PENDING
@@ -73,6 +74,8 @@ func (c Command) event() Event {
 		return EvResolveAbsent
 	case OpCancel:
 		return EvCancel
+	case OpRefuse:
+		return EvRailRefused
 	default:
 		return EvAbandon
 	}
@@ -157,6 +160,12 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 	if !ok {
 		return pc.Payout{}, &rejection{state: p.State, event: ev, payout: p}, nil
 	}
+	if ev == EvAbandon {
+		// Refused before the SLA: the transaction rolls back, the fence included.
+		if err := s.checkResolutionSLA(ctx, tx, p); err != nil {
+			return pc.Payout{}, nil, err
+		}
+	}
 
 	var (
 		claim, submitted, settled bool
@@ -194,6 +203,9 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 		if ev == EvRailDeclined {
 			failure = str("rail_declined")
 		}
+	case EvRailRefused:
+		failure, errCode = str(pc.FailureRailRefused), str(cmd.ErrorCode)
+		reason = fmt.Sprintf("refused by the rail proxy without forwarding (%s): %s", cmd.ErrorCode, cmd.Text)
 	case EvPost:
 		settled = true
 		reason = "posted"
@@ -237,6 +249,30 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 	}
 	s.m.transitions.WithLabelValues(string(from), string(to)).Inc()
 	return p, nil, nil
+}
+
+// checkResolutionSLA refuses abandoning a payout that has been ambiguous
+// for less than the resolution SLA: abandoning releases its held amount
+// while the rail may still pay, and time short of the SLA is no evidence.
+// The age is measured by the database clock from the payout's entry into
+// RAIL_AMBIGUOUS.
+func (s *Service) checkResolutionSLA(ctx context.Context, tx pgx.Tx, p pc.Payout) error {
+	var since time.Time
+	var ageSeconds float64
+	err := tx.QueryRow(ctx, `SELECT max(at), EXTRACT(EPOCH FROM now() - max(at))::float8
+		FROM payout_event WHERE payout_id = $1 AND to_state = $2`, p.ID, string(pc.RailAmbiguous)).Scan(&since, &ageSeconds)
+	if err != nil {
+		return fmt.Errorf("read when payout %s became ambiguous: %w", p.ID, err)
+	}
+	age := time.Duration(ageSeconds * float64(time.Second))
+	if age >= s.sla {
+		return nil
+	}
+	return problem.New(problem.Conflict,
+		"payout %s has been RAIL_AMBIGUOUS for %s (since %s); abandon is allowed only once the resolution SLA of %s has passed, in %s: resolve it from rail evidence meanwhile",
+		p.ID, age.Round(time.Second), since.UTC().Format(time.RFC3339), s.sla, (s.sla-age).Round(time.Second)).
+		With("payout_id", p.ID).With("ambiguous_since", since.UTC()).
+		With("ambiguous_for_seconds", int64(age.Seconds())).With("resolution_sla_seconds", int64(s.sla.Seconds()))
 }
 
 // postLedger writes the payout's ledger group — debit the account, credit

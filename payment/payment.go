@@ -45,7 +45,15 @@ type Config struct {
 	LedgerCheckInterval time.Duration
 	// MaxConns bounds the database pool (default pgpool.DefaultMaxConns).
 	MaxConns int32
+	// ResolutionSLA is how long a payout must have been RAIL_AMBIGUOUS
+	// before an operator may abandon it (domain model 2.3: "resolution SLA
+	// exceeded"); default DefaultResolutionSLA.
+	ResolutionSLA time.Duration
 }
+
+// DefaultResolutionSLA is the resolution SLA when none is configured (the
+// reconciler's default --ambiguity-sla).
+const DefaultResolutionSLA = 24 * time.Hour
 
 // Service is the payment resource over one paydb.
 type Service struct {
@@ -54,6 +62,7 @@ type Service struct {
 	log      *slog.Logger
 	m        *metrics
 	interval time.Duration
+	sla      time.Duration // resolution SLA (abandon)
 
 	// afterRefusal, when set (tests only), runs after a refused mutation's
 	// transaction has ended and before its evidence is recorded.
@@ -81,11 +90,17 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.LedgerCheckInterval <= 0 {
 		cfg.LedgerCheckInterval = 30 * time.Second
 	}
+	if cfg.ResolutionSLA < 0 {
+		return nil, fmt.Errorf("payment: resolution SLA %s is negative", cfg.ResolutionSLA)
+	}
+	if cfg.ResolutionSLA == 0 {
+		cfg.ResolutionSLA = DefaultResolutionSLA
+	}
 	pool, err := pgpool.New(ctx, "payment: paydb", cfg.DatabaseURL, pgpool.Options{MaxConns: cfg.MaxConns})
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval}
+	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval, sla: cfg.ResolutionSLA}
 	if err := s.ensureSystemAccounts(ctx); err != nil {
 		pool.Close()
 		return nil, err

@@ -16,6 +16,7 @@ const (
 	EvRailAcked         Event = "rail_acked"         // the rail acknowledged
 	EvRailDeclined      Event = "rail_declined"      // the rail declined (business rejection)
 	EvRailTimeout       Event = "rail_timeout"       // timeout, 5xx, or no recorded outcome
+	EvRailRefused       Event = "rail_refused"       // the proxy refused the submission without forwarding it
 	EvPost              Event = "post"               // ledger posted
 	EvResolveSettled    Event = "resolve_settled"    // lookup found a settled movement
 	EvResolveAbsent     Event = "resolve_absent"     // lookup definitively found nothing
@@ -25,7 +26,7 @@ const (
 
 // Events lists every event.
 var Events = []Event{EvClaim, EvInsufficientFunds, EvSubmitting, EvRailAcked, EvRailDeclined,
-	EvRailTimeout, EvPost, EvResolveSettled, EvResolveAbsent, EvCancel, EvAbandon}
+	EvRailTimeout, EvRailRefused, EvPost, EvResolveSettled, EvResolveAbsent, EvCancel, EvAbandon}
 
 // Transition is one row of the transition table.
 type Transition struct {
@@ -47,6 +48,10 @@ var Transitions = []Transition{
 	{pc.RailSubmitted, EvRailAcked, pc.RailAcked},
 	{pc.RailSubmitted, EvRailDeclined, pc.Failed},
 	{pc.RailSubmitted, EvRailTimeout, pc.RailAmbiguous},
+	// The proxy refused the submission before forwarding anything (input it
+	// will never accept): nothing can have moved, so the payout fails and
+	// its held amount is released rather than staying in flight for ever.
+	{pc.RailSubmitted, EvRailRefused, pc.Failed},
 	{pc.RailAcked, EvPost, pc.Posted},
 	{pc.RailAmbiguous, EvResolveSettled, pc.RailAcked},
 	{pc.RailAmbiguous, EvResolveAbsent, pc.Failed},

@@ -14,7 +14,7 @@ import (
 var want = map[pc.State]map[Event]pc.State{
 	pc.Pending:       {EvClaim: pc.Claimed, EvInsufficientFunds: pc.Failed, EvCancel: pc.Abandoned},
 	pc.Claimed:       {EvClaim: pc.Claimed, EvSubmitting: pc.RailSubmitted},
-	pc.RailSubmitted: {EvRailAcked: pc.RailAcked, EvRailDeclined: pc.Failed, EvRailTimeout: pc.RailAmbiguous},
+	pc.RailSubmitted: {EvRailAcked: pc.RailAcked, EvRailDeclined: pc.Failed, EvRailTimeout: pc.RailAmbiguous, EvRailRefused: pc.Failed},
 	pc.RailAcked:     {EvPost: pc.Posted},
 	pc.RailAmbiguous: {EvResolveSettled: pc.RailAcked, EvResolveAbsent: pc.Failed, EvAbandon: pc.Abandoned},
 	pc.Posted:        {},
@@ -80,6 +80,9 @@ var requests = []request{
 	}},
 	{"abandon", EvAbandon, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.oper.Abandon(bg, id, tok, h, "SLA exceeded; handed to finance")
+	}},
+	{"refuse", EvRailRefused, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+		return e.exec.Refuse(bg, id, tok, h, "invalid_request:beneficiary_ref", "proxy 400, forwarded=false")
 	}},
 }
 

@@ -150,13 +150,17 @@ func (s *Service) PayoutEvents(ctx context.Context, payoutID string, after int64
 	return collect(rows, err, scanEvent)
 }
 
-// Work lists accounts with actionable payouts, the longest-waiting first.
-func (s *Service) Work(ctx context.Context, limit int) ([]pc.WorkItem, error) {
+// Work lists accounts with actionable payouts, the longest-waiting first,
+// one item per account, leaving out the accounts in skip.
+func (s *Service) Work(ctx context.Context, limit int, skip []string) ([]pc.WorkItem, error) {
+	if skip == nil {
+		skip = []string{}
+	}
 	rows, err := s.pool.Query(ctx, `SELECT p.account_id, count(*), min(p.created_at), a.fence_token
 		FROM payout p JOIN account a ON a.id = p.account_id
-		WHERE p.state = ANY($1)
+		WHERE p.state = ANY($1) AND NOT (p.account_id = ANY($3))
 		GROUP BY p.account_id, a.fence_token
-		ORDER BY min(p.created_at), p.account_id LIMIT $2`, actionableStates, limit)
+		ORDER BY min(p.created_at), p.account_id LIMIT $2`, actionableStates, limit, skip)
 	return collect(rows, err, func(row pgx.Row) (pc.WorkItem, error) {
 		var w pc.WorkItem
 		var token int64

@@ -46,6 +46,17 @@ func validateSubmit(r proxyclient.SubmitRequest) error {
 	return wire.ValidRef("beneficiary_ref", r.BeneficiaryRef)
 }
 
+// refusedUnforwarded marks a refusal made before anything was written or
+// forwarded: the submission can never succeed as sent, and nothing reached
+// the rail (the executor may end the payout, POST /payouts/{id}/refuse).
+func refusedUnforwarded(err error, payoutID string) error {
+	e := problem.From(err).With(proxyclient.ForwardedExtension, false)
+	if payoutID != "" {
+		e = e.With("payout_id", payoutID)
+	}
+	return e
+}
+
 // payoutParam reads the payout id of the path: an id that cannot exist is
 // not found, and never reaches SQL.
 func payoutParam(r *http.Request) (string, error) {
@@ -62,10 +73,12 @@ const dbTimeout = 15 * time.Second
 func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	var req proxyclient.SubmitRequest
 	if err := httpx.DecodeJSON(r, &req); err != nil {
-		return err
+		return refusedUnforwarded(err, req.PayoutID)
 	}
 	if err := validateSubmit(req); err != nil {
-		return err
+		httpx.Log(r.Context()).Warn("submission refused without forwarding: it can never be accepted",
+			obs.KeyPayoutID, req.PayoutID, obs.KeyAccountID, req.AccountID, obs.KeyError, err.Error())
+		return refusedUnforwarded(err, req.PayoutID)
 	}
 	log := httpx.Log(r.Context()).With(obs.KeyPayoutID, req.PayoutID, obs.KeyAccountID, req.AccountID,
 		obs.KeyKey, fencing.Key(req.AccountID), obs.KeyToken, int64(req.Token), obs.KeyHolder, string(req.Holder))

@@ -54,6 +54,15 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 		})
 		return nil
 	}
+	// In flight first: evidence gathered while this proxy's own rail call
+	// runs says nothing about that call, so the rail is not even asked.
+	if _, running := s.inflight.Load(payoutID); running {
+		httpx.WriteJSON(w, http.StatusOK, proxyclient.LookupResult{
+			RailItems: []proxyclient.RailPayment{}, Submission: rec,
+			Detail: "the rail call of this submission is still running; the rail was not asked and nothing recorded",
+		})
+		return nil
+	}
 	l, err := s.rail.Find(ctx, rec.ClientRef)
 	if err != nil {
 		return problem.Wrap(problem.Unavailable, err, "could not ask the rail about client reference %s; nothing recorded", rec.ClientRef)
@@ -88,19 +97,15 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 		httpx.WriteJSON(w, http.StatusOK, out)
 		return nil
 	}
-	if _, running := s.inflight.Load(payoutID); running {
-		out.Final, out.Resolution = false, proxyclient.ResolutionNone
-		out.Detail = "the rail call of this submission is still running; nothing recorded"
-		httpx.WriteJSON(w, http.StatusOK, out)
-		return nil
-	}
 	raw, err := json.Marshal(ev)
 	if err != nil {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
-	updated, ok, err := s.st.recordResolution(wctx, rec.ID, out.Resolution, raw, s.cfg.RailTimeout)
+	// Recorded only if the outcome is still the one read before the rail was
+	// asked: a forward that finished meanwhile makes this evidence stale.
+	updated, ok, err := s.st.recordResolution(wctx, rec.ID, rec.Outcome, out.Resolution, raw, s.cfg.RailTimeout)
 	if err != nil {
 		return problem.Wrap(problem.Unavailable, err, "could not record the resolution")
 	}
@@ -112,16 +117,22 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 		httpx.WriteJSON(w, http.StatusOK, out)
 		return nil
 	}
-	// Not written: resolved concurrently, or forwarding may still be under way.
+	// Not written: resolved concurrently, the outcome recorded meanwhile, or
+	// forwarding may still be under way.
 	now, err := s.st.forwarded(wctx, payoutID)
 	if err != nil {
 		return err
 	}
 	out.Submission = now
-	if now.Resolution != proxyclient.ResolutionNone {
+	switch {
+	case now.Resolution != proxyclient.ResolutionNone:
 		out.Resolution = now.Resolution
 		out.Detail = "resolved concurrently by another lookup; the recorded resolution is returned"
-	} else {
+	case now.Outcome != rec.Outcome:
+		out.Final, out.Resolution = false, proxyclient.ResolutionNone
+		out.Detail = fmt.Sprintf("the outcome changed from %s to %s while the rail was asked: that evidence may predate the rail call; nothing recorded, ask again",
+			outcomeText(rec.Outcome), outcomeText(now.Outcome))
+	default:
 		out.Final, out.Resolution = false, proxyclient.ResolutionNone
 		out.Detail = fmt.Sprintf("the submission has no outcome and is younger than the rail timeout (%s): its forwarding may still be under way; nothing recorded", s.cfg.RailTimeout)
 	}

@@ -213,15 +213,17 @@ func (st *store) recordOutcome(ctx context.Context, id int64, outcome proxyclien
 }
 
 // recordResolution writes the resolution of an ambiguous submission, once
-// (D-6). A row with no outcome is only resolved once it is older than
-// minAge: younger, its forwarding may still be under way. It returns false
-// when nothing was written.
-func (st *store) recordResolution(ctx context.Context, id int64, res proxyclient.Resolution, evidence []byte, minAge time.Duration) (proxyclient.Record, bool, error) {
+// (D-6), only if its outcome is still read (the outcome the evidence was
+// gathered against). A row with no outcome is only resolved once it is older
+// than minAge: younger, its forwarding may still be under way. It returns
+// false when nothing was written.
+func (st *store) recordResolution(ctx context.Context, id int64, read proxyclient.Outcome, res proxyclient.Resolution, evidence []byte, minAge time.Duration) (proxyclient.Record, bool, error) {
 	rec, err := scanRecord(st.pool.QueryRow(ctx, `
 		UPDATE rail_submission SET resolution = $2, resolution_evidence = $3
 		 WHERE id = $1 AND resolution IS NULL
+		   AND outcome IS NOT DISTINCT FROM $5
 		   AND (outcome = 'TIMEOUT' OR (outcome IS NULL AND created_at < now() - make_interval(secs => $4)))
-		RETURNING `+recordCols, id, string(res), string(evidence), minAge.Seconds()))
+		RETURNING `+recordCols, id, string(res), string(evidence), minAge.Seconds(), nullIfEmpty(string(read))))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return proxyclient.Record{}, false, nil
 	}

@@ -50,8 +50,8 @@ type E2EOptions struct {
 	Dir string
 	// Binary is the payouts executable (default: this one).
 	Binary string
-	// ProfileDir, when set, receives CPU profiles of every child that
-	// serves net/http/pprof (see E2EProfileEnv).
+	// ProfileDir, when set, receives CPU profiles of every process
+	// (children run with --pprof-listen on a loopback port of their own).
 	ProfileDir string
 	Logger     *slog.Logger
 }
@@ -149,7 +149,7 @@ type e2eSystem struct {
 	st                     *stack.Stack
 	procs                  *children
 	cpu                    *cpuMeter
-	profiled               map[string]string // process name -> pprof address
+	logs                   map[string]string // process name -> its log file
 }
 
 // RunE2E runs the end-to-end benchmark once.
@@ -177,16 +177,15 @@ func RunE2E(ctx context.Context, o E2EOptions) (E2EResult, error) {
 
 // bringUp starts the stack (or adopts the given URLs) and the executors.
 func bringUp(ctx context.Context, o E2EOptions) (*e2eSystem, error) {
-	sys := &e2eSystem{procs: &children{bin: o.Binary, dir: o.Dir}, cpu: newCPUMeter(), profiled: map[string]string{}}
+	sys := &e2eSystem{procs: &children{bin: o.Binary, dir: o.Dir}, cpu: newCPUMeter(), logs: map[string]string{}}
 	sys.cpu.add("bench", os.Getpid(), false)
 	if o.ProfileDir != "" {
 		if err := os.MkdirAll(o.ProfileDir, 0o755); err != nil {
 			return sys, err
 		}
-		// Children of a binary built with -tags pprof serve net/http/pprof
-		// and write their address here (see cmd/bench_e2e_pprof.go).
-		os.Setenv(E2EProfileEnv, filepath.Join(o.Dir, "pprof"))
-		if err := os.MkdirAll(filepath.Join(o.Dir, "pprof"), 0o755); err != nil {
+		// Every child inherits the environment: each serves pprof on a
+		// port of its own and logs it.
+		if err := os.Setenv(pprofEnv, "127.0.0.1:0"); err != nil {
 			return sys, err
 		}
 	}
@@ -199,18 +198,19 @@ func bringUp(ctx context.Context, o E2EOptions) (*e2eSystem, error) {
 	}
 	for i := 1; i <= o.Executors; i++ {
 		name := "executor-" + strconv.Itoa(i)
-		c, err := sys.procs.start(name, false, "run", "executor",
+		// The token travels in the environment, never on a command line.
+		c, err := sys.procs.start(name, []string{"PAYOUTS_TOKEN=" + sys.executorToken}, "run", "executor",
 			"--owner", "bench-"+name,
 			"--lock-url", sys.lockURL,
 			"--payment-url", sys.paymentURLs[(i-1)%len(sys.paymentURLs)],
 			"--proxy-url", sys.proxyURLs[(i-1)%len(sys.proxyURLs)],
-			"--token", sys.executorToken,
 			"--concurrency", strconv.Itoa(o.Concurrency),
 			"--poll-interval", o.PollInterval.String())
 		if err != nil {
 			return sys, err
 		}
 		sys.cpu.add(name, c.Pid(), false)
+		sys.logs[name] = c.Spec.Log
 	}
 	return sys, nil
 }
@@ -229,6 +229,7 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 	sys.executorToken, sys.operatorToken = r.Tokens.Executor, r.Tokens.Operator
 	for _, name := range []string{"lock", "payment", "proxy", "rail"} {
 		sys.cpu.add(name, r.PIDs[name], false)
+		sys.logs[name] = r.Logs[name]
 	}
 	if pid, ok := r.PIDs["postgres"]; ok {
 		sys.cpu.add("postgres", pid, true)
@@ -241,7 +242,7 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 			return err
 		}
 		prx, err := sys.startServer(ctx, "proxy-"+strconv.Itoa(i), "serve", "proxy",
-			"--database-url", r.DatabaseURLs.ProxyDB, "--rail-url", r.RailURL, "--rail-token", r.Tokens.Executor,
+			"--database-url", r.DatabaseURLs.ProxyDB, "--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["proxy"],
 			"--listen", "127.0.0.1:0", "--auth-file", authFile)
 		if err != nil {
 			return err
@@ -253,7 +254,7 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 }
 
 func (sys *e2eSystem) startServer(ctx context.Context, name string, args ...string) (string, error) {
-	c, err := sys.procs.start(name, true, args...)
+	c, err := sys.procs.startServer(name, args...)
 	if err != nil {
 		return "", err
 	}
@@ -268,6 +269,7 @@ func (sys *e2eSystem) startServer(ctx context.Context, name string, args ...stri
 		return "", err
 	}
 	sys.cpu.add(name, c.Pid(), false)
+	sys.logs[name] = c.Spec.Log
 	return url, nil
 }
 

@@ -149,13 +149,19 @@ type children struct {
 	all      []*supervise.Proc
 }
 
-// start runs a child; a server child (addrFile) reports the address it
-// binds through DIR/run/NAME.addr.
-func (cs *children) start(name string, server bool, args ...string) (*supervise.Proc, error) {
-	spec := supervise.Spec{Name: name, Path: cs.bin, Args: args, Log: filepath.Join(cs.dir, "logs", name+".log")}
-	if server {
-		spec.AddrFile = filepath.Join(cs.dir, "run", name+".addr")
-	}
+// start runs a child with extra environment env.
+func (cs *children) start(name string, env []string, args ...string) (*supervise.Proc, error) {
+	return cs.spawn(supervise.Spec{Name: name, Env: env, Args: args})
+}
+
+// startServer runs a server child, which reports the address it binds
+// through DIR/run/NAME.addr.
+func (cs *children) startServer(name string, args ...string) (*supervise.Proc, error) {
+	return cs.spawn(supervise.Spec{Name: name, Args: args, AddrFile: filepath.Join(cs.dir, "run", name+".addr")})
+}
+
+func (cs *children) spawn(spec supervise.Spec) (*supervise.Proc, error) {
+	spec.Path, spec.Log = cs.bin, filepath.Join(cs.dir, "logs", spec.Name+".log")
 	for _, f := range []string{spec.Log, spec.AddrFile} {
 		if f == "" {
 			continue

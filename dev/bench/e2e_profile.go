@@ -2,23 +2,22 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// E2EProfileEnv names the directory where a payouts process built with
-// -tags pprof writes the address of its net/http/pprof listener, as
-// PID.addr. `bench e2e --profile DIR` sets it for every child it starts
-// and collects CPU profiles from each during the run.
-const E2EProfileEnv = "PAYOUTS_PPROF_ADDR_DIR"
+// pprofEnv makes every child the bench starts serve net/http/pprof on a
+// loopback port of its own (--pprof-listen from the environment); each
+// logs the address it bound as {"msg":"pprof listening","addr":...}.
+const pprofEnv = "PAYOUTS_PPROF_LISTEN"
 
 // profileSlice is the length of one CPU profile; a run yields one file
 // per slice per process (`go tool pprof` merges them).
@@ -33,7 +32,8 @@ type profiler struct {
 // startProfiles fetches consecutive CPU profiles from every child that
 // serves pprof until stop is called.
 func (sys *e2eSystem) startProfiles(ctx context.Context, o E2EOptions) *profiler {
-	ctx, cancel := context.WithCancel(ctx)
+	// done ends the loop of slices; the slice in progress is finished.
+	done, cancel := context.WithCancel(ctx)
 	p := &profiler{cancel: cancel}
 	if o.ProfileDir == "" {
 		return p
@@ -45,25 +45,18 @@ func (sys *e2eSystem) startProfiles(ctx context.Context, o E2EOptions) *profiler
 			f.Close()
 		}
 	}
-	addrDir := os.Getenv(E2EProfileEnv)
-	for name, pid := range sys.cpu.pids {
-		if name == "bench" {
-			continue // profiled in process above
-		}
-		b, err := os.ReadFile(filepath.Join(addrDir, strconv.Itoa(pid)+".addr"))
+	for name, logPath := range sys.logs {
+		addr, err := loggedAddr(logPath, "pprof listening")
 		if err != nil {
-			if name != "postgres" {
-				o.Logger.Warn("no pprof address for a process (build with -tags pprof to profile it)", "process", name)
-			}
+			o.Logger.Warn("no pprof address for a process", "process", name, "error", err.Error())
 			continue
 		}
-		addr := strings.TrimSpace(string(b))
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			for k := 0; ctx.Err() == nil; k++ {
+			for k := 0; done.Err() == nil; k++ {
 				path := filepath.Join(o.ProfileDir, fmt.Sprintf("%s-%03d.pprof", name, k))
-				if err := fetchProfile(ctx, addr, path); err != nil && ctx.Err() == nil {
+				if err := fetchProfile(ctx, addr, path); err != nil {
 					o.Logger.Warn("cpu profile failed", "process", name, "error", err.Error())
 					return
 				}
@@ -73,7 +66,7 @@ func (sys *e2eSystem) startProfiles(ctx context.Context, o E2EOptions) *profiler
 	return p
 }
 
-// stop ends profiling; the slice in progress is dropped.
+// stop ends profiling once every slice in progress is written.
 func (p *profiler) stop() {
 	p.cancel()
 	p.wg.Wait()
@@ -102,4 +95,25 @@ func fetchProfile(ctx context.Context, addr, path string) error {
 		return err
 	}
 	return os.WriteFile(path, b, 0o644)
+}
+
+// loggedAddr finds the address a process logged with message msg
+// ({"msg":msg,"addr":...}) in its log file. Only the profiler uses it: a
+// pprof listener is optional and bound on port 0 by every child, and the
+// bench reads where it landed after the run is up.
+func loggedAddr(path, msg string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var rec struct {
+			Msg  string `json:"msg"`
+			Addr string `json:"addr"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == msg && rec.Addr != "" {
+			return rec.Addr, nil
+		}
+	}
+	return "", fmt.Errorf("%s has no %q line", path, msg)
 }

@@ -30,15 +30,17 @@ func TestMain(m *testing.M) {
 
 // TestE2EBenchShortRun runs `payouts bench e2e` on a throwaway stack and
 // checks the result line: its shape, every payout terminal, nothing paid
-// twice at the rail, a CPU figure for every process, and the plot.
+// twice at the rail, a CPU figure for every process, the profiles and the
+// plot.
 func TestE2EBenchShortRun(t *testing.T) {
 	bin := proctest.Binary(t)
 	dir := t.TempDir()
 	plot := filepath.Join(dir, "run.svg")
+	prof := filepath.Join(dir, "profiles")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "bench", "e2e", "--accounts", "10", "--payouts", "100",
-		"--executors", "2", "--concurrency", "8", "--replicas", "2", "--json", "--plot", plot, "--dir", filepath.Join(dir, "stack"))
+		"--executors", "2", "--concurrency", "8", "--replicas", "2", "--json", "--plot", plot, "--profile", prof, "--dir", filepath.Join(dir, "stack"))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -82,6 +84,11 @@ func TestE2EBenchShortRun(t *testing.T) {
 	for _, p := range []string{"bench", "lock", "payment", "payment-2", "proxy", "proxy-2", "rail", "postgres", "executor-1", "executor-2"} {
 		if _, ok := res.CPU[p]; !ok {
 			t.Errorf("no CPU figure for %s: %v", p, res.CPU)
+		}
+	}
+	for _, p := range []string{"bench.pprof", "payment-000.pprof", "payment-2-000.pprof", "executor-1-000.pprof", "lock-000.pprof"} {
+		if st, err := os.Stat(filepath.Join(prof, p)); err != nil || st.Size() == 0 {
+			t.Errorf("no CPU profile %s (err %v)", p, err)
 		}
 	}
 	svg, err := os.ReadFile(plot)

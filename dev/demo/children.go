@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/dev/supervise"
 	"github.com/payouts/payouts/reconcile"
 )
@@ -20,7 +21,9 @@ func (dm *demo) startExecutor(name string, concurrency int, hold string) error {
 	r := dm.st.Ready
 	args := []string{"run", "executor", "--owner", name, "--concurrency", strconv.Itoa(concurrency),
 		"--session-ttl", dm.cfg.SessionTTL.String(), "--poll-interval", "200ms",
-		"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--token", r.Tokens.Executor}
+		"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL,
+		"--token-file", r.TokenFiles["executor"]}
+	args = append(args, caArgs(r)...)
 	var env []string
 	if dm.cfg.HoldEnv != "" {
 		// Armed (or, with "", disarmed) for this one child only.
@@ -89,33 +92,43 @@ func callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // reconcile runs `payouts reconcile --once --json` as a child process and
 // returns its report and exit code. Exit 2 (could not run) is an error.
-func (dm *demo) reconcile(ctx context.Context, pass int) (reconcile.Report, int, error) {
+func (dm *demo) reconcile(ctx context.Context, pass int) (*reconcile.Report, int, error) {
 	r := dm.st.Ready
 	name := fmt.Sprintf("reconcile-%d", pass)
 	logPath := filepath.Join(r.Dir, "logs", name+".log")
 	reportPath := filepath.Join(r.Dir, "logs", name+".json")
 	p, err := supervise.Start(supervise.Spec{Name: name, Path: dm.cfg.Binary, Log: logPath, Stdout: reportPath,
-		Args: []string{"reconcile", "--once", "--json",
+		Args: append([]string{"reconcile", "--once", "--json",
 			"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL,
-			"--token", r.Tokens.Reconciler, "--rail-token", r.Tokens.Operator, "--owner", "demo-" + name,
-			"--settlement-window", dm.cfg.SettlementWindow.String(), "--ambiguity-sla", "1h", "--max-findings", "100000"}})
+			// The rail's settlement report is the operator's to read: the
+			// reconciler is given that credential explicitly.
+			"--token-file", r.TokenFiles["reconciler"], "--rail-token-file", r.TokenFiles["operator"], "--owner", "demo-" + name,
+			"--settlement-window", dm.cfg.SettlementWindow.String(), "--ambiguity-sla", "1h", "--max-findings", "100000"}, caArgs(r)...)})
 	if err != nil {
-		return reconcile.Report{}, 0, fmt.Errorf("run the reconciler: %w", err)
+		return nil, 0, fmt.Errorf("run the reconciler: %w", err)
 	}
 	select {
 	case <-p.Done():
 	case <-ctx.Done():
 		p.Stop(10 * time.Second)
-		return reconcile.Report{}, 0, fmt.Errorf("the reconciler: %w", context.Cause(ctx))
+		return nil, 0, fmt.Errorf("the reconciler: %w", context.Cause(ctx))
 	}
 	code, err := p.Wait(0)
 	if err != nil {
-		return reconcile.Report{}, 0, fmt.Errorf("run the reconciler: %w", err)
+		return nil, 0, fmt.Errorf("run the reconciler: %w", err)
 	}
-	var rep reconcile.Report
+	rep := &reconcile.Report{}
 	b, _ := os.ReadFile(reportPath)
-	if code == reconcile.ExitCannotRun || json.Unmarshal(b, &rep) != nil {
-		return rep, code, fmt.Errorf("the reconciler could not run (exit %d); see %s", code, logPath)
+	if code == reconcile.ExitCannotRun || json.Unmarshal(b, rep) != nil {
+		return nil, code, fmt.Errorf("the reconciler could not run (exit %d); see %s", code, logPath)
 	}
 	return rep, code, nil
+}
+
+// caArgs makes a client child trust the stack's throwaway CA, if it has one.
+func caArgs(r stack.Ready) []string {
+	if r.TLS == nil {
+		return nil
+	}
+	return []string{"--ca-file", r.TLS.CA}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/dev/supervise"
+	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/lock/lockclient"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
@@ -254,17 +255,21 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 func (dm *demo) clients() error {
 	r := dm.st.Ready
-	var err error
-	if dm.pay, err = pc.New(r.PaymentURL, r.Tokens.Operator); err != nil {
+	hc, err := r.HTTPClient()
+	if err != nil {
 		return err
 	}
-	if dm.proxy, err = proxyclient.New(r.ProxyURL, r.Tokens.Operator); err != nil {
+	with := httpx.WithHTTPClient(hc)
+	if dm.pay, err = pc.New(r.PaymentURL, r.Tokens.Operator, with); err != nil {
 		return err
 	}
-	if dm.rail, err = railclient.New(r.RailURL, r.Tokens.Operator); err != nil {
+	if dm.proxy, err = proxyclient.New(r.ProxyURL, r.Tokens.Operator, with); err != nil {
 		return err
 	}
-	dm.lock, err = lockclient.New(r.LockURL, lockclient.WithToken(r.Tokens.Operator))
+	if dm.rail, err = railclient.New(r.RailURL, r.Tokens.Operator, with); err != nil {
+		return err
+	}
+	dm.lock, err = lockclient.New(r.LockURL, lockclient.WithToken(r.Tokens.Operator), lockclient.WithHTTPClient(hc))
 	return err
 }
 
@@ -277,8 +282,8 @@ func (dm *demo) keep(ctx context.Context) {
 	r := dm.st.Ready
 	dm.d.Printf("\n--keep: the stack keeps running; Ctrl-C stops it.")
 	dm.d.Printf("  payment %s  proxy %s  lock %s  rail %s", r.PaymentURL, r.ProxyURL, r.LockURL, r.RailURL)
-	dm.d.Printf("  operator token %s", r.Tokens.Operator)
-	dm.d.Printf("  try: curl -s -H 'Authorization: Bearer %s' '%s/v1/payouts?state=POSTED'", r.Tokens.Operator, r.PaymentURL)
+	dm.d.Printf("  operator token in %s", r.TokenFiles["operator"])
+	dm.d.Printf("  try: curl -s -H \"Authorization: Bearer $(cat %s)\" '%s/v1/payouts?state=POSTED'", r.TokenFiles["operator"], r.PaymentURL)
 	select {
 	case <-ctx.Done():
 	case err := <-dm.st.Failed():

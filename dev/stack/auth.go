@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/payouts/payouts/internal/auth"
 )
@@ -15,7 +16,23 @@ type Tokens struct {
 	Executor   string `json:"executor"`
 	Reconciler string `json:"reconciler"`
 	Operator   string `json:"operator"`
-	Proxy      string `json:"proxy"` // the rail proxy's credential at the rail
+	// Proxy is the rail proxy's own credential at the rail.
+	Proxy string `json:"proxy"`
+}
+
+// byRole is where each role's token goes in Tokens.
+func (t *Tokens) byRole(r auth.Role) *string {
+	switch r {
+	case auth.Executor:
+		return &t.Executor
+	case auth.Reconciler:
+		return &t.Reconciler
+	case auth.Operator:
+		return &t.Operator
+	case auth.Proxy:
+		return &t.Proxy
+	}
+	return nil
 }
 
 func randomToken() string {
@@ -24,40 +41,56 @@ func randomToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// loadOrCreateAuth keeps one token per role in DIR/auth.json, reused across runs.
-func loadOrCreateAuth(path string) (Tokens, error) {
+// loadOrCreateAuth keeps one token per role in DIR/auth.json, reused across
+// runs; a role missing from an older file gets a new token. Each token is
+// also written to DIR/secrets/ROLE.token (0600) so that no child is given
+// a secret on its command line; TokenFiles names them.
+func loadOrCreateAuth(dir string) (Tokens, map[string]string, error) {
+	path := filepath.Join(dir, "auth.json")
 	var f auth.File
 	if b, err := os.ReadFile(path); err == nil {
 		if err := json.Unmarshal(b, &f); err != nil {
-			return Tokens{}, fmt.Errorf("read %s: %w", path, err)
-		}
-	} else {
-		f.Tokens = []auth.FileToken{
-			{Token: randomToken(), Role: auth.Executor, Name: "dev-executor"},
-			{Token: randomToken(), Role: auth.Reconciler, Name: "dev-reconciler"},
-			{Token: randomToken(), Role: auth.Operator, Name: "dev-operator"},
-			{Token: randomToken(), Role: auth.Proxy, Name: "dev-proxy"},
-		}
-		b, _ := json.MarshalIndent(f, "", "  ")
-		if err := os.WriteFile(path, b, 0o600); err != nil {
-			return Tokens{}, err
+			return Tokens{}, nil, fmt.Errorf("read %s: %w (delete it to regenerate)", path, err)
 		}
 	}
 	var t Tokens
 	for _, e := range f.Tokens {
-		switch e.Role {
-		case auth.Executor:
-			t.Executor = e.Token
-		case auth.Reconciler:
-			t.Reconciler = e.Token
-		case auth.Operator:
-			t.Operator = e.Token
-		case auth.Proxy:
-			t.Proxy = e.Token
+		if p := t.byRole(e.Role); p != nil {
+			*p = e.Token
 		}
 	}
-	if t.Executor == "" || t.Reconciler == "" || t.Operator == "" || t.Proxy == "" {
-		return t, fmt.Errorf("%s lacks a token for some role; delete it to regenerate", path)
+	changed := false
+	for _, r := range auth.AllRoles {
+		if p := t.byRole(r); p != nil && *p == "" {
+			*p = randomToken()
+			f.Tokens = append(f.Tokens, auth.FileToken{Token: *p, Role: r, Name: "dev-" + string(r)})
+			changed = true
+		}
 	}
-	return t, nil
+	if changed {
+		b, _ := json.MarshalIndent(f, "", "  ")
+		if err := writeFile(path, b, 0o600); err != nil {
+			return t, nil, err
+		}
+	}
+	secrets := filepath.Join(dir, "secrets")
+	if err := os.MkdirAll(secrets, 0o700); err != nil {
+		return t, nil, err
+	}
+	files := map[string]string{}
+	for _, r := range auth.AllRoles {
+		file := filepath.Join(secrets, string(r)+".token")
+		if err := writeFile(file, []byte(*t.byRole(r)+"\n"), 0o600); err != nil {
+			return t, nil, err
+		}
+		files[string(r)] = file
+	}
+	return t, files, nil
+}
+
+// writeSecret writes a secret the children read from a file (0600) and
+// returns its path.
+func writeSecret(dir, name, value string) (string, error) {
+	path := filepath.Join(dir, "secrets", name)
+	return path, writeFile(path, []byte(value+"\n"), 0o600)
 }

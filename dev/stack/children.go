@@ -14,6 +14,11 @@ import (
 // URL once it has bound its address (reported through its address file).
 func (s *Stack) startServer(ctx context.Context, name, listen string, args ...string) (string, error) {
 	args = append(args, "--listen", listen, "--auth-file", s.authFile)
+	scheme := "http://"
+	if t := s.Ready.TLS; t != nil {
+		args = append(args, "--tls-cert-file", t.Cert, "--tls-key-file", t.Key)
+		scheme = "https://"
+	}
 	p, err := s.spawn(supervise.Spec{Name: name, Args: args, AddrFile: filepath.Join(s.opts.Dir, "run", name+".addr")}, true)
 	if err != nil {
 		return "", err
@@ -22,7 +27,7 @@ func (s *Stack) startServer(ctx context.Context, name, listen string, args ...st
 	if err != nil {
 		return "", err
 	}
-	return "http://" + addr, nil
+	return scheme + addr, nil
 }
 
 // StartRole runs one more child of the binary (e.g. an executor) with extra

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/dev/supervise"
+	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/migrations"
 )
@@ -39,6 +41,9 @@ type Options struct {
 	// EtcdNodes is the size of the embedded etcd cluster (default 1). With
 	// more than one, only the first member's ports follow PortBase.
 	EtcdNodes int
+	// TLS runs every role over HTTPS with a throwaway CA made for this run
+	// (DIR/tls/ca.pem is the CA clients trust).
+	TLS bool
 }
 
 // Ready is the ready line of DESIGN §4b.
@@ -53,6 +58,24 @@ type Ready struct {
 	Etcd         []string          `json:"etcd_endpoints"`
 	Logs         map[string]string `json:"logs"`
 	Dir          string            `json:"dir"`
+	// TokenFiles holds each role's token in a file (0600), by role: what
+	// children and scripts are given instead of a token on a command line.
+	TokenFiles map[string]string `json:"token_files"`
+	// TLS is set when the stack runs over HTTPS.
+	TLS *TLSFiles `json:"tls,omitempty"`
+}
+
+// HTTPClient is a client for the stack's URLs: it trusts the throwaway CA
+// when the stack runs over TLS.
+func (r Ready) HTTPClient() (*http.Client, error) {
+	if r.TLS == nil {
+		return httpx.NewHTTPClient(nil), nil
+	}
+	cfg, err := httpx.ClientTLS(r.TLS.CA, "", "")
+	if err != nil {
+		return nil, err
+	}
+	return httpx.NewHTTPClient(cfg), nil
 }
 
 // DatabaseURLs are the three databases.
@@ -74,6 +97,7 @@ type Stack struct {
 	stopping bool
 	failed   chan error
 	authFile string
+	client   *http.Client // trusts the stack's CA (readiness probes)
 }
 
 type ports struct{ lock, payment, proxy, rail, pg, etcdClient, etcdPeer int }
@@ -153,9 +177,17 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 		}
 	}()
 	s.authFile = filepath.Join(dir, "auth.json")
-	tokens, err := loadOrCreateAuth(s.authFile)
+	tokens, tokenFiles, err := loadOrCreateAuth(dir)
 	if err != nil {
 		return nil, err
+	}
+	var tlsFiles *TLSFiles
+	if opts.TLS {
+		f, err := newThrowawayTLS(filepath.Join(dir, "tls"))
+		if err != nil {
+			return nil, fmt.Errorf("make a throwaway CA: %w", err)
+		}
+		tlsFiles = &f
 	}
 	urls, err := s.startPostgres(ctx, p.pg)
 	if err != nil {
@@ -171,11 +203,15 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	s.Ready = Ready{
 		Tokens: tokens, DatabaseURLs: urls, PIDs: map[string]int{"dev": os.Getpid()},
 		Etcd: s.etcd.Endpoints(), Logs: map[string]string{"etcd": etcdLog, "postgres": filepath.Join(dir, "pg", "postgres.log")}, Dir: dir,
+		TokenFiles: tokenFiles, TLS: tlsFiles,
+	}
+	if s.client, err = s.Ready.HTTPClient(); err != nil {
+		return nil, err
 	}
 	if pid, err := s.postmasterPID(); err == nil {
 		s.Ready.PIDs["postgres"] = pid
 	}
-	if err := s.startServers(ctx, p, tokens); err != nil {
+	if err := s.startServers(ctx, p); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -205,7 +241,8 @@ func (s *Stack) startPostgres(ctx context.Context, port int) (DatabaseURLs, erro
 }
 
 // startServers starts the four server roles and waits until each is ready.
-func (s *Stack) startServers(ctx context.Context, p ports, tokens Tokens) error {
+// No secret goes on a command line: tokens and database URLs are files.
+func (s *Stack) startServers(ctx context.Context, p ports) error {
 	opts := s.opts
 	// With fixed ports each role listens where the ready line says. With
 	// free ports each role binds port 0 itself and reports the address it
@@ -215,25 +252,37 @@ func (s *Stack) startServers(ctx context.Context, p ports, tokens Tokens) error 
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	r := &s.Ready
-	var err error
+	dbFile := func(name, url string) (string, error) { return writeSecret(opts.Dir, name+".url", url) }
+	payDB, err := dbFile("paydb", r.DatabaseURLs.PayDB)
+	if err != nil {
+		return err
+	}
+	proxyDB, err := dbFile("proxydb", r.DatabaseURLs.ProxyDB)
+	if err != nil {
+		return err
+	}
 	if r.RailURL, err = s.startServer(rctx, "rail", listen(p.rail), "serve", "rail", "--settlement-window", opts.SettlementWindow.String()); err != nil {
 		return err
 	}
 	if r.LockURL, err = s.startServer(rctx, "lock", listen(p.lock), "serve", "lock", "--backend", "etcd", "--etcd-endpoints", strings.Join(r.Etcd, ",")); err != nil {
 		return err
 	}
-	if r.PaymentURL, err = s.startServer(rctx, "payment", listen(p.payment), "serve", "payment", "--database-url", r.DatabaseURLs.PayDB); err != nil {
+	if r.PaymentURL, err = s.startServer(rctx, "payment", listen(p.payment), "serve", "payment", "--database-url-file", payDB); err != nil {
 		return err
 	}
-	if r.ProxyURL, err = s.startServer(rctx, "proxy", listen(p.proxy), "serve", "proxy", "--database-url", r.DatabaseURLs.ProxyDB, "--rail-url", r.RailURL,
-		"--rail-token", tokens.Proxy, "--rail-timeout", opts.RailTimeout.String()); err != nil {
+	proxyArgs := []string{"serve", "proxy", "--database-url-file", proxyDB, "--rail-url", r.RailURL,
+		"--rail-token-file", r.TokenFiles["proxy"], "--rail-timeout", opts.RailTimeout.String()}
+	if r.TLS != nil {
+		proxyArgs = append(proxyArgs, "--ca-file", r.TLS.CA)
+	}
+	if r.ProxyURL, err = s.startServer(rctx, "proxy", listen(p.proxy), proxyArgs...); err != nil {
 		return err
 	}
 	for name, u := range map[string]string{"rail": r.RailURL, "lock": r.LockURL, "payment": r.PaymentURL, "proxy": r.ProxyURL} {
 		s.mu.Lock()
 		child := s.children[name]
 		s.mu.Unlock()
-		if err := child.Ready(rctx, nil, u); err != nil {
+		if err := child.Ready(rctx, s.client, u); err != nil {
 			return err
 		}
 	}

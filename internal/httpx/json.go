@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/payouts/payouts/internal/problem"
@@ -45,7 +46,7 @@ func DecodeStrict(body []byte, v any) error {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return problem.New(problem.InvalidRequest, "request body has data after the JSON object")
 	}
-	return nil
+	return checkFieldNames(body, reflect.TypeOf(v))
 }
 
 func describeJSONError(err error) string {

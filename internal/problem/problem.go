@@ -33,6 +33,7 @@ const (
 	SubmissionExists  Code = "submission_exists"
 	Unavailable       Code = "unavailable"
 	Internal          Code = "internal"
+	NotSessionOwner   Code = "not_session_owner"
 )
 
 // status is the single table from code to HTTP status.
@@ -51,6 +52,7 @@ var status = map[Code]int{
 	SubmissionExists:  http.StatusConflict,
 	Unavailable:       http.StatusServiceUnavailable,
 	Internal:          http.StatusInternalServerError,
+	NotSessionOwner:   http.StatusForbidden,
 }
 
 var titles = map[Code]string{
@@ -68,6 +70,7 @@ var titles = map[Code]string{
 	SubmissionExists:  "Submission exists",
 	Unavailable:       "Unavailable",
 	Internal:          "Internal error",
+	NotSessionOwner:   "Not the session's owner",
 }
 
 // Codes lists every stable code.

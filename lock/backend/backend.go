@@ -45,8 +45,11 @@ const (
 
 // Session is one client's liveness relationship with the service.
 type Session struct {
-	ID              string
-	Owner           string
+	ID    string
+	Owner string
+	// Principal is the authenticated caller that opened the session (the
+	// auth token's name): only it may use or close the session.
+	Principal       string
 	TTL             time.Duration
 	State           string
 	CreatedAt       time.Time
@@ -95,9 +98,10 @@ type GrantRecord struct {
 type Backend interface {
 	// Name is "postgres" or "etcd" (the metrics label).
 	Name() string
-	// CreateSession starts a session; the store may round ttl up (etcd
-	// leases are whole seconds) and reports the TTL it applies.
-	CreateSession(ctx context.Context, owner string, ttl time.Duration) (Session, error)
+	// CreateSession starts a session for owner, owned by principal; the
+	// store may round ttl up (etcd leases are whole seconds) and reports the
+	// TTL it applies.
+	CreateSession(ctx context.Context, owner, principal string, ttl time.Duration) (Session, error)
 	// KeepAlive extends a live session from the store's now. It never
 	// brings back an expired or closed session (session_expired).
 	KeepAlive(ctx context.Context, id string) (Session, error)
@@ -184,12 +188,22 @@ func CheckPrefix(prefix string) error {
 	return nil
 }
 
-// CheckTTL validates a session TTL.
-func CheckTTL(ttl time.Duration) error {
-	if ttl < MinTTL || ttl > MaxTTL {
-		return problem.New(problem.InvalidRequest, "ttl_ms must be between %d and %d, got %d", MinTTL.Milliseconds(), MaxTTL.Milliseconds(), ttl.Milliseconds())
+// CheckTTL validates a session TTL given in milliseconds (ttl_ms), before
+// any conversion: a huge value must not wrap around into the range.
+func CheckTTL(ms int64) (time.Duration, error) {
+	if ms < MinTTL.Milliseconds() || ms > MaxTTL.Milliseconds() {
+		return 0, problem.New(problem.InvalidRequest, "ttl_ms must be between %d and %d, got %d", MinTTL.Milliseconds(), MaxTTL.Milliseconds(), ms)
 	}
-	return nil
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// CheckWait validates how long an acquire may wait, in milliseconds
+// (wait_ms; 0 answers at once), before any conversion.
+func CheckWait(ms int64) (time.Duration, error) {
+	if ms < 0 || ms > MaxWait.Milliseconds() {
+		return 0, problem.New(problem.InvalidRequest, "wait_ms must be between 0 and %d, got %d", MaxWait.Milliseconds(), ms)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // CheckOwner validates a session owner.

@@ -126,6 +126,7 @@ type grantValue struct {
 // outlives it and GET /sessions/{id} can say EXPIRED or CLOSED).
 type sessionValue struct {
 	Owner     string    `json:"owner"`
+	Principal string    `json:"principal,omitempty"`
 	TTLMS     int64     `json:"ttl_ms"`
 	CreatedAt time.Time `json:"created_at"`
 	Closed    bool      `json:"closed,omitempty"`

@@ -17,7 +17,7 @@ import (
 
 // CreateSession implements backend.Backend. etcd leases are whole seconds:
 // the TTL is rounded up and the applied TTL reported.
-func (b *Backend) CreateSession(ctx context.Context, owner string, ttl time.Duration) (backend.Session, error) {
+func (b *Backend) CreateSession(ctx context.Context, owner, principal string, ttl time.Duration) (backend.Session, error) {
 	secs := int64((ttl + time.Second - 1) / time.Second)
 	lr, err := b.cli.Grant(ctx, secs)
 	if err != nil {
@@ -26,12 +26,12 @@ func (b *Backend) CreateSession(ctx context.Context, owner string, ttl time.Dura
 	id := sessionID(lr.ID)
 	now := time.Now()
 	applied := time.Duration(lr.TTL) * time.Second
-	rec := sessionValue{Owner: owner, TTLMS: applied.Milliseconds(), CreatedAt: now.UTC()}
+	rec := sessionValue{Owner: owner, Principal: principal, TTLMS: applied.Milliseconds(), CreatedAt: now.UTC()}
 	if _, err := b.cli.Put(ctx, b.sessionPath(id), mustJSON(rec)); err != nil {
 		_, _ = b.cli.Revoke(context.WithoutCancel(ctx), lr.ID)
 		return backend.Session{}, classify("create session", err)
 	}
-	return backend.Session{ID: id, Owner: owner, TTL: applied, State: backend.StateActive, CreatedAt: now,
+	return backend.Session{ID: id, Owner: owner, Principal: principal, TTL: applied, State: backend.StateActive, CreatedAt: now,
 		LastHeartbeatAt: now, ExpiresAt: now.Add(applied)}, nil
 }
 
@@ -73,7 +73,7 @@ func (b *Backend) KeepAlive(ctx context.Context, id string) (backend.Session, er
 	}
 	now := time.Now()
 	ttl := time.Duration(resp.TTL) * time.Second
-	return backend.Session{ID: id, Owner: rec.Owner, TTL: ttl, State: backend.StateActive, CreatedAt: rec.CreatedAt,
+	return backend.Session{ID: id, Owner: rec.Owner, Principal: rec.Principal, TTL: ttl, State: backend.StateActive, CreatedAt: rec.CreatedAt,
 		LastHeartbeatAt: now, ExpiresAt: now.Add(ttl)}, nil
 }
 
@@ -91,7 +91,7 @@ func (b *Backend) Session(ctx context.Context, id string) (backend.Session, erro
 	if !found {
 		return backend.Session{}, problem.New(problem.NotFound, "session %s does not exist", id)
 	}
-	s := backend.Session{ID: id, Owner: rec.Owner, TTL: time.Duration(rec.TTLMS) * time.Millisecond, CreatedAt: rec.CreatedAt}
+	s := backend.Session{ID: id, Owner: rec.Owner, Principal: rec.Principal, TTL: time.Duration(rec.TTLMS) * time.Millisecond, CreatedAt: rec.CreatedAt}
 	if rec.Closed {
 		s.State = backend.StateClosed
 		return s, nil
@@ -145,7 +145,7 @@ func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session,
 			return s, err
 		}
 	}
-	rec := sessionValue{Owner: s.Owner, TTLMS: s.TTL.Milliseconds(), CreatedAt: s.CreatedAt, Closed: true}
+	rec := sessionValue{Owner: s.Owner, Principal: s.Principal, TTLMS: s.TTL.Milliseconds(), CreatedAt: s.CreatedAt, Closed: true}
 	if _, err := b.cli.Put(ctx, b.sessionPath(id), mustJSON(rec)); err != nil {
 		return s, classify("close session", err)
 	}

@@ -151,7 +151,7 @@ func TestKeepAliveInFlightAcrossTakeover(t *testing.T) {
 	bb := openVia(t, cluster.Endpoints()[0], prefix)
 	const key = "payout:race"
 
-	sa, err := ba.CreateSession(ctx, "a", backend.MinTTL)
+	sa, err := ba.CreateSession(ctx, "a", "p", backend.MinTTL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func TestKeepAliveInFlightAcrossTakeover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sb, err := bb.CreateSession(ctx, "b", backend.MaxTTL)
+	sb, err := bb.CreateSession(ctx, "b", "p", backend.MaxTTL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -212,7 +212,9 @@ func (s *Session) keepAlive() {
 				return
 			}
 			next.Reset(interval)
-		case problem.Has(err, problem.SessionExpired):
+		case problem.Has(err, problem.SessionExpired), problem.Has(err, problem.NotSessionOwner):
+			// Gone, or not ours to renew (403): either way it will not be
+			// renewed by us again.
 			s.lose(fmt.Errorf("%w: %w", ErrSessionLost, err))
 			return
 		case s.loopCtx.Err() != nil:

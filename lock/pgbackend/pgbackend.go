@@ -103,6 +103,9 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 	return b, nil
 }
 
+// MaxConns is the size of the backend's connection pool.
+func (b *Backend) MaxConns() int32 { return b.cfg.MaxConns }
+
 // Name implements backend.Backend.
 func (b *Backend) Name() string { return "postgres" }
 

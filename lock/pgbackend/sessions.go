@@ -13,7 +13,7 @@ import (
 
 // Sessions: a client's liveness relationship, one lock_session row.
 
-const sessionCols = `id, owner, ttl_ms, state, created_at, last_heartbeat_at, expires_at,
+const sessionCols = `id, owner, principal, ttl_ms, state, created_at, last_heartbeat_at, expires_at,
 	lock_session_live(state, expires_at) AS live, now() AS db_now`
 
 func scanSession(row pgx.Row) (backend.Session, error) {
@@ -23,7 +23,7 @@ func scanSession(row pgx.Row) (backend.Session, error) {
 		live  bool
 		now   time.Time
 	)
-	if err := row.Scan(&s.ID, &s.Owner, &ttlMS, &s.State, &s.CreatedAt, &s.LastHeartbeatAt, &s.ExpiresAt, &live, &now); err != nil {
+	if err := row.Scan(&s.ID, &s.Owner, &s.Principal, &ttlMS, &s.State, &s.CreatedAt, &s.LastHeartbeatAt, &s.ExpiresAt, &live, &now); err != nil {
 		return s, err
 	}
 	s.TTL = time.Duration(ttlMS) * time.Millisecond
@@ -38,11 +38,11 @@ func scanSession(row pgx.Row) (backend.Session, error) {
 }
 
 // CreateSession implements backend.Backend.
-func (b *Backend) CreateSession(ctx context.Context, owner string, ttl time.Duration) (backend.Session, error) {
+func (b *Backend) CreateSession(ctx context.Context, owner, principal string, ttl time.Duration) (backend.Session, error) {
 	row := b.pool.QueryRow(ctx, `
-		INSERT INTO lock_session (owner, ttl_ms, expires_at)
-		VALUES ($1, $2::integer, now() + $2::integer * interval '1 millisecond')
-		RETURNING `+sessionCols, owner, ttl.Milliseconds())
+		INSERT INTO lock_session (owner, principal, ttl_ms, expires_at)
+		VALUES ($1, $3, $2::integer, now() + $2::integer * interval '1 millisecond')
+		RETURNING `+sessionCols, owner, ttl.Milliseconds(), principal)
 	s, err := scanSession(row)
 	return s, b.classify("create session", err)
 }

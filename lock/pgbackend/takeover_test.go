@@ -35,7 +35,7 @@ func setupTakeover(t *testing.T) *takeoverRig {
 	}
 	t.Cleanup(func() { b.Close() })
 	r := &takeoverRig{b: b, ctx: ctx, key: "payout:race"}
-	if r.a, err = b.CreateSession(ctx, "a", time.Minute); err != nil {
+	if r.a, err = b.CreateSession(ctx, "a", "p", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if r.held, err = b.Acquire(ctx, r.key, r.a.ID); err != nil {
@@ -117,7 +117,7 @@ func TestKeepAliveInFlightAcrossTakeover(t *testing.T) {
 	}
 	r.waitLapsed(t)
 
-	sb, err := r.b.CreateSession(r.ctx, "b", backend.MaxTTL)
+	sb, err := r.b.CreateSession(r.ctx, "b", "p", backend.MaxTTL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestKeepAliveInFlightAcrossTakeover(t *testing.T) {
 // ended A's session on its row, the keepalive answered that A was live.
 func TestTakeoverInFlightAcrossKeepAlive(t *testing.T) {
 	r := setupTakeover(t)
-	sb, err := r.b.CreateSession(r.ctx, "b", backend.MaxTTL)
+	sb, err := r.b.CreateSession(r.ctx, "b", "p", backend.MaxTTL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,8 +110,19 @@ func (c *Client) PayoutEvents(ctx context.Context, payoutID string, after int64,
 // Work returns up to limit accounts that have actionable payouts (PENDING,
 // CLAIMED, RAIL_SUBMITTED, RAIL_ACKED), the longest-waiting first.
 func (c *Client) Work(ctx context.Context, limit int) ([]WorkItem, error) {
+	return c.WorkSkipping(ctx, limit, nil)
+}
+
+// WorkSkipping is Work leaving out the accounts in skip (at most
+// MaxWorkSkip): pass the accounts being backed off, so accounts that cannot
+// progress never take the places of those that can.
+func (c *Client) WorkSkipping(ctx context.Context, limit int, skip []string) ([]WorkItem, error) {
+	q := wire.PageQuery("", limit)
+	for _, a := range skip {
+		q.Add("skip", a)
+	}
 	var out List[WorkItem]
-	err := c.c.Get(ctx, "/v1/work", wire.PageQuery("", limit), &out)
+	err := c.c.Get(ctx, "/v1/work", q, &out)
 	return out.Items, err
 }
 
@@ -163,6 +174,18 @@ func (c *Client) Resolve(ctx context.Context, payoutID string, token fencing.Tok
 func (c *Client) Cancel(ctx context.Context, payoutID string, token fencing.Token, holder fencing.Holder, reason string) (Payout, error) {
 	var out Payout
 	err := c.c.Post(ctx, payoutPath(payoutID, "cancel"), ReasonRequest{Token: token, Holder: holder, Reason: reason}, &out)
+	return out, err
+}
+
+// Refuse ends a RAIL_SUBMITTED payout whose submission the rail proxy
+// refused without forwarding it (a 400 with "forwarded": false, and no
+// forwarded submission at the proxy): RAIL_SUBMITTED -> FAILED with
+// failure_reason rail_refused and errorCode, its held amount released.
+// errorCode and evidence must not be empty. Never for fenced_out,
+// submission_exists or a call that got no answer.
+func (c *Client) Refuse(ctx context.Context, payoutID string, token fencing.Token, holder fencing.Holder, errorCode, evidence string) (Payout, error) {
+	var out Payout
+	err := c.c.Post(ctx, payoutPath(payoutID, "refuse"), RefuseRequest{Token: token, Holder: holder, ErrorCode: errorCode, Evidence: evidence}, &out)
 	return out, err
 }
 

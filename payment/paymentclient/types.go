@@ -76,6 +76,10 @@ const (
 // found the account's available funds short (DESIGN D-7).
 const FailureInsufficientFunds = "insufficient_funds"
 
+// FailureRailRefused is the failure_reason of a payout the rail proxy
+// refused without forwarding it (POST /payouts/{id}/refuse).
+const FailureRailRefused = "rail_refused"
+
 // ClientRefPrefix is the fixed prefix of every client reference (D-10):
 // client_ref = ClientRefPrefix + payout id.
 const ClientRefPrefix = wire.ClientRefPrefix
@@ -165,6 +169,16 @@ type ReasonRequest struct {
 	Reason string         `json:"reason"`
 }
 
+// RefuseRequest is the body of /refuse: ErrorCode says what the rail proxy
+// refused (e.g. "invalid_request:beneficiary_ref"), Evidence carries its
+// answer.
+type RefuseRequest struct {
+	Token     fencing.Token  `json:"token"`
+	Holder    fencing.Holder `json:"holder"`
+	ErrorCode string         `json:"error_code"`
+	Evidence  string         `json:"evidence"`
+}
+
 // PayoutEvent is one accepted state change (the payout_event history).
 type PayoutEvent struct {
 	ID        int64          `json:"id"`
@@ -200,6 +214,9 @@ const (
 
 // SafetyEvent is evidence that a safety net fired (the shared wire record).
 type SafetyEvent = wire.SafetyEvent
+
+// MaxWorkSkip bounds the skip parameters of one GET /work.
+const MaxWorkSkip = wire.MaxLimit
 
 // WorkItem is an account with actionable payouts (GET /work).
 type WorkItem struct {

@@ -202,6 +202,25 @@ type HighToken struct {
 // submission_exists error.
 const ExistingExtension = "submission"
 
+// ForwardedExtension is the problem member that says whether a refused
+// submission reached the rail: false on an invalid_request refused before
+// anything was written or forwarded.
+const ForwardedExtension = "forwarded"
+
+// RefusedUnforwarded reports whether err is the proxy refusing a submission
+// it will never accept as sent (invalid_request) before writing or
+// forwarding anything ("forwarded": false). Such a payout can be ended
+// (paymentclient.Refuse); any other error — fenced_out, submission_exists,
+// no answer — must not be read this way.
+func RefusedUnforwarded(err error) bool {
+	var pe *problem.Error
+	if !errors.As(err, &pe) || pe.Code != problem.InvalidRequest {
+		return false
+	}
+	var forwarded bool
+	return pe.Extension(ForwardedExtension, &forwarded) && !forwarded
+}
+
 // Client talks to the rail proxy.
 type Client struct {
 	c *httpx.Client

@@ -63,12 +63,16 @@ func ctx(t *testing.T) context.Context {
 
 func session(t *testing.T, b backend.Backend, owner string, ttl time.Duration) backend.Session {
 	t.Helper()
-	s, err := b.CreateSession(ctx(t), owner, ttl)
+	principal := "principal-of-" + owner
+	s, err := b.CreateSession(ctx(t), owner, principal, ttl)
 	if err != nil {
 		t.Fatalf("create session: %v", err)
 	}
-	if s.ID == "" || s.Owner != owner || s.TTL < ttl || s.State != backend.StateActive {
+	if s.ID == "" || s.Owner != owner || s.Principal != principal || s.TTL < ttl || s.State != backend.StateActive {
 		t.Fatalf("create session: got %+v", s)
+	}
+	if r, err := b.Session(ctx(t), s.ID); err != nil || r.Principal != principal {
+		t.Fatalf("read session: %+v %v; want principal %s", r, err, principal)
 	}
 	return s
 }
