@@ -26,7 +26,6 @@ func (r *Reconciler) checkAccounts(ctx context.Context, rep *Report, ls *ledgerS
 			if a.Balance != ls.sums[a.ID] {
 				drift[a.ID] = a.Balance
 			}
-			after = a.ID
 		}
 		if page.Next == "" || len(page.Items) == 0 {
 			break

@@ -21,7 +21,6 @@ func (r *Reconciler) checkHighWater(ctx context.Context, rep *Report, fences map
 		}
 		for _, hw := range page.Items {
 			rep.Scanned.HighWater++
-			after = hw.AccountID
 			fence, known := fences[hw.AccountID]
 			if known && hw.Token <= fence {
 				continue

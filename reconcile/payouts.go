@@ -31,7 +31,6 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 		}
 		for _, p := range page.Items {
 			rep.Scanned.Payouts++
-			after = p.ID
 			if inFlight(p.State) {
 				flying[p.AccountID] = append(flying[p.AccountID], p.ID)
 			}

@@ -91,7 +91,6 @@ func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
 			rep.SafetyEventsSeen.Proxy = max(rep.SafetyEventsSeen.Proxy, e.ID)
 			r.reportSafetyEvent(rep, safetyEvent{guard: "proxy", id: e.ID, kind: e.Kind, key: e.Key, presented: e.PresentedToken, stored: e.StoredToken,
 				holder: e.Holder, storedHolder: e.StoredHolder, payoutID: e.PayoutID, detail: e.Detail, at: e.At})
-			cursor = strconv.FormatInt(e.ID, 10)
 		}
 		if page.Next == "" || len(page.Items) == 0 {
 			return nil
