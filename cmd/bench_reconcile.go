@@ -73,7 +73,8 @@ func wireBenchReconcile(opts *bench.ReconcileOptions) error {
 		toks[i] = hex.EncodeToString(b)
 	}
 	// The loader pays as the proxy would; the reconciler reads the
-	// settlement report as an operator.
+	// settlement report as an operator (--rail-token) and looks payouts up
+	// with its own token, the stack's reconciler token.
 	opts.RailPayToken, opts.RailToken = toks[0], toks[1]
 	opts.NewRail = func(lookupToken string) (http.Handler, error) {
 		a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"proxy","name":"bench-proxy"},`+

@@ -76,11 +76,11 @@ func TestCommandFlags(t *testing.T) {
 		"payouts lock show":        {"lock-url"},
 		"payouts lock revoke":      {"lock-url"},
 		"payouts lock grants":      {"lock-url"},
-		"payouts lock bump-tokens": nil,
+		"payouts lock bump-tokens": {"payment-url", "proxy-url"},
 		"payouts serve proxy":      {"rail-url"},
 	}
 	withOutput := []string{"payouts payout", "payouts lock", "payouts version", "payouts migrate", "payouts reconcile", "payouts dev up", "payouts status"}
-	withJSON := map[string]bool{"payouts reconcile": true, "payouts dev up": true}
+	withJSON := map[string]bool{"payouts reconcile": true, "payouts dev up": true, "payouts bench e2e": true, "payouts bench reconcile": true, "payouts bench lock": true}
 	seen := map[string]bool{}
 	walk(NewRoot(), func(c *cobra.Command) {
 		path := c.CommandPath()
