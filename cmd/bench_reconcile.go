@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 
 	"github.com/spf13/cobra"
 
@@ -71,23 +72,23 @@ func wireBenchReconcile(opts *bench.ReconcileOptions) error {
 		toks[i] = hex.EncodeToString(b)
 	}
 	// The loader pays as the proxy would; the reconciler reads the
-	// settlement report as an operator, or (--rail-per-payout) looks each
-	// payout up as a reconciler.
+	// settlement report as an operator (--rail-token) and looks payouts up
+	// with its own token, the stack's reconciler token.
 	opts.RailPayToken, opts.RailToken = toks[0], toks[1]
-	readRole := "operator"
-	if opts.RailPerPayout {
-		readRole = "reconciler"
+	opts.NewRail = func(lookupToken string) (http.Handler, error) {
+		a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"proxy","name":"bench-proxy"},`+
+			`{"token":%q,"role":"operator","name":"bench-operator"},{"token":%q,"role":"reconciler","name":"bench-reconciler"}]}`,
+			opts.RailPayToken, opts.RailToken, lookupToken)))
+		if err != nil {
+			return nil, err
+		}
+		srv, err := rail.New(rail.Config{Logger: slog.New(slog.DiscardHandler), Registry: obs.NewRegistry(), Auth: a})
+		if err != nil {
+			return nil, err
+		}
+		return srv.Handler(), nil
 	}
-	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"proxy","name":"bench-proxy"},{"token":%q,"role":%q,"name":"bench-rail-reader"}]}`,
-		opts.RailPayToken, opts.RailToken, readRole)))
-	if err != nil {
-		return err
-	}
-	srv, err := rail.New(rail.Config{Logger: slog.New(slog.DiscardHandler), Registry: obs.NewRegistry(), Auth: a})
-	if err != nil {
-		return err
-	}
-	opts.Rail, opts.EtcdPrefix = srv.Handler(), etcdbackend.DefaultPrefix
+	opts.EtcdPrefix = etcdbackend.DefaultPrefix
 	opts.InProcessPass = func(ctx context.Context, u bench.PassURLs) ([]byte, int, error) {
 		var out bytes.Buffer
 		code, err := reconcile.Run(ctx, reconcile.Config{LockURL: u.LockURL, PaymentURL: u.PaymentURL, ProxyURL: u.ProxyURL, RailURL: u.RailURL,

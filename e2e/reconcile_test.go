@@ -144,13 +144,14 @@ func TestReconcileCLI(t *testing.T) {
 		t.Fatalf("without a state file every event is reported: exit %d, want 1", code)
 	}
 
-	// Paid twice at the rail, behind the system's back: exit 1, INV-02.
+	// Paid twice at the rail, behind the system's back (with the proxy's
+	// own rail credential, the one role the rail pays): exit 1, INV-02.
 	p := s.payout(t, "rc-ok-0")
-	asProxy, err := railclient.New(s.st.Ready.RailURL, s.st.Ready.Tokens.Proxy) // only the proxy's credential pays
+	payer, err := railclient.New(s.st.Ready.RailURL, s.st.Ready.Tokens.Proxy)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := asProxy.Pay(ctxT(t, 30*time.Second), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
+	if _, err := payer.Pay(ctxT(t, 30*time.Second), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
 		t.Fatal(err)
 	}
 	out, log, code = s.reconcileOnce(t, "--json", "--metrics-file", metricsFile)
