@@ -235,14 +235,22 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 		sys.cpu.add("postgres", pid, true)
 	}
 	authFile := filepath.Join(r.Dir, "auth.json")
+	payDB, err := writeSecretFile(o.Dir, "paydb.url", r.DatabaseURLs.PayDB)
+	if err != nil {
+		return err
+	}
+	proxyDB, err := writeSecretFile(o.Dir, "proxydb.url", r.DatabaseURLs.ProxyDB)
+	if err != nil {
+		return err
+	}
 	for i := 2; i <= o.Replicas; i++ {
 		pay, err := sys.startServer(ctx, "payment-"+strconv.Itoa(i), "serve", "payment",
-			"--database-url", r.DatabaseURLs.PayDB, "--listen", "127.0.0.1:0", "--auth-file", authFile)
+			"--database-url-file", payDB, "--listen", "127.0.0.1:0", "--auth-file", authFile)
 		if err != nil {
 			return err
 		}
 		prx, err := sys.startServer(ctx, "proxy-"+strconv.Itoa(i), "serve", "proxy",
-			"--database-url", r.DatabaseURLs.ProxyDB, "--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["proxy"],
+			"--database-url-file", proxyDB, "--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["proxy"],
 			"--listen", "127.0.0.1:0", "--auth-file", authFile)
 		if err != nil {
 			return err
@@ -280,6 +288,16 @@ func (sys *e2eSystem) down(log *slog.Logger) {
 			log.Warn("stopping the stack", "error", err.Error())
 		}
 	}
+}
+
+// writeSecretFile writes a database URL for a child to read (0600), so
+// that no secret shows on a command line.
+func writeSecretFile(dir, name, value string) (string, error) {
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(value+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return path, nil
 }
 
 // loadAvg is /proc/loadavg's first three fields.

@@ -5,12 +5,13 @@ package httpx
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -152,10 +153,28 @@ func (s *Server) deadline(next http.Handler) http.Handler {
 
 type loggerKey struct{}
 
+// requestLog is a request's logger, built only when the request logs:
+// slog's With formats the request id into a new handler, which most
+// requests (logging nothing at the configured level) never need.
+type requestLog struct {
+	base *slog.Logger
+	rid  string
+	l    atomic.Pointer[slog.Logger]
+}
+
+func (r *requestLog) logger() *slog.Logger {
+	if l := r.l.Load(); l != nil {
+		return l
+	}
+	l := r.base.With(obs.KeyRequestID, r.rid)
+	r.l.Store(l)
+	return l
+}
+
 // Log returns the request-scoped logger (carrying the request id).
 func Log(ctx context.Context) *slog.Logger {
-	if l, ok := ctx.Value(loggerKey{}).(*slog.Logger); ok {
-		return l
+	if l, ok := ctx.Value(loggerKey{}).(*requestLog); ok {
+		return l.logger()
 	}
 	return slog.Default()
 }
@@ -185,9 +204,11 @@ func (s *statusRecorder) Flush() {
 	}
 }
 
+// newRequestID is 16 hex digits: a correlation id, not a secret, so it
+// comes from the runtime's cheap per-thread generator.
 func newRequestID() string {
 	var b [8]byte
-	_, _ = rand.Read(b[:])
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
 	return hex.EncodeToString(b[:])
 }
 
@@ -201,7 +222,7 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 			rid = newRequestID()
 		}
 		w.Header().Set("X-Request-Id", rid)
-		log := s.cfg.Logger.With(obs.KeyRequestID, rid)
+		log := &requestLog{base: s.cfg.Logger, rid: rid}
 		rec := &statusRecorder{ResponseWriter: w}
 		r = r.WithContext(context.WithValue(r.Context(), loggerKey{}, log))
 		defer func() {
@@ -209,7 +230,7 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				log.Error("panic serving request", "panic", fmt.Sprint(v), "method", r.Method, "path", r.URL.Path)
+				log.logger().Error("panic serving request", "panic", fmt.Sprint(v), "method", r.Method, "path", r.URL.Path)
 				if rec.status == 0 {
 					problem.Write(rec, problem.New(problem.Internal, "internal error"))
 				}
@@ -232,7 +253,9 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 				if status >= 500 {
 					lvl = slog.LevelWarn
 				}
-				log.Log(r.Context(), lvl, "request", "method", r.Method, "route", route, "status", status, "duration_ms", float64(d.Microseconds())/1000)
+				if s.cfg.Logger.Enabled(r.Context(), lvl) {
+					log.logger().Log(r.Context(), lvl, "request", "method", r.Method, "route", route, "status", status, "duration_ms", float64(d.Microseconds())/1000)
+				}
 			}
 		}()
 		next.ServeHTTP(rec, r)

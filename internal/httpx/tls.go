@@ -104,13 +104,16 @@ func certPool(file string) (*x509.CertPool, error) {
 // lock acquire is not cut short by a client-wide timeout.
 func NewHTTPClient(tlsCfg *tls.Config) *http.Client {
 	return &http.Client{Transport: &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig:       tlsCfg,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ForceAttemptHTTP2:     tlsCfg != nil,
-		MaxIdleConns:          100,
-		MaxIdleConnsPerHost:   32,
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:     tlsCfg,
+		TLSHandshakeTimeout: 10 * time.Second,
+		ForceAttemptHTTP2:   tlsCfg != nil,
+		// A worker pool of up to 256 callers (executor --concurrency)
+		// keeps its connections: fewer idle slots than callers means
+		// closing and re-dialling connections under load.
+		MaxIdleConns:          512,
+		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
 	}}
