@@ -16,7 +16,8 @@ import (
 // app is what every command of one process shares, built in one place
 // (this file): the logger settings, the process's one metrics registry
 // (with the payouts_build_info gauge) and the handling of signals.
-// Commands never exit the process: they return, and Execute exits.
+// Commands never exit the process: they return, and Execute exits (only
+// a second interrupt ends it at once).
 type app struct {
 	logLevel string
 	registry *prometheus.Registry
@@ -32,26 +33,30 @@ func (a *app) logger(cmd *cobra.Command, role string) *slog.Logger {
 
 // interruptContext is the context of the whole command: the first SIGINT
 // or SIGTERM cancels it (servers drain, the executor finishes its steps and
-// releases its locks); a second one ends the process at once with exit 1,
-// saying so on stderr.
+// releases its locks, then the command returns); a second one ends the
+// process at once with exit 1 — the only place a process exits other than
+// by returning from Execute.
 func interruptContext() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	log := obs.NewLogger(os.Stderr, slog.LevelInfo, "")
 	go func() {
-		if _, ok := <-sigs; !ok {
+		select {
+		case sig := <-sigs:
+			log.Info("stop requested: finishing current work and releasing what is held (signal again to exit at once)", "signal", sig.String())
+			cancel()
+		case <-ctx.Done():
 			return
 		}
-		log := obs.NewLogger(os.Stderr, slog.LevelInfo, "")
-		log.Info("stop requested: finishing the steps in flight and releasing locks (signal again to exit at once)")
-		cancel()
-		if _, ok := <-sigs; !ok {
-			return
-		}
-		log.Warn("second signal: exiting at once; held locks expire with the session TTL")
+		sig := <-sigs
+		log.Warn("second signal: exiting at once; held locks expire with their session TTL", "signal", sig.String())
 		os.Exit(1)
 	}()
-	return ctx, func() { signal.Stop(sigs); cancel() }
+	return ctx, func() {
+		signal.Stop(sigs)
+		cancel()
+	}
 }
 
 // reloadOnHangup calls every reload on each SIGHUP until ctx ends: a server

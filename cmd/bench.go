@@ -7,8 +7,8 @@ import "github.com/spf13/cobra"
 func newBenchCmd(a *app) *cobra.Command {
 	b := &cobra.Command{Use: "bench", Short: "Benchmarks with their baselines in one run"}
 	b.AddCommand(
-		newBenchE2ECmd(),
-		newBenchReconcileCmd(),
+		newBenchE2ECmd(a),
+		newBenchReconcileCmd(a),
 	)
 	return b
 }

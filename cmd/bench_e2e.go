@@ -12,14 +12,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/payouts/payouts/dev/bench"
-	"github.com/payouts/payouts/internal/obs"
 )
 
-func newBenchE2ECmd() *cobra.Command {
+func newBenchE2ECmd(a *app) *cobra.Command {
 	var (
-		o      bench.E2EOptions
-		asJSON bool
-		plot   string
+		o    bench.E2EOptions
+		out  output
+		plot string
 	)
 	c := &cobra.Command{
 		Use:   "e2e",
@@ -32,8 +31,7 @@ terminal, CPU seconds per 1,000 payouts of every process (from /proc), and the c
 the rail settled more than once (must be 0). docs/benchmarks.md describes the method.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			level, _ := cmd.Flags().GetString("log-level")
-			o.Logger = obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), "bench")
+			o.Logger = a.logger(cmd, "bench")
 			res, err := bench.RunE2E(cmd.Context(), o)
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -43,7 +41,7 @@ the rail settled more than once (must be 0). docs/benchmarks.md describes the me
 					return &ExitError{Code: 2, Err: err}
 				}
 			}
-			if asJSON {
+			if out.isJSON() {
 				b, _ := json.Marshal(res)
 				fmt.Fprintln(cmd.OutOrStdout(), string(b))
 			} else {
@@ -74,7 +72,7 @@ the rail settled more than once (must be 0). docs/benchmarks.md describes the me
 	fl.StringVar(&o.OperatorToken, "operator-token", "", "operator bearer token of the given system")
 	fl.StringVar(&o.Dir, "dir", "", "directory for the stack and logs (default: a temporary directory, removed afterwards)")
 	fl.StringVar(&o.ProfileDir, "profile", "", "write CPU profiles of every process here (5 s slices; go tool pprof merges them)")
-	fl.BoolVar(&asJSON, "json", false, "print the result as one JSON line")
+	out.register(c, true)
 	fl.StringVar(&plot, "plot", "", "write an SVG plot of the run (throughput and latency per second) to this file")
 	return c
 }

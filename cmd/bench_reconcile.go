@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
 
 	"github.com/spf13/cobra"
 
@@ -19,18 +20,17 @@ import (
 	"github.com/payouts/payouts/reconcile"
 )
 
-func newBenchReconcileCmd() *cobra.Command {
+func newBenchReconcileCmd(a *app) *cobra.Command {
 	var (
-		opts   bench.ReconcileOptions
-		asJSON bool
+		opts bench.ReconcileOptions
+		out  output
 	)
 	c := &cobra.Command{
 		Use:   "reconcile",
 		Short: "Load N terminal payouts in bulk into a throwaway stack and time one `payouts reconcile --once` pass",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			level, _ := cmd.Flags().GetString("log-level")
-			opts.Logger = obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(level), "bench")
+			opts.Logger = a.logger(cmd, "bench")
 			if err := wireBenchReconcile(&opts); err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
@@ -38,7 +38,7 @@ func newBenchReconcileCmd() *cobra.Command {
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}
-			if asJSON {
+			if out.isJSON() {
 				b, _ := json.Marshal(res)
 				fmt.Fprintln(cmd.OutOrStdout(), string(b))
 				return nil
@@ -55,7 +55,7 @@ func newBenchReconcileCmd() *cobra.Command {
 	fl.BoolVar(&opts.RailPerPayout, "rail-per-payout", false, "run the pass with --rail-per-payout (flat memory; the rail is asked per payout)")
 	fl.StringArrayVar(&opts.ReconcileArgs, "reconcile-arg", nil, "extra flag for the measured `payouts reconcile` (repeatable)")
 	fl.StringVar(&opts.CPUProfile, "cpu-profile", "", "run the pass in this process and write its CPU profile (pprof) to this file")
-	fl.BoolVar(&asJSON, "json", false, `print one JSON line: {"payouts","seconds","findings","peak_rss_mb",...}`)
+	out.register(c, true)
 	return c
 }
 
@@ -72,23 +72,23 @@ func wireBenchReconcile(opts *bench.ReconcileOptions) error {
 		toks[i] = hex.EncodeToString(b)
 	}
 	// The loader pays as the proxy would; the reconciler reads the
-	// settlement report as an operator, or (--rail-per-payout) looks each
-	// payout up as a reconciler.
+	// settlement report as an operator (--rail-token) and looks payouts up
+	// with its own token, the stack's reconciler token.
 	opts.RailPayToken, opts.RailToken = toks[0], toks[1]
-	readRole := "operator"
-	if opts.RailPerPayout {
-		readRole = "reconciler"
+	opts.NewRail = func(lookupToken string) (http.Handler, error) {
+		a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"proxy","name":"bench-proxy"},`+
+			`{"token":%q,"role":"operator","name":"bench-operator"},{"token":%q,"role":"reconciler","name":"bench-reconciler"}]}`,
+			opts.RailPayToken, opts.RailToken, lookupToken)))
+		if err != nil {
+			return nil, err
+		}
+		srv, err := rail.New(rail.Config{Logger: slog.New(slog.DiscardHandler), Registry: obs.NewRegistry(), Auth: a})
+		if err != nil {
+			return nil, err
+		}
+		return srv.Handler(), nil
 	}
-	a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"proxy","name":"bench-proxy"},{"token":%q,"role":%q,"name":"bench-rail-reader"}]}`,
-		opts.RailPayToken, opts.RailToken, readRole)))
-	if err != nil {
-		return err
-	}
-	srv, err := rail.New(rail.Config{Logger: slog.New(slog.DiscardHandler), Registry: obs.NewRegistry(), Auth: a})
-	if err != nil {
-		return err
-	}
-	opts.Rail, opts.EtcdPrefix = srv.Handler(), etcdbackend.DefaultPrefix
+	opts.EtcdPrefix = etcdbackend.DefaultPrefix
 	opts.InProcessPass = func(ctx context.Context, u bench.PassURLs) ([]byte, int, error) {
 		var out bytes.Buffer
 		code, err := reconcile.Run(ctx, reconcile.Config{LockURL: u.LockURL, PaymentURL: u.PaymentURL, ProxyURL: u.ProxyURL, RailURL: u.RailURL,

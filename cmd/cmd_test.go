@@ -76,10 +76,10 @@ func TestCommandFlags(t *testing.T) {
 		"payouts lock show":        {"lock-url"},
 		"payouts lock revoke":      {"lock-url"},
 		"payouts lock grants":      {"lock-url"},
-		"payouts lock bump-tokens": {"payment-url", "proxy-url"},
+		"payouts lock bump-tokens": {"payment-url", "proxy-url"}, // --from-guards reads both guards' high fences
 		"payouts serve proxy":      {"rail-url"},
 	}
-	withOutput := []string{"payouts payout", "payouts lock", "payouts version", "payouts migrate", "payouts reconcile", "payouts dev up", "payouts status"}
+	withOutput := []string{"payouts payout", "payouts lock", "payouts version", "payouts migrate", "payouts reconcile", "payouts dev up", "payouts status", "payouts bench"}
 	withJSON := map[string]bool{"payouts reconcile": true, "payouts dev up": true, "payouts bench e2e": true, "payouts bench reconcile": true, "payouts bench lock": true}
 	seen := map[string]bool{}
 	walk(NewRoot(), func(c *cobra.Command) {
@@ -153,5 +153,13 @@ func TestClientNeedsToken(t *testing.T) {
 	code, _, errOut := runArgs(t, "lock", "list")
 	if code != 2 || !strings.Contains(errOut, "--token-file") {
 		t.Fatalf("lock list without a token: exit %d, %q", code, errOut)
+	}
+}
+
+// Flags that do nothing were removed: passing one is a usage error (exit 2).
+func TestRemovedFlagsAreUsageErrors(t *testing.T) {
+	code, _, errOut := runArgs(t, "lock", "list", "--proxy-url", "http://127.0.0.1:7103", "--token", "x")
+	if code != 2 || !strings.Contains(errOut, "unknown flag: --proxy-url") {
+		t.Fatalf("lock list --proxy-url: exit %d, %q", code, errOut)
 	}
 }

@@ -47,6 +47,9 @@ func newRoot(a *app) *cobra.Command {
 		},
 	}
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	// A mistyped or unknown flag is a usage error: exit 2, like every
+	// other refusal to run.
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &ExitError{Code: 2, Err: err} })
 
 	serve := &cobra.Command{Use: "serve", Short: "Run a server role (lock, payment, proxy, rail)"}
 	serve.AddCommand(

@@ -1,7 +1,9 @@
 package cmd
 
 import (
+	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,6 +53,9 @@ func newStatusCmd(a *app) *cobra.Command {
 		out        output
 		timeout    time.Duration
 		countLimit int
+		only       string
+		healthOnly bool
+		extra      statusExtraURLs
 	)
 	c := &cobra.Command{
 		Use:   "status",
@@ -60,6 +65,10 @@ URL to leave a role out) for GET /healthz, /readyz and /version, and for its key
 lock service: live sessions, held locks, highest token issued; payment resource: payouts by
 state, ambiguous payouts, fenced_out since start, highest fence; rail proxy: fenced_out since
 start, highest fence; rail: up. Numbers the API has no endpoint for are read from /metrics.
+The executor (--metrics-listen) and the reconciler (--listen) are asked only when their URL is
+given. --only ROLE asks that role alone; --health-only asks only for health, readiness and
+version, needs no token and reads no numbers (a container healthcheck:
+payouts status --only payment --health-only --payment-url https://127.0.0.1:7102 --ca-file ca.pem).
 
 Exit 0: every role is healthy and ready and no guard's fence exceeds the lock service's high
 token. Exit 1: otherwise (the problems are listed). Exit 2: bad flags or a refused token.`,
@@ -68,12 +77,22 @@ token. Exit 1: otherwise (the problems are listed). Exit 2: bad flags or a refus
 			if timeout <= 0 || countLimit < 1 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--timeout and --count-limit must be positive")}
 			}
-			token, hc, err := cf.connect()
+			targets, err := statusTargets(&cf, extra, only)
+			if err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			var token string
+			var hc *http.Client
+			if healthOnly {
+				hc, err = cf.tls.httpClient()
+			} else {
+				token, hc, err = cf.connect()
+			}
 			if err != nil {
 				return err
 			}
-			p := &prober{hc: hc, token: token, timeout: timeout, countLimit: countLimit, ctx: cmd.Context()}
-			rep := p.probeAll(cf.lockURL, cf.paymentURL, cf.proxyURL, cf.railURL)
+			p := &prober{hc: hc, token: token, timeout: timeout, countLimit: countLimit, healthOnly: healthOnly, ctx: cmd.Context()}
+			rep := p.probeAll(targets)
 			if err := out.print(cmd.OutOrStdout(), rep, statusTable(rep)); err != nil {
 				return err
 			}
@@ -92,7 +111,44 @@ token. Exit 1: otherwise (the problems are listed). Exit 2: bad flags or a refus
 	out.register(c, false)
 	c.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "timeout of each call to a role")
 	c.Flags().IntVar(&countLimit, "count-limit", 10000, "count at most this many payouts per state")
+	c.Flags().StringVar(&extra.executor, "executor-url", "", "an executor's --metrics-listen URL (empty: not asked)")
+	c.Flags().StringVar(&extra.reconciler, "reconciler-url", "", "the reconciler's --listen URL (empty: not asked)")
+	c.Flags().StringVar(&only, "only", "", "ask only this role: "+strings.Join(statusRoles, ", "))
+	c.Flags().BoolVar(&healthOnly, "health-only", false, "ask only for health, readiness and version (no token needed, no key numbers)")
 	return c
+}
+
+// statusRoles are the roles status can ask, in the order it asks them.
+var statusRoles = []string{"lock", "payment", "proxy", "rail", "executor", "reconciler"}
+
+// statusExtraURLs are the roles only status asks (no other client calls
+// them): their URL flags are status's own.
+type statusExtraURLs struct{ executor, reconciler string }
+
+// statusTargets are the roles to ask: those with a URL, or only the one
+// --only names (which must then have a URL).
+func statusTargets(cf *clientFlags, extra statusExtraURLs, only string) ([]target, error) {
+	urls := []string{cf.lockURL, cf.paymentURL, cf.proxyURL, cf.railURL, extra.executor, extra.reconciler}
+	if only != "" && !slices.Contains(statusRoles, only) {
+		return nil, fmt.Errorf("--only %q: want one of %s", only, strings.Join(statusRoles, ", "))
+	}
+	var out []target
+	for i, role := range statusRoles {
+		if only != "" && role != only {
+			continue
+		}
+		if urls[i] == "" {
+			if only != "" {
+				return nil, fmt.Errorf("--only %s needs --%s-url", role, role)
+			}
+			continue
+		}
+		out = append(out, target{role: role, url: urls[i]})
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no role to ask: every URL is empty")
+	}
+	return out, nil
 }
 
 func statusTable(rep statusReport) *table {

@@ -28,29 +28,29 @@ type prober struct {
 	token      string
 	timeout    time.Duration
 	countLimit int
+	healthOnly bool // health, readiness and version only: no token, no key numbers
 }
 
-func (p *prober) probeAll(lockURL, paymentURL, proxyURL, railURL string) statusReport {
+// target is one role status asks, at its URL.
+type target struct{ role, url string }
+
+func (p *prober) probeAll(targets []target) statusReport {
 	rep := statusReport{Problems: []string{}, Roles: []roleStatus{}}
 	var lockHigh *int64
-	if lockURL != "" {
-		r := p.base("lock", lockURL)
-		p.lock(&r)
-		lockHigh = r.HighToken
+	for _, tg := range targets {
+		r := p.base(tg.role, tg.url)
+		if !p.healthOnly {
+			switch tg.role {
+			case "lock":
+				p.lock(&r)
+				lockHigh = r.HighToken
+			case "payment":
+				p.payment(&r)
+			case "proxy":
+				p.proxy(&r)
+			}
+		}
 		rep.Roles = append(rep.Roles, r)
-	}
-	if paymentURL != "" {
-		r := p.base("payment", paymentURL)
-		p.payment(&r)
-		rep.Roles = append(rep.Roles, r)
-	}
-	if proxyURL != "" {
-		r := p.base("proxy", proxyURL)
-		p.proxy(&r)
-		rep.Roles = append(rep.Roles, r)
-	}
-	if railURL != "" {
-		rep.Roles = append(rep.Roles, p.base("rail", railURL))
 	}
 	for _, r := range rep.Roles {
 		if !r.Healthy {

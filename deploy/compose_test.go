@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/url"
 	"os"
 	"os/exec"
@@ -42,6 +43,7 @@ var secretFlags = []string{"token", "rail-token", "insecure-no-auth"}
 // removed flag breaks this test rather than a deployment.
 func TestComposeCommandLines(t *testing.T) {
 	project := loadCompose(t)
+	binary := imageEntrypoint(t)
 	replicas := map[string]int{}
 	for name, s := range project.Services {
 		if !strings.HasPrefix(s.Image, "payouts:") {
@@ -55,6 +57,8 @@ func TestComposeCommandLines(t *testing.T) {
 			continue
 		}
 		path, flags := checkCommandLine(t, name, s.Command)
+		healthFlags := checkHealthcheck(t, name, s, path, binary)
+		flags = append(flags, healthFlags...)
 		n := 1
 		if s.Deploy != nil && s.Deploy.Replicas != nil {
 			n = *s.Deploy.Replicas
@@ -107,6 +111,84 @@ func TestComposeCommandLines(t *testing.T) {
 	if etcd != 3 {
 		t.Errorf("compose runs %d etcd members, want 3", etcd)
 	}
+}
+
+// roleOfCommand is the role `payouts status --only` names for the service
+// a command runs, and the flag of the address it serves /healthz on.
+var roleOfCommand = map[string]struct{ role, listen string }{
+	"serve lock": {"lock", "listen"}, "serve payment": {"payment", "listen"}, "serve proxy": {"proxy", "listen"},
+	"serve rail": {"rail", "listen"}, "run executor": {"executor", "metrics-listen"}, "reconcile": {"reconciler", "listen"},
+}
+
+// checkHealthcheck holds a payouts service's healthcheck to the image: exec
+// form (the image has no shell) running the image's binary, as
+// `payouts status --only ROLE --health-only` for the service's own role at
+// the port it listens on (checked against the binary's flags like the
+// command), with no token. It returns the flags given.
+func checkHealthcheck(t *testing.T, service string, s types.ServiceConfig, path, binary string) []string {
+	t.Helper()
+	hc := s.HealthCheck
+	if hc == nil || hc.Disable || len(hc.Test) < 3 {
+		t.Errorf("%s: no healthcheck; want [\"CMD\", %q, \"status\", \"--only\", ROLE, \"--health-only\", ...]", service, binary)
+		return nil
+	}
+	if hc.Test[0] != "CMD" || hc.Test[1] != binary {
+		t.Errorf("%s: healthcheck %q: want exec form [\"CMD\", %q, ...] (the image has no shell)", service, hc.Test, binary)
+		return nil
+	}
+	args := []string(hc.Test[2:])
+	hpath, flags := checkCommandLine(t, service+" healthcheck", args)
+	want, known := roleOfCommand[path]
+	if hpath != "status" || !known {
+		t.Errorf("%s: healthcheck runs `payouts %s` for `payouts %s`; want `payouts status --only ROLE --health-only`", service, hpath, path)
+		return flags
+	}
+	if only := flagValue(args, "only"); only != want.role || !slices.Contains(flags, "health-only") {
+		t.Errorf("%s: healthcheck %q: want --only %s --health-only", service, args, want.role)
+	}
+	u, err := url.Parse(flagValue(args, want.role+"-url"))
+	_, port, _ := strings.Cut(flagValue(s.Command, want.listen), ":")
+	if err != nil || u.Port() == "" || u.Port() != port {
+		t.Errorf("%s: healthcheck --%s-url %q does not reach the service's --%s port %q", service, want.role, flagValue(args, want.role+"-url"), want.listen, port)
+	}
+	if slices.Contains(flags, "token-file") {
+		t.Errorf("%s: the healthcheck needs no token (--health-only)", service)
+	}
+	return flags
+}
+
+// flagValue is the value given to --name in args ("" when absent).
+func flagValue(args []string, name string) string {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v
+		}
+		if a == "--"+name && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+// imageEntrypoint is the binary the image runs (its ENTRYPOINT in exec
+// form), the one a healthcheck must call.
+func imageEntrypoint(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(raw)) {
+		if rest, ok := strings.CutPrefix(line, "ENTRYPOINT "); ok {
+			var ep []string
+			if err := json.Unmarshal([]byte(rest), &ep); err != nil || len(ep) != 1 {
+				t.Fatalf("Dockerfile: ENTRYPOINT %s: want the binary alone in exec form", rest)
+			}
+			return ep[0]
+		}
+	}
+	t.Fatal("Dockerfile has no ENTRYPOINT")
+	return ""
 }
 
 // checkCommandLine parses args as the binary would and returns the

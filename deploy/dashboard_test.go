@@ -90,12 +90,14 @@ func TestDashboardQueries(t *testing.T) {
 
 	joined := strings.Join(all, "\n")
 	for what, needle := range map[string]string{
-		"payouts by state":        "payouts_payment_transitions_total",
+		"payouts by state":        "max by (state) (payouts_payment_payouts)",
 		"payouts/s":               "payouts_executor_payouts_total",
 		"p99 latency":             "histogram_quantile(0.99,",
 		"fenced_out at guard 1":   "payouts_payment_fenced_out_total",
 		"fenced_out at guard 2":   "payouts_proxy_fenced_out_total",
-		"ambiguous payouts":       "payouts_proxy_submissions_timeout_unresolved",
+		"ambiguous payouts":       `payouts_payment_payouts{state="RAIL_AMBIGUOUS"}`,
+		"ambiguous age":           "payouts_payment_oldest_ambiguous_age_seconds",
+		"the resolution SLA":      "payouts_payment_resolution_sla_seconds",
 		"ambiguous over the SLA":  `check="ambiguous_over_sla"`,
 		"lock grants/s":           "payouts_lock_grants_total",
 		"session expirations":     "payouts_lock_expirations_total",

@@ -118,7 +118,7 @@ func (c *chaosRun) startServices() {
 		args: []string{"serve", "payment", "--database-url", r.DatabaseURLs.PayDB}}
 	c.proxy = &chaosService{role: "proxy", name: "proxy", addr: hostPort(t, r.ProxyURL),
 		args: []string{"serve", "proxy", "--database-url", r.DatabaseURLs.ProxyDB, "--rail-url", c.railLink.URL("http"),
-			"--rail-token", r.Tokens.Executor, "--rail-timeout", chaosRailTimeout.String()}}
+			"--rail-token", r.Tokens.Proxy, "--rail-timeout", chaosRailTimeout.String()}}
 	for _, sv := range c.services() {
 		sv.start(t, c.authFile())
 	}
@@ -202,7 +202,7 @@ func (c *chaosRun) startReconciler() {
 	r := c.s.st.Ready
 	bin := proctest.Binary(c.t)
 	args := []string{"reconcile", "--once", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL,
-		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Operator, "--settlement-window", chaosSettleWindow.String(),
+		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Reconciler, "--settlement-window", chaosSettleWindow.String(),
 		"--owner", "chaos-reconciler", "--request-timeout", "10s"}
 	// A pass reads every payout, ledger entry, grant and submission: on a
 	// big run, fewer passes leave the machine to the workload.

@@ -38,12 +38,13 @@ type reconcileOut struct {
 }
 
 // reconcileOnce runs `payouts reconcile --once` with the reconciler's token
-// (the rail gets the operator's, for its settlement report).
+// (at the rail: the reconciler's own credential, for lookups by client
+// reference; the settlement report is the operator's).
 func (s *system) reconcileOnce(t *testing.T, extra ...string) (reconcileOut, string, int) {
 	t.Helper()
 	r := s.st.Ready
 	args := append([]string{"reconcile", "--once", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL,
-		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Operator}, extra...)
+		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Reconciler}, extra...)
 	stdout, stderr, code := runCLI(t, []string{"PAYOUTS_TOKEN=" + r.Tokens.Reconciler}, args...)
 	var out reconcileOut
 	for _, a := range extra {
@@ -143,9 +144,14 @@ func TestReconcileCLI(t *testing.T) {
 		t.Fatalf("without a state file every event is reported: exit %d, want 1", code)
 	}
 
-	// Paid twice at the rail, behind the system's back: exit 1, INV-02.
+	// Paid twice at the rail, behind the system's back (with the proxy's
+	// own rail credential, the one role the rail pays): exit 1, INV-02.
 	p := s.payout(t, "rc-ok-0")
-	if _, err := s.rail.Pay(ctxT(t, 30*time.Second), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
+	payer, err := railclient.New(s.st.Ready.RailURL, s.st.Ready.Tokens.Proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := payer.Pay(ctxT(t, 30*time.Second), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
 		t.Fatal(err)
 	}
 	out, log, code = s.reconcileOnce(t, "--json", "--metrics-file", metricsFile)
@@ -174,7 +180,7 @@ func TestReconcileCLI(t *testing.T) {
 	listen := "127.0.0.1:" + strconv.Itoa(port)
 	proc := proctest.Start(t, "reconcile-continuous", []string{"PAYOUTS_TOKEN=" + r.Tokens.Reconciler},
 		"reconcile", "--interval", "500ms", "--listen", listen, "--lock-url", r.LockURL, "--payment-url", r.PaymentURL,
-		"--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--rail-token", r.Tokens.Operator)
+		"--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--rail-token", r.Tokens.Reconciler)
 	if err := proctest.WaitReady(ctxT(t, time.Minute), "http://"+listen); err != nil {
 		t.Fatalf("continuous reconciler not ready: %v\n%s", err, proc.Log())
 	}

@@ -446,35 +446,45 @@ func TestExecutorInProcess(t *testing.T) {
 	})
 
 	// A payout the proxy refuses before forwarding anything (here a
-	// beneficiary reference longer than the proxy and the rail accept,
-	// planted behind the payment resource's back) must not make the
-	// account a hot loop: every round mints a token, so a round that
-	// moves nothing cools the account down.
-	t.Run("a payout the proxy refuses does not spin the account", func(t *testing.T) {
+	// beneficiary reference longer than the shared limit, planted behind
+	// the payment resource's back, which checks the same limit at
+	// creation) is ended under the grant: FAILED, rail_refused, its money
+	// released. Before, it stayed RAIL_SUBMITTED for ever, holding its
+	// money, and the account — re-dispatched at once every round, minting
+	// a token each time — never reached its later payouts.
+	t.Run("a payout the proxy refuses is ended and its account goes on", func(t *testing.T) {
 		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: "ip-r", Currency: "EUR", OpeningBalance: 10_000}); err != nil {
 			t.Fatal(err)
 		}
-		mk("ip-r1", "ip-r", 100, "BEN-r")
+		mk("ip-r1", "ip-r", 6000, "BEN-r")
 		s.plant(t, "UPDATE payout SET beneficiary_ref = repeat('b', 250) WHERE id = 'ip-r1'")
+		mk("ip-r2", "ip-r", 6000, "BEN-r2") // fundable only once ip-r1's money is released
 		log := newSyncBuf()
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- Run(rctx, s.config(t, "ip-exec-r", log)) }()
-		waitFor(t, time.Minute, "ip-r1 to be RAIL_SUBMITTED", func() bool { return s.state(t, "ip-r1") != pc.Pending && s.state(t, "ip-r1") != pc.Claimed })
-		before := s.grantsOf(t, "ip-r")
-		time.Sleep(5 * time.Second) // the window measured, not a synchronisation
-		rounds := s.grantsOf(t, "ip-r") - before
+		waitFor(t, 2*time.Minute, "ip-r1 and ip-r2 to be terminal", func() bool {
+			return s.state(t, "ip-r1").Terminal() && s.state(t, "ip-r2").Terminal()
+		})
 		stop()
 		if err := <-done; err != nil {
 			t.Fatalf("Run: %v", err)
 		}
-		// 1 s, 2 s, 4 s of cooldown (with jitter): at most a handful of
-		// rounds in 5 s; a hot loop makes one per round trip.
-		if rounds > 5 {
-			t.Fatalf("%d grants of payout:ip-r in 5 s: the account is retried without backing off", rounds)
+		p1, err := s.pay.Payout(ctx, "ip-r1")
+		if err != nil {
+			t.Fatal(err)
 		}
-		if !strings.Contains(log.String(), `"msg":"no progress on the account: leaving it alone for a while"`) {
-			t.Error("executor log does not say it backs off the account")
+		if p1.State != pc.Failed || p1.FailureReason != pc.FailureRailRefused || p1.ErrorCode != "invalid_request:beneficiary_ref" {
+			t.Fatalf("ip-r1 %s/%s/%s; want FAILED, %s, invalid_request:beneficiary_ref", p1.State, p1.FailureReason, p1.ErrorCode, pc.FailureRailRefused)
+		}
+		if got := s.state(t, "ip-r2"); got != pc.Posted {
+			t.Fatalf("ip-r2 is %s, want POSTED (the refused payout's money released)", got)
+		}
+		if _, err := s.prx.Get(ctx, "ip-r1"); !problem.Has(err, problem.NotFound) {
+			t.Fatalf("the refused payout has a submission at the proxy: %v", err)
+		}
+		if n := s.grantsOf(t, "ip-r"); n > 3 {
+			t.Fatalf("%d grants of payout:ip-r for two payouts", n)
 		}
 	})
 }

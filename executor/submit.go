@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/payouts/payouts/internal/obs"
@@ -97,6 +98,9 @@ func (r *run) submit(p pc.Payout) (pc.Payout, error) {
 		return r.apply(p, existing)
 	case problem.Has(err, problem.FencedOut):
 		return p, r.failed("submit", "proxy", p, err)
+	case proxyclient.RefusedUnforwarded(err):
+		r.e.m.steps.WithLabelValues("submit", resultRejected).Inc()
+		return r.refused(p, err)
 	}
 	var pe *problem.Error
 	if errors.As(err, &pe) && pe.Status() < 500 && pe.Code != problem.Unavailable {
@@ -107,6 +111,49 @@ func (r *run) submit(p pc.Payout) (pc.Payout, error) {
 	r.e.m.steps.WithLabelValues("submit", resultTransient).Inc()
 	log.Warn("the submission got no usable answer; asking the proxy what happened (never resent)", obs.KeyError, err.Error())
 	return r.afterUnknownSubmit(p)
+}
+
+// maxErrorCode bounds the error_code sent with /refuse (one line).
+const maxErrorCode = 200
+
+// refused ends a payout whose submission the proxy refused without
+// forwarding it (invalid input it will never accept): retrying cannot
+// succeed, and left RAIL_SUBMITTED the payout would hold its money and
+// stop its account for ever. Only once the proxy confirms it holds no
+// forwarded submission (D-4) is the payout ended: RAIL_SUBMITTED -> FAILED
+// (rail_refused) under this grant, its held amount released.
+func (r *run) refused(p pc.Payout, refusal error) (pc.Payout, error) {
+	var pe *problem.Error
+	errors.As(refusal, &pe)
+	code := "invalid_request"
+	var field string
+	if pe.Extension("field", &field) && field != "" {
+		code += ":" + field
+	}
+	code = strings.ReplaceAll(code, "\n", " ")
+	if len(code) > maxErrorCode {
+		code = code[:maxErrorCode]
+	}
+	evidence := "proxy 400 forwarded=false: " + pe.Message
+	log := r.log.With("step", "refuse", obs.KeyPayoutID, p.ID, "error_code", code)
+	rec, found, err := r.lookup(p)
+	if err != nil {
+		return p, err
+	}
+	if found {
+		// Forwarded after all (an earlier attempt): its outcome decides.
+		log.Warn("the proxy refused the submission but holds a forwarded one; applying its outcome", "outcome", outcomeText(rec.Outcome))
+		return r.apply(p, rec)
+	}
+	if err := r.check(); err != nil {
+		return p, err
+	}
+	log.Error("the proxy refused the submission without forwarding it; ending the payout (FAILED, rail_refused, money released)", "evidence", evidence)
+	return r.mutate("refuse", p, AfterOutcome, func() (pc.Payout, error) {
+		ctx, cancel := r.e.callCtx()
+		defer cancel()
+		return r.e.pay.Refuse(ctx, p.ID, r.g.Token(), r.g.Holder(), code, evidence)
+	})
 }
 
 // afterUnknownSubmit settles an unclear submission from the proxy's record,

@@ -3,9 +3,14 @@ package payment
 import (
 	"context"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/safetylog"
 	"github.com/payouts/payouts/lock/fencing"
+	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
 // A token_regression is judged from the fence that refused the request, as
@@ -47,5 +52,98 @@ func TestTokenRegressionJudgedFromTheRefusingStatement(t *testing.T) {
 	}
 	if n := counterValue(e.svc.m.tokenRegressions); n != 1 {
 		t.Fatalf("token regression counter %v, want 1", n)
+	}
+}
+
+// A reader paging safety events by id (as the reconciler does, keeping the
+// highest id seen) never skips an event whose transaction commits after a
+// higher id was read. Forced interleaving: one evidence write holds its
+// transaction open with the lower id while a refused request records its
+// own evidence; the reader pages in between and after.
+func TestSafetyEventsNeverSkipALateCommit(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	e.payout(t, "po-1", "acc-1", 100)
+	if _, err := e.exec.Claim(tctx(t), "po-1", 10, "holder-a"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := tctx(t)
+	late, err := e.svc.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Rollback(context.Background()) //nolint:errcheck // committed below
+	if err := safetylog.Insert(ctx, late, safetylog.Event{Kind: pc.KindFencedOut, Key: "payout:acc-1", Presented: 1, Holder: "late", PayoutID: "po-1", Detail: "committed late"}); err != nil {
+		t.Fatal(err)
+	}
+	refused := make(chan error, 1)
+	go func() {
+		_, err := e.exec.Claim(ctx, "po-1", 3, "holder-b") // fenced out: its evidence is written now
+		refused <- err
+	}()
+	// Until the refusal's evidence is committed, or is waiting behind the
+	// open write.
+	var done error
+	waitFor(t, "the refusal's evidence to commit or wait", func() bool {
+		select {
+		case done = <-refused:
+			return true
+		default:
+		}
+		var waiting int
+		_ = e.svc.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&waiting)
+		return waiting > 0
+	})
+	seen := map[int64]bool{}
+	var cursor int64
+	read := func() {
+		page, err := e.recon.SafetyEvents(ctx, cursor, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range page.Items {
+			seen[ev.ID] = true
+			cursor = max(cursor, ev.ID)
+		}
+	}
+	read()
+	if err := late.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if done == nil {
+		done = <-refused
+	}
+	if !problem.Has(done, problem.FencedOut) {
+		t.Fatalf("stale claim: %v, want fenced_out", done)
+	}
+	read()
+	rows, err := e.svc.pool.Query(ctx, `SELECT id FROM safety_event`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 2 {
+		t.Fatalf("%d safety events stored, want 2", len(all))
+	}
+	for _, id := range all {
+		if !seen[id] {
+			t.Fatalf("safety event %d was never served to a reader paging by id (served %v)", id, seen)
+		}
+	}
+}
+
+// waitFor polls cond with a generous deadline.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

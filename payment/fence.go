@@ -8,6 +8,17 @@ import (
 	"github.com/payouts/payouts/lock/fencing"
 )
 
+// fenceAdvance moves an account's fence to the highest (token, holder)
+// seen: the token to GREATEST(stored, presented), the holder with it only
+// when the token goes up. Guard 1 (guardSQL, guard.go) is this statement
+// plus the condition that judges the write.
+const fenceAdvance = `
+	UPDATE account
+	   SET fence_token  = GREATEST(fence_token, $2),
+	       fence_holder = CASE WHEN $2 > fence_token THEN $3 ELSE fence_holder END,
+	       version = version + 1, updated_at = now()
+	 WHERE id = $1`
+
 // fence is what guard 1 answered: whether the write is accepted, and the
 // account's fence after the statement (on refusal: the fence that refused).
 type fence struct {

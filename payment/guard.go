@@ -18,10 +18,5 @@ const guardEnabled = true
 // of the account's payouts until the transaction ends.
 //
 // guard_negativecontrol.go holds the same statement without the condition.
-const guardSQL = `
-	UPDATE account
-	   SET fence_token  = GREATEST(fence_token, $2),
-	       fence_holder = CASE WHEN $2 > fence_token THEN $3 ELSE fence_holder END,
-	       version = version + 1, updated_at = now()
-	 WHERE id = $1
+const guardSQL = fenceAdvance + `
 	RETURNING balance, fence_token, fence_holder, (fence_token = $2 AND fence_holder = $3)`

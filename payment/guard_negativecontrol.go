@@ -9,10 +9,5 @@ const guardEnabled = false
 
 // guardSQL without the fence condition: it still records the highest token
 // seen (and its holder) but accepts every token, stale ones included.
-const guardSQL = `
-	UPDATE account
-	   SET fence_token  = GREATEST(fence_token, $2),
-	       fence_holder = CASE WHEN $2 > fence_token THEN $3 ELSE fence_holder END,
-	       version = version + 1, updated_at = now()
-	 WHERE id = $1
+const guardSQL = fenceAdvance + `
 	RETURNING balance, fence_token, fence_holder, true`

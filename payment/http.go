@@ -39,7 +39,7 @@ func (s *Service) Mount(r chi.Router) {
 		r.Group(func(r chi.Router) {
 			// Every caller role reads; the proxy role is a credential at the
 			// rail only.
-			r.Use(auth.Require(auth.Executor, auth.Reconciler, auth.Operator))
+			r.Use(auth.Require(auth.Callers...))
 			r.Get("/accounts", httpx.Handler(s.handleListAccounts))
 			r.Get("/accounts/{id}", httpx.Handler(s.handleGetAccount))
 			r.Get("/payouts", httpx.Handler(s.handleListPayouts))

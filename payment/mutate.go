@@ -12,6 +12,7 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/safetylog"
 	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
@@ -332,20 +333,20 @@ func (s *Service) reject(ctx context.Context, accountID, payoutID string, cmd Co
 	log := s.logFor(ctx).With(obs.KeyKey, key, obs.KeyToken, int64(cmd.Token), "stored_token", stored,
 		obs.KeyHolder, string(cmd.Holder), "stored_holder", storedHolder,
 		obs.KeyPayoutID, payoutID, obs.KeyAccountID, accountID, "op", string(cmd.Op), "actor", cmd.Actor)
-	ev := safetyEvent{key: key, presented: int64(cmd.Token), stored: stored, holder: string(cmd.Holder), storedHolder: storedHolder, payoutID: payoutID}
+	ev := safetylog.Event{Key: key, Presented: cmd.Token, Stored: fencing.Token(stored), Holder: cmd.Holder, StoredHolder: fencing.Holder(storedHolder), PayoutID: payoutID}
 
 	if rej.fenced {
 		regression := stored == int64(cmd.Token) && storedHolder != string(cmd.Holder)
 		fenced := ev
-		fenced.kind = pc.KindFencedOut
-		fenced.detail = fmt.Sprintf("%s refused: token %d is not above the fence %d of %s", cmd.Op, cmd.Token, stored, key)
-		events := []safetyEvent{fenced}
+		fenced.Kind = pc.KindFencedOut
+		fenced.Detail = fmt.Sprintf("%s refused: token %d is not above the fence %d of %s", cmd.Op, cmd.Token, stored, key)
+		events := []safetylog.Event{fenced}
 		s.m.fencedOut.Inc()
 		log.Warn("fenced out: stale token refused by guard 1", obs.KeyEvent, pc.KindFencedOut)
 		if regression {
 			reg := ev
-			reg.kind = pc.KindTokenRegression
-			reg.detail = fmt.Sprintf("token %d presented by holder %q but already accepted from holder %q: a token was re-issued (INV-04)", cmd.Token, cmd.Holder, storedHolder)
+			reg.Kind = pc.KindTokenRegression
+			reg.Detail = fmt.Sprintf("token %d presented by holder %q but already accepted from holder %q: a token was re-issued (INV-04)", cmd.Token, cmd.Holder, storedHolder)
 			events = append(events, reg)
 			s.m.tokenRegressions.Inc()
 			log.Warn("token regression: equal token from a different holder", obs.KeyEvent, pc.KindTokenRegression)
@@ -358,18 +359,11 @@ func (s *Service) reject(ctx context.Context, accountID, payoutID string, cmd Co
 
 	s.m.rejectedTransitions.WithLabelValues(string(rej.state), string(rej.event)).Inc()
 	log.Warn("rejected transition", obs.KeyEvent, pc.KindRejectedTransition, "state", string(rej.state), "event", string(rej.event))
-	ev.kind = pc.KindRejectedTransition
-	ev.detail = fmt.Sprintf("%s (%s) is not allowed in state %s", cmd.Op, rej.event, rej.state)
+	ev.Kind = pc.KindRejectedTransition
+	ev.Detail = fmt.Sprintf("%s (%s) is not allowed in state %s", cmd.Op, rej.event, rej.state)
 	s.recordSafety(ctx, log, ev)
 	return problem.New(problem.InvalidTransition, "payout %s is %s; %s is not allowed in that state", payoutID, rej.state, rej.event).
 		With("state", rej.state).With("event", rej.event).With("payout", rej.payout)
-}
-
-type safetyEvent struct {
-	kind, key            string
-	presented, stored    int64
-	holder, storedHolder string
-	payoutID, detail     string
 }
 
 // recordSafety writes safety events in a transaction of their own. A
@@ -377,17 +371,8 @@ type safetyEvent struct {
 // have already fired.
 func (s *Service) recordSafety(ctx context.Context, log interface {
 	Error(msg string, args ...any)
-}, events ...safetyEvent) {
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		for _, e := range events {
-			if _, err := tx.Exec(ctx, `INSERT INTO safety_event (kind, key, presented_token, stored_token, holder, stored_holder, payout_id, detail)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-				e.kind, e.key, e.presented, e.stored, e.holder, e.storedHolder, e.payoutID, e.detail); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+}, events ...safetylog.Event) {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return safetylog.Insert(ctx, tx, events...) })
 	if err != nil {
 		s.m.safetyWriteFailures.Inc()
 		log.Error("could not store safety event", obs.KeyError, err.Error())

@@ -105,6 +105,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		pool.Close()
 		return nil, err
 	}
+	cfg.Registry.MustRegister(newStateCollector(pool, s.log, s.sla))
 	if !guardEnabled {
 		s.log.Error("NEGATIVE-CONTROL BUILD: guard 1's fence condition is compiled out; stale tokens are accepted. Never run this build in production.")
 	}

@@ -1,8 +1,10 @@
 package payment
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"pgregory.net/rapid"
 
@@ -24,9 +26,12 @@ var opsFor = map[pc.State][]Op{
 func TestLedgerInvariantsRapid(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	ctx := tctx(t)
 	iter := 0
 	rapid.Check(t, func(rt *rapid.T) {
+		// A deadline per run, not one for the whole check: a loaded machine
+		// slows every run, and the check makes a hundred of them.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
 		iter++
 		acct := fmt.Sprintf("r%d", iter)
 		opening := rapid.Int64Range(0, 20_000).Draw(rt, "opening")
@@ -140,7 +145,7 @@ func TestLedgerInvariantsRapid(t *testing.T) {
 		})
 	})
 	var posted int
-	if err := e.svc.pool.QueryRow(ctx, `SELECT count(*) FROM payout WHERE state = 'POSTED'`).Scan(&posted); err != nil {
+	if err := e.svc.pool.QueryRow(tctx(t), `SELECT count(*) FROM payout WHERE state = 'POSTED'`).Scan(&posted); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%d payouts posted across the runs", posted)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/safetylog"
 	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
@@ -229,21 +230,10 @@ func (s *Service) Ledger(ctx context.Context, after int64, limit int) ([]pc.Ledg
 	})
 }
 
-// SafetyEvents lists safety events after event id after.
+// SafetyEvents lists safety events after event id after. No event can
+// later appear behind the last one listed (internal/safetylog).
 func (s *Service) SafetyEvents(ctx context.Context, after int64, limit int) ([]pc.SafetyEvent, error) {
-	rows, err := s.pool.Query(ctx, `SELECT id, kind, COALESCE(key, ''), COALESCE(presented_token, 0),
-		COALESCE(stored_token, 0), COALESCE(holder, ''), COALESCE(stored_holder, ''),
-		COALESCE(payout_id, ''), COALESCE(detail, ''), at
-		FROM safety_event WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
-	return collect(rows, err, func(row pgx.Row) (pc.SafetyEvent, error) {
-		var e pc.SafetyEvent
-		var pt, st int64
-		var h, sh string
-		err := row.Scan(&e.ID, &e.Kind, &e.Key, &pt, &st, &h, &sh, &e.PayoutID, &e.Detail, &e.At)
-		e.PresentedToken, e.StoredToken, e.Holder, e.StoredHolder = fencing.Token(pt), fencing.Token(st), fencing.Holder(h), fencing.Holder(sh)
-		e.At = e.At.UTC()
-		return e, err
-	})
+	return safetylog.List(ctx, s.pool, after, limit)
 }
 
 // HighFence is the highest fence any account stores.

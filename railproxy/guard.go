@@ -15,13 +15,7 @@ package railproxy
 //
 // guard_negativecontrol.go holds the same statement without the condition,
 // for tests that prove the detective controls fire.
-const highWaterSQL = `
-INSERT INTO account_high_water AS hw (account_id, token, holder, updated_at)
-VALUES ($1, $2, $3, now())
-ON CONFLICT (account_id) DO UPDATE
-   SET token = GREATEST(hw.token, EXCLUDED.token),
-       holder = CASE WHEN EXCLUDED.token > hw.token THEN EXCLUDED.holder ELSE hw.holder END,
-       updated_at = now()
+const highWaterSQL = highWaterAdvance + `
 RETURNING hw.token, hw.holder, (hw.token = $2 AND hw.holder = $3)`
 
 // guardEnabled reports whether the fence condition is compiled in.

@@ -7,13 +7,7 @@ package railproxy
 // token seen (never moving the mark backwards) but accepts a stale token, so
 // a test can show the detective controls catch what the guard would have
 // stopped.
-const highWaterSQL = `
-INSERT INTO account_high_water AS hw (account_id, token, holder, updated_at)
-VALUES ($1, $2, $3, now())
-ON CONFLICT (account_id) DO UPDATE
-   SET token = GREATEST(hw.token, EXCLUDED.token),
-       holder = CASE WHEN EXCLUDED.token > hw.token THEN EXCLUDED.holder ELSE hw.holder END,
-       updated_at = now()
+const highWaterSQL = highWaterAdvance + `
 RETURNING hw.token, hw.holder, true`
 
 // guardEnabled reports whether the fence condition is compiled in.

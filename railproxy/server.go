@@ -172,7 +172,7 @@ func (s *Server) Close() {
 }
 
 func (s *Server) routes(r chi.Router) {
-	readers := auth.Require(auth.Executor, auth.Reconciler, auth.Operator)
+	readers := auth.Require(auth.Callers...)
 	r.Route("/v1", func(r chi.Router) {
 		// Only an executor, holding the account's grant, submits: any other
 		// role could pay through the proxy or push an account's high-water

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/payouts/payouts/internal/safetylog"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
@@ -140,16 +141,11 @@ func (st *store) recordFenced(ctx context.Context, req proxyclient.SubmitRequest
 		if err != nil {
 			return fmt.Errorf("insert FENCED row: %w", err)
 		}
-		kinds := []string{proxyclient.KindFencedOut}
+		events := []safetylog.Event{safetyEvent(proxyclient.KindFencedOut, req, ev.StoredToken, ev.StoredHolder, detail)}
 		if ev.Regression {
-			kinds = append(kinds, proxyclient.KindTokenRegression)
+			events = append(events, safetyEvent(proxyclient.KindTokenRegression, req, ev.StoredToken, ev.StoredHolder, detail))
 		}
-		for _, k := range kinds {
-			if err := insertSafetyEvent(ctx, tx, k, req, ev.StoredToken, ev.StoredHolder, detail); err != nil {
-				return err
-			}
-		}
-		return nil
+		return safetylog.Insert(ctx, tx, events...)
 	})
 	return ev, err
 }
@@ -167,7 +163,7 @@ func (st *store) recordDuplicate(ctx context.Context, req proxyclient.SubmitRequ
 		}
 		detail := fmt.Sprintf("payout %s already has forwarded submission %d (token %d, holder %s, outcome %s)",
 			req.PayoutID, existing.ID, existing.FenceToken, existing.Holder, outcomeText(existing.Outcome))
-		return insertSafetyEvent(ctx, tx, proxyclient.KindDuplicateAttempt, req, existing.FenceToken, existing.Holder, detail)
+		return safetylog.Insert(ctx, tx, safetyEvent(proxyclient.KindDuplicateAttempt, req, existing.FenceToken, existing.Holder, detail))
 	})
 	return existing, err
 }
@@ -179,20 +175,10 @@ func outcomeText(o proxyclient.Outcome) string {
 	return string(o)
 }
 
-func insertSafetyEvent(ctx context.Context, tx pgx.Tx, kind string, req proxyclient.SubmitRequest, storedToken fencing.Token, storedHolder fencing.Holder, detail string) error {
-	var stored *int64
-	if storedToken > 0 {
-		v := int64(storedToken)
-		stored = &v
-	}
-	_, err := tx.Exec(ctx, `
-		INSERT INTO safety_event (kind, key, presented_token, stored_token, holder, stored_holder, payout_id, detail)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-		kind, fencing.Key(req.AccountID), int64(req.Token), stored, string(req.Holder), nullIfEmpty(string(storedHolder)), req.PayoutID, detail)
-	if err != nil {
-		return fmt.Errorf("insert %s safety event: %w", kind, err)
-	}
-	return nil
+// safetyEvent is the evidence of a refused submission.
+func safetyEvent(kind string, req proxyclient.SubmitRequest, storedToken fencing.Token, storedHolder fencing.Holder, detail string) safetylog.Event {
+	return safetylog.Event{Kind: kind, Key: fencing.Key(req.AccountID), Presented: req.Token, Stored: storedToken,
+		Holder: req.Holder, StoredHolder: storedHolder, PayoutID: req.PayoutID, Detail: detail}
 }
 
 func nullIfEmpty(s string) *string {
@@ -259,23 +245,10 @@ func (st *store) list(ctx context.Context, after int64, limit int) ([]proxyclien
 	return collectRecords(rows)
 }
 
+// safetyEvents lists safety events after id after; no event can later
+// appear behind the last one listed (internal/safetylog).
 func (st *store) safetyEvents(ctx context.Context, after int64, limit int) ([]proxyclient.SafetyEvent, error) {
-	rows, err := st.pool.Query(ctx, `
-		SELECT id, kind, coalesce(key, ''), coalesce(presented_token, 0), coalesce(stored_token, 0),
-		       coalesce(holder, ''), coalesce(stored_holder, ''), coalesce(payout_id, ''), coalesce(detail, ''), at
-		  FROM safety_event WHERE id > $1 ORDER BY id LIMIT $2`, after, limit)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (proxyclient.SafetyEvent, error) {
-		var e proxyclient.SafetyEvent
-		var presented, stored int64
-		var holder, storedHolder string
-		err := row.Scan(&e.ID, &e.Kind, &e.Key, &presented, &stored, &holder, &storedHolder, &e.PayoutID, &e.Detail, &e.At)
-		e.PresentedToken, e.StoredToken = fencing.Token(presented), fencing.Token(stored)
-		e.Holder, e.StoredHolder = fencing.Holder(holder), fencing.Holder(storedHolder)
-		return e, err
-	})
+	return safetylog.List(ctx, st.pool, after, limit)
 }
 
 func (st *store) highFence(ctx context.Context) (fencing.Token, error) {

@@ -126,7 +126,7 @@ func TestRailDuplicatePayment(t *testing.T) {
 	acc := e.newAccount(t, 10_000)
 	p := e.payOut(t, e.newPayout(t, acc, 250))
 	// Pay the same client reference again at the rail, around the system.
-	if _, err := e.rail.Pay(ctxT(t), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
+	if _, err := e.railPay.Pay(ctxT(t), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
 		t.Fatal(err)
 	}
 	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
@@ -140,7 +140,7 @@ func TestRailDuplicatePaymentPerPayout(t *testing.T) {
 	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.payOut(t, e.newPayout(t, acc, 260))
-	if _, err := e.rail.Pay(ctxT(t), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
+	if _, err := e.railPay.Pay(ctxT(t), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
 		t.Fatal(err)
 	}
 	rep := pass(t, e.reconciler(t, reconcile.Options{RailPerPayout: true}, ""))
@@ -156,12 +156,12 @@ func TestRailPaymentWithoutSubmission(t *testing.T) {
 	p := e.newPayout(t, acc, 75)
 	ctx := ctxT(t)
 	// A known payout's reference, a wrong amount, never submitted...
-	if _, err := e.rail.Pay(ctx, railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount + 1, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
+	if _, err := e.railPay.Pay(ctx, railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount + 1, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}); err != nil {
 		t.Fatal(err)
 	}
 	// ... and a reference that belongs to no payout at all.
 	orphan := pc.ClientRef(uniq("ghost"))
-	if _, err := e.rail.Pay(ctx, railclient.PaymentRequest{ClientRef: orphan, Amount: 5, Currency: "EUR", BeneficiaryRef: "BEN-x"}); err != nil {
+	if _, err := e.railPay.Pay(ctx, railclient.PaymentRequest{ClientRef: orphan, Amount: 5, Currency: "EUR", BeneficiaryRef: "BEN-x"}); err != nil {
 		t.Fatal(err)
 	}
 	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
@@ -213,7 +213,7 @@ func TestPostedNotSettledAndFailedButSettled(t *testing.T) {
 	posted := e.newPayout(t, acc, 60)
 	e.exec(t, "paydb", false, `UPDATE payout SET state = 'POSTED' WHERE id = $1`, posted.ID)
 	failed := e.newPayout(t, acc, 70)
-	if _, err := e.rail.Pay(ctxT(t), railclient.PaymentRequest{ClientRef: failed.ClientRef, Amount: failed.Amount, Currency: failed.Currency, BeneficiaryRef: failed.BeneficiaryRef}); err != nil {
+	if _, err := e.railPay.Pay(ctxT(t), railclient.PaymentRequest{ClientRef: failed.ClientRef, Amount: failed.Amount, Currency: failed.Currency, BeneficiaryRef: failed.BeneficiaryRef}); err != nil {
 		t.Fatal(err)
 	}
 	e.exec(t, "paydb", false, `UPDATE payout SET state = 'FAILED', failure_reason = 'planted' WHERE id = $1`, failed.ID)

@@ -74,7 +74,9 @@ type testBundle struct {
 	pay   *pc.Client
 	proxy *proxyclient.Client
 	rail  *railclient.Client
-	lock  *lockclient.Session
+	// railPay pays at the rail as the proxy does.
+	railPay *railclient.Client
+	lock    *lockclient.Session
 }
 
 // startStack brings up a fresh stack (stopped in TestMain).
@@ -100,7 +102,12 @@ func startStack(t *testing.T, settlement time.Duration) *testBundle {
 	if e.pay, err = pc.New(r.PaymentURL, r.Tokens.Operator); err != nil {
 		t.Fatal(err)
 	}
-	if e.proxy, err = proxyclient.New(r.ProxyURL, r.Tokens.Operator); err != nil {
+	// Submissions are the executor role's; payments at the rail the
+	// proxy's: planting them takes those roles' tokens.
+	if e.proxy, err = proxyclient.New(r.ProxyURL, r.Tokens.Executor); err != nil {
+		t.Fatal(err)
+	}
+	if e.railPay, err = railclient.New(r.RailURL, r.Tokens.Proxy); err != nil {
 		t.Fatal(err)
 	}
 	if e.rail, err = railclient.New(r.RailURL, r.Tokens.Operator); err != nil {
@@ -290,7 +297,7 @@ func (e *testBundle) exec(t *testing.T, db string, replica bool, sql string, arg
 }
 
 // reconciler returns a Reconciler as `payouts reconcile` builds it, with
-// the reconciler role's token (the rail gets railToken; "" for the same).
+// the reconciler role's token (the rail's settlement report gets railToken; "" for the same).
 func (e *testBundle) reconciler(t *testing.T, opts reconcile.Options, railToken string) *reconcile.Reconciler {
 	t.Helper()
 	return e.reconcilerWith(t, opts, railToken, nil)
@@ -313,7 +320,11 @@ func (e *testBundle) reconcilerWith(t *testing.T, opts reconcile.Options, railTo
 	if err != nil {
 		t.Fatal(err)
 	}
-	rail, err := railclient.New(r.RailURL, railToken)
+	rail, err := railclient.New(r.RailURL, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report, err := railclient.New(r.RailURL, railToken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +339,7 @@ func (e *testBundle) reconcilerWith(t *testing.T, opts reconcile.Options, railTo
 	if opts.Logger == nil {
 		opts.Logger = testLogger(t)
 	}
-	rec, err := reconcile.New(reconcile.Clients{Lock: lock, Payment: pay, Proxy: proxy, Rail: rail}, opts)
+	rec, err := reconcile.New(reconcile.Clients{Lock: lock, Payment: pay, Proxy: proxy, Rail: rail, RailReport: report}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 // Metrics are the reconciler's Prometheus series: served on /metrics in
 // continuous mode and written to --metrics-file (node_exporter textfile
-// collector) after every pass. docs/alerts.yml alerts on them.
+// collector) after every pass. deploy/prometheus/alerts.yml alerts on them.
 type Metrics struct {
 	findings      *prometheus.GaugeVec
 	resolved      *prometheus.CounterVec

@@ -25,7 +25,7 @@ func (r *Reconciler) loadRail(ctx context.Context, rep *Report) (*railIndex, err
 		rep.note("rail payments were looked up per payout (--rail-per-payout); payments carrying no known client reference were not checked")
 		return ri, nil
 	}
-	items, err := r.c.Rail.SettlementReport(ctx)
+	items, err := r.c.RailReport.SettlementReport(ctx)
 	switch {
 	case isForbidden(err):
 		rep.note("the rail refused this token its settlement report; rail payments were looked up per payout, and payments carrying no known client reference were not checked (give the reconciler a token the rail accepts for /v1/settlement-report)")

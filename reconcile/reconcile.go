@@ -120,7 +120,11 @@ type Clients struct {
 	Lock    LockService
 	Payment *paymentclient.Client
 	Proxy   *proxyclient.Client
-	Rail    *railclient.Client
+	// Rail looks payments up by client reference (the reconciler role).
+	Rail *railclient.Client
+	// RailReport reads the rail's settlement report (an operator's
+	// credential); nil: Rail.
+	RailReport *railclient.Client
 }
 
 // Reconciler runs reconciliation passes.
@@ -136,6 +140,9 @@ func New(c Clients, opts Options) (*Reconciler, error) {
 		return nil, errors.New("reconcile: every client (lock, payment, proxy, rail) is required")
 	}
 	opts.defaults()
+	if c.RailReport == nil {
+		c.RailReport = c.Rail
+	}
 	return &Reconciler{c: c, opts: opts, log: opts.Logger}, nil
 }
 

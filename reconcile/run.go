@@ -35,8 +35,9 @@ type Config struct {
 	LockURL, PaymentURL, ProxyURL, RailURL string
 	// Token is the bearer sent to every service (the reconciler role).
 	Token string
-	// RailToken, when set, is sent to the rail instead of Token (the rail's
-	// settlement report may need a different credential).
+	// RailToken, when set, is sent to the rail for its settlement report
+	// (an operator's right there); lookups by client reference go with
+	// Token (the reconciler role's own right).
 	RailToken string
 	// HTTPClient carries every call (httpx.NewHTTPClient: TLS settings);
 	// nil: the default client.
@@ -86,13 +87,18 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	if err != nil {
 		return ExitCannotRun, fmt.Errorf("--proxy-url: %w", err)
 	}
-	railToken := cfg.RailToken
-	if railToken == "" {
-		railToken = cfg.Token
-	}
-	rail, err := railclient.New(cfg.RailURL, railToken, opts...)
+	// Lookups by client reference are the reconciler role's own right at
+	// the rail; the settlement report is an operator's, so it goes with
+	// --rail-token when one is given.
+	rail, err := railclient.New(cfg.RailURL, cfg.Token, opts...)
 	if err != nil {
 		return ExitCannotRun, fmt.Errorf("--rail-url: %w", err)
+	}
+	railReport := rail
+	if cfg.RailToken != "" {
+		if railReport, err = railclient.New(cfg.RailURL, cfg.RailToken, opts...); err != nil {
+			return ExitCannotRun, fmt.Errorf("--rail-url: %w", err)
+		}
 	}
 	if cfg.Options.SessionTTL <= 0 {
 		cfg.Options.SessionTTL = DefaultSessionTTL
@@ -113,7 +119,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		}
 		cfg.Options.SafetyEventsAfter = st.SafetyEventsAfter
 	}
-	rec, err := New(Clients{Lock: lock, Payment: payment, Proxy: proxy, Rail: rail}, cfg.Options)
+	rec, err := New(Clients{Lock: lock, Payment: payment, Proxy: proxy, Rail: rail, RailReport: railReport}, cfg.Options)
 	if err != nil {
 		return ExitCannotRun, err
 	}
@@ -151,7 +157,7 @@ func (r *Reconciler) refusal(ctx context.Context, cfg Config, passErr error) err
 		}
 	}
 	if refusedToken(passErr) {
-		return fmt.Errorf("%w: the rail at %s refused the token (%w): the reconciler needs a rail credential the rail accepts for lookups, role %q (--rail-token)",
+		return fmt.Errorf("%w: the rail at %s refused the token (%w): the reconciler needs a bearer token of role %q there for lookups (--token or --token-file)",
 			ErrCannotRun, cfg.RailURL, passErr, Role)
 	}
 	return nil

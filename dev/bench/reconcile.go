@@ -56,9 +56,10 @@ type ReconcileOptions struct {
 	// Rail is the rail stub's handler, run in this process (its payments
 	// live in memory, so the bench loads it through this handler). Its
 	// authenticator must accept RailToken for payments and the report.
-	Rail http.Handler
-	// RailPayToken pays at the rail (the proxy's role); RailToken reads
-	// its settlement report (an operator's).
+	// NewRail builds it, accepting RailPayToken for payments (the proxy's
+	// role), RailToken for the settlement report (an operator's) and
+	// lookupToken for lookups (the stack's reconciler token).
+	NewRail                 func(lookupToken string) (http.Handler, error)
 	RailPayToken, RailToken string
 	// EtcdPrefix is the lock service's etcd key prefix.
 	EtcdPrefix string
@@ -118,7 +119,14 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 
 	// The rail stub keeps its payments in memory: the bench runs one in
 	// this process and loads it through its own API, in process.
-	railURL, railLoad, stopRail, err := serveRail(opts.Rail, opts.RailPayToken)
+	if opts.NewRail == nil {
+		return ReconcileResult{}, errors.New("bench reconcile: no rail")
+	}
+	railHandler, err := opts.NewRail(st.Ready.Tokens.Reconciler)
+	if err != nil {
+		return ReconcileResult{}, err
+	}
+	railURL, railLoad, stopRail, err := serveRail(railHandler, opts.RailPayToken)
 	if err != nil {
 		return ReconcileResult{}, err
 	}
@@ -254,9 +262,6 @@ func tailText(s string, n int) string {
 // payment through the handler directly (no socket) and returns its rail
 // reference.
 func serveRail(h http.Handler, token string) (url string, load func(railclient.PaymentRequest) (string, error), stop func(), err error) {
-	if h == nil {
-		return "", nil, nil, errors.New("bench reconcile: no rail handler")
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, nil, err

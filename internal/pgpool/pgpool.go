@@ -26,6 +26,9 @@ type Options struct {
 	// MaxConns bounds the pool; 0 keeps the URL's pool_max_conns, else
 	// DefaultMaxConns.
 	MaxConns int32
+	// RuntimeParams are session settings every connection starts with
+	// (e.g. synchronous_commit=on where a lost commit would reissue a token).
+	RuntimeParams map[string]string
 }
 
 // New parses url and connects. what names the database in errors ("paydb").
@@ -51,6 +54,9 @@ func New(ctx context.Context, what, url string, o Options) (*pgxpool.Pool, error
 	}
 	if !hasParam(url, "pool_max_conn_lifetime") {
 		cfg.MaxConnLifetime = maxConnLifetime
+	}
+	for k, v := range o.RuntimeParams {
+		cfg.ConnConfig.RuntimeParams[k] = v
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
