@@ -117,6 +117,10 @@ func (n *EtcdNode) start() error {
 	// and demos; still well above loopback latency.
 	cfg.TickMs = 50
 	cfg.ElectionMs = 500
+	// Keep one hour of history and compact the rest, so the lock service's
+	// deleted grant records do not stay in etcd's keyspace forever.
+	cfg.AutoCompactionMode = "periodic"
+	cfg.AutoCompactionRetention = "1h"
 	if _, err := os.Stat(filepath.Join(n.Dir, "member")); err == nil {
 		cfg.ClusterState = embed.ClusterStateFlagExisting
 	}
