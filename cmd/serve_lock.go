@@ -2,10 +2,6 @@ package cmd
 
 import (
 	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
-	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -28,7 +24,6 @@ func newServeLockCmd() *cobra.Command {
 		embedDir  string
 		prefix    string
 		retention time.Duration
-		pprofAddr string
 	)
 	c := &cobra.Command{
 		Use:   "lock",
@@ -46,13 +41,6 @@ func newServeLockCmd() *cobra.Command {
 			env, err := f.setup(cmd, "lock", db)
 			if err != nil {
 				return err
-			}
-			if pprofAddr != "" {
-				stop, err := servePprof(pprofAddr, env.Logger)
-				if err != nil {
-					return &ExitError{Code: 2, Err: err}
-				}
-				defer stop()
 			}
 			var eps []string
 			for _, e := range strings.Split(endpoints, ",") {
@@ -72,30 +60,6 @@ func newServeLockCmd() *cobra.Command {
 	c.Flags().StringVar(&endpoints, "etcd-endpoints", "", "etcd client URLs, comma-separated (--backend etcd)")
 	c.Flags().StringVar(&embedDir, "etcd-embed-dir", "", "run a single-node embedded etcd with data in DIR (development; --backend etcd)")
 	c.Flags().StringVar(&prefix, "etcd-prefix", etcdbackend.DefaultPrefix, "etcd key prefix of the lock service")
-	c.Flags().StringVar(&pprofAddr, "pprof-listen", "", "serve net/http/pprof on this loopback address (profiling; off when empty)")
 	c.Flags().DurationVar(&retention, "grant-retention", 7*24*time.Hour, "how long ended grants stay in the grant log before compaction deletes them (0: forever); keep the reconciler's window within it")
 	return c
-}
-
-// servePprof serves the runtime profiles on addr, which must be loopback:
-// profiles are not authenticated.
-func servePprof(addr string, log *slog.Logger) (func(), error) {
-	host, _, err := net.SplitHostPort(addr)
-	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
-		return nil, fmt.Errorf("--pprof-listen %q: want a loopback address such as 127.0.0.1:6060 (profiles are not authenticated)", addr)
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--pprof-listen: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	log.Info("pprof listening", "addr", ln.Addr().String())
-	return func() { _ = srv.Close() }, nil
 }

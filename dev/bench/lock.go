@@ -162,9 +162,9 @@ func Lock(ctx context.Context, o LockOptions) (LockResult, error) {
 	res.BaselineOpsPerSec = float64(basePairs) / baseTime.Seconds()
 	res.BaselineP50Ms, res.BaselineP99Ms, res.BaselineMaxMs = pct(baseLat, 0.50), pct(baseLat, 0.99), pct(baseLat, 1)
 	if res.BaselineOpsPerSec > 0 {
-		res.Ratio = round3(res.OpsPerSec / res.BaselineOpsPerSec)
+		res.Ratio = lockRound3(res.OpsPerSec / res.BaselineOpsPerSec)
 	}
-	res.OpsPerSec, res.BaselineOpsPerSec = round1(res.OpsPerSec), round1(res.BaselineOpsPerSec)
+	res.OpsPerSec, res.BaselineOpsPerSec = lockRound1(res.OpsPerSec), lockRound1(res.BaselineOpsPerSec)
 	if o.Sessions > 0 {
 		fmt.Fprintf(o.Progress, "memory: %d live sessions\n", o.Sessions)
 		if res.BytesPerSession, err = t.memory(ctx, o.Sessions); err != nil {
@@ -227,8 +227,8 @@ func pct(d []time.Duration, q float64) float64 {
 	}
 	i := int(q*float64(len(d))) - 1
 	i = min(max(i, 0), len(d)-1)
-	return round3(float64(d[i]) / float64(time.Millisecond))
+	return lockRound3(float64(d[i]) / float64(time.Millisecond))
 }
 
-func round1(f float64) float64 { return float64(int64(f*10+0.5)) / 10 }
-func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
+func lockRound1(f float64) float64 { return float64(int64(f*10+0.5)) / 10 }
+func lockRound3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }

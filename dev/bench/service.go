@@ -123,7 +123,7 @@ func heapPerSession(ctx context.Context, url string, n int) (float64, error) {
 	for id := range ids {
 		_ = c.Delete(ctx, "/v1/sessions/"+id, nil)
 	}
-	return round1(per), nil
+	return lockRound1(per), nil
 }
 
 func liveHeap() uint64 {
