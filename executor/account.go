@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/payouts/payouts/internal/httpx"
@@ -29,8 +30,11 @@ var (
 const maxStepsPerPayout = 200
 
 // inFlight are the states a worker finishes before claiming anything new,
-// in the order they are looked for.
+// in the order they are taken.
 var inFlight = []pc.State{pc.RailAcked, pc.RailSubmitted, pc.Claimed}
+
+// pendingPage is how many PENDING payouts one list call brings.
+const pendingPage = maxPayoutsPerGrant
 
 // run is one grant's work on one account.
 type run struct {
@@ -43,6 +47,17 @@ type run struct {
 	stale bool
 	// moved is set once a payout changed state under this grant.
 	moved bool
+
+	// queue holds payouts listed but not yet driven under this grant. The
+	// list is a hint, not a decision: each step's guard and transition
+	// table decide, and a payout that moved meanwhile is re-read (drive).
+	queue []pc.Payout
+	// listedInFlight is set once this grant has looked for in-flight
+	// payouts: while it holds the fence nobody else can put one there.
+	listedInFlight bool
+	// pendingDone is set when the last PENDING list came back short: the
+	// account had no more, and a payout created since waits for /work.
+	pendingDone bool
 }
 
 // workAccount takes the account's lock without waiting and drives its
@@ -78,7 +93,7 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 	e.m.activeGrants.Inc()
 	r := &run{e: e, g: g, account: account, log: e.log.With(obs.KeyKey, key, obs.KeyAccountID, account,
 		obs.KeyToken, int64(g.Token()), obs.KeyHolder, string(g.Holder()))}
-	r.log.Info("lock acquired")
+	r.log.Debug("lock acquired")
 	defer func() {
 		res.moved = r.moved
 		e.m.activeGrants.Dec()
@@ -114,19 +129,43 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 // next finds the payout to work on: an in-flight one first, then the
 // oldest PENDING one. RAIL_AMBIGUOUS payouts wait for evidence and do not
 // block the account (their money is held back from the funds check, D-7).
+// One list call brings every in-flight payout (once per grant) and one
+// brings a page of PENDING ones, instead of four calls per payout.
 func (r *run) next() (pc.Payout, bool, error) {
-	for _, st := range append(inFlight, pc.Pending) {
-		ctx, cancel := r.e.callCtx()
-		page, err := r.e.pay.Payouts(ctx, pc.PayoutFilter{State: st, AccountID: r.account, Limit: 1})
-		cancel()
+	if len(r.queue) == 0 && !r.listedInFlight {
+		items, err := r.list(inFlight...)
 		if err != nil {
 			return pc.Payout{}, false, err
 		}
-		if len(page.Items) > 0 {
-			return page.Items[0], true, nil
-		}
+		// A full page may have left some out: look again when it is done.
+		r.listedInFlight = len(items) < pendingPage
+		slices.SortStableFunc(items, func(a, b pc.Payout) int {
+			return slices.Index(inFlight, a.State) - slices.Index(inFlight, b.State)
+		})
+		r.queue = items
 	}
-	return pc.Payout{}, false, nil
+	if len(r.queue) == 0 && !r.pendingDone {
+		items, err := r.list(pc.Pending)
+		if err != nil {
+			return pc.Payout{}, false, err
+		}
+		r.pendingDone = len(items) < pendingPage
+		r.queue = items
+	}
+	if len(r.queue) == 0 {
+		return pc.Payout{}, false, nil
+	}
+	p := r.queue[0]
+	r.queue = r.queue[1:]
+	return p, true, nil
+}
+
+// list returns a page of the account's payouts in the given states, by id.
+func (r *run) list(states ...pc.State) ([]pc.Payout, error) {
+	ctx, cancel := r.e.callCtx()
+	defer cancel()
+	page, err := r.e.pay.Payouts(ctx, pc.PayoutFilter{States: states, AccountID: r.account, Limit: pendingPage})
+	return page.Items, err
 }
 
 // check is the client-side check before every step (liveness, not safety).
@@ -293,16 +332,20 @@ func (r *run) failed(step, guard string, p pc.Payout, err error) error {
 	}
 }
 
-// transition logs one state change and counts final outcomes.
+// transition logs one state change and counts final outcomes. Where a
+// payout ends is logged at info; the steps on the way (recorded in paydb's
+// payout_event anyway) at debug, so the log costs one line per payout.
 func (r *run) transition(step string, from, to pc.Payout) {
-	r.log.Info("payout transition", obs.KeyPayoutID, to.ID, "step", step,
-		"from", string(from.State), "to", string(to.State), "failure_reason", to.FailureReason)
+	lvl := slog.LevelDebug
 	if from.State != to.State {
 		switch to.State {
 		case pc.Posted, pc.Failed, pc.RailAmbiguous:
 			r.e.m.outcomes.WithLabelValues(string(to.State)).Inc()
+			lvl = slog.LevelInfo
 		}
 	}
+	r.log.Log(r.e.base, lvl, "payout transition", obs.KeyPayoutID, to.ID, "step", step,
+		"from", string(from.State), "to", string(to.State), "failure_reason", to.FailureReason)
 }
 
 // hook runs the test hook armed for point, if any.

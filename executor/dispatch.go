@@ -65,12 +65,14 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 	}
 }
 
-// workLimit is how many accounts to ask for: enough for every worker four
-// times over, plus the accounts cooling down, so that accounts which cannot
-// progress never hide the others behind them.
+// workLimit is how many accounts to ask for: the accounts this executor is
+// already on and those cooling down come back in the list too, so ask for
+// those plus twice the free workers — enough that accounts which cannot
+// progress never hide the others behind them, without encoding the whole
+// backlog of accounts on every poll.
 // Entries long past their cooldown are dropped (the account has likely
 // left the work list); the next round without progress starts over at 1 s.
-func (e *Executor) workLimit(now time.Time) int {
+func (e *Executor) workLimit(now time.Time, free int) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	cooling := 0
@@ -82,12 +84,16 @@ func (e *Executor) workLimit(now time.Time) int {
 			delete(e.cooling, acc)
 		}
 	}
-	return min(e.cfg.Concurrency*4+cooling, maxWorkLimit)
+	return min(len(e.active)+cooling+2*free, maxWorkLimit)
 }
 
 func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{}, progress chan struct{}, wg *sync.WaitGroup) {
+	free := cap(slots) - len(slots)
+	if free == 0 {
+		return // every worker is busy; a finishing one signals progress
+	}
 	ctx, cancel := e.callCtx()
-	items, err := e.pay.Work(ctx, e.workLimit(time.Now()))
+	items, err := e.pay.Work(ctx, e.workLimit(time.Now(), free))
 	cancel()
 	if err != nil {
 		if refusedToken(err) {

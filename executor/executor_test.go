@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -139,6 +140,33 @@ func (s *testBundle) config(t *testing.T, owner string, w io.Writer) Config {
 		Logger: obs.NewLogger(w, slog.LevelDebug, Role), Registry: obs.NewRegistry()}
 }
 
+// listCalls is how many GET /v1/payouts (list) requests the payment
+// resource has served, from its /metrics.
+func (s *testBundle) listCalls(t *testing.T) int {
+	t.Helper()
+	resp, err := http.Get(s.st.Ready.PaymentURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "payouts_http_requests_total{") && strings.Contains(line, `method="GET"`) && strings.Contains(line, `route="/v1/payouts"`) {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				t.Fatalf("metric line %q: %v", line, err)
+			}
+			total += int(v)
+		}
+	}
+	return total
+}
+
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -231,6 +259,37 @@ func TestExecutorInProcess(t *testing.T) {
 			if !strings.Contains(out, want) {
 				t.Errorf("executor log lacks %s", want)
 			}
+		}
+	})
+
+	t.Run("lists an account's payouts a page at a time, not per payout", func(t *testing.T) {
+		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: "ip-many", Currency: "EUR", OpeningBalance: 10_000}); err != nil {
+			t.Fatal(err)
+		}
+		const n = 10
+		for i := range n {
+			mk(fmt.Sprintf("ip-many-%02d", i), "ip-many", 10, "BEN-MANY")
+		}
+		before := s.listCalls(t)
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- Run(rctx, s.config(t, "ip-exec-many", io.Discard)) }()
+		waitFor(t, time.Minute, "every ip-many payout to be posted", func() bool {
+			for i := range n {
+				if s.state(t, fmt.Sprintf("ip-many-%02d", i)) != pc.Posted {
+					return false
+				}
+			}
+			return true
+		})
+		stop()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		// One grant: its in-flight payouts, then one page of PENDING ones
+		// (a short page: no more). A second grant may look once more.
+		if calls := s.listCalls(t) - before; calls > 4 {
+			t.Errorf("%d list calls for %d payouts of one account, want at most 4", calls, n)
 		}
 	})
 

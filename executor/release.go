@@ -20,7 +20,7 @@ func (e *Executor) release(log *slog.Logger, account string, g grant) {
 	err := g.Release(ctx)
 	switch {
 	case err == nil:
-		log.Info("lock released")
+		log.Debug("lock released")
 	case releaseRetryable(err):
 		e.releaseLater(account, g)
 		log.Warn("lock release failed; retrying on the next poll", obs.KeyError, err.Error())

@@ -75,7 +75,7 @@ func (r *run) submit(p pc.Payout) (pc.Payout, error) {
 	switch {
 	case err == nil:
 		r.e.m.steps.WithLabelValues("submit", resultOK).Inc()
-		log.Info("the proxy answered", "outcome", outcomeText(rec.Outcome), "rail_ref", rec.RailRef, "error_code", rec.ErrorCode)
+		log.Debug("the proxy answered", "outcome", outcomeText(rec.Outcome), "rail_ref", rec.RailRef, "error_code", rec.ErrorCode)
 		r.hook(AfterSubmitted, p)
 		return r.apply(p, rec)
 	case problem.Has(err, problem.SubmissionExists):

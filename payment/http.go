@@ -2,7 +2,9 @@ package payment
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 
@@ -73,6 +75,24 @@ func limitParam(r *http.Request) (int, error) { return wire.ParseLimit(r.URL.Que
 func afterIDParam(r *http.Request) (int64, error) { return wire.ParseIDCursor(r.URL.Query()) }
 
 func afterKeyParam(r *http.Request) (string, error) { return wire.ParseKeyCursor(r.URL.Query()) }
+
+// statesParam reads ?state=: one state, or several separated by commas.
+func statesParam(v string) ([]pc.State, error) {
+	if v == "" {
+		return nil, nil
+	}
+	var out []pc.State
+	for _, part := range strings.Split(v, ",") {
+		st := pc.State(part)
+		if !st.Valid() {
+			return nil, badField("state", "must be PENDING, CLAIMED, RAIL_SUBMITTED, RAIL_ACKED, RAIL_AMBIGUOUS, POSTED, FAILED or ABANDONED, or several of them separated by commas; got %q", part)
+		}
+		if !slices.Contains(out, st) {
+			out = append(out, st)
+		}
+	}
+	return out, nil
+}
 
 func writeList[T any](w http.ResponseWriter, items []T, limit int, cursor func(T) string) {
 	httpx.WriteJSON(w, http.StatusOK, wire.NewPage(items, limit, cursor))
@@ -155,15 +175,15 @@ func (s *Service) handleListPayouts(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	q := r.URL.Query()
-	state := pc.State(q.Get("state"))
-	if state != "" && !state.Valid() {
-		return badField("state", "must be one of PENDING, CLAIMED, RAIL_SUBMITTED, RAIL_ACKED, RAIL_AMBIGUOUS, POSTED, FAILED, ABANDONED; got %q", state)
+	states, err := statesParam(q.Get("state"))
+	if err != nil {
+		return err
 	}
 	account := q.Get("account_id")
 	if account != "" && !wire.IDPattern.MatchString(account) {
 		return badField("account_id", "is not an account id: %q", account)
 	}
-	items, err := s.Payouts(r.Context(), state, account, after, limit)
+	items, err := s.Payouts(r.Context(), states, account, after, limit)
 	if err != nil {
 		return err
 	}

@@ -226,7 +226,9 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 		reason = cmd.Text
 	}
 	from := p.State
-	p, err = scanPayout(tx.QueryRow(ctx, `UPDATE payout SET
+	// The payout's update and its event are one statement (one round trip).
+	p, err = scanPayout(tx.QueryRow(ctx, `WITH u AS (
+		UPDATE payout SET
 			state = $2, token = $3,
 			claimed_by = CASE WHEN $4 THEN $5 ELSE claimed_by END,
 			claimed_at = CASE WHEN $4 THEN now() ELSE claimed_at END,
@@ -235,15 +237,23 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 			failure_reason = COALESCE($8, failure_reason),
 			rail_ref = COALESCE($9, rail_ref),
 			rail_error_code = COALESCE($10, rail_error_code)
-		WHERE id = $1 RETURNING `+payoutCols,
-		payoutID, string(to), int64(cmd.Token), claim, string(cmd.Holder), submitted, settled, failure, railRef, errCode))
+		WHERE id = $1 RETURNING *
+	), e AS (
+		INSERT INTO payout_event (payout_id, from_state, to_state, token, holder, actor, reason)
+		SELECT u.id, $11, u.state, u.token, $5, $12, $13 FROM u
+	)
+	SELECT `+payoutCols+` FROM u`,
+		payoutID, string(to), int64(cmd.Token), claim, string(cmd.Holder), submitted, settled, failure, railRef, errCode,
+		string(from), cmd.Actor, reason))
 	if err != nil {
-		return pc.Payout{}, nil, fmt.Errorf("update payout: %w", err)
+		return pc.Payout{}, nil, fmt.Errorf("update payout and record its event: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO payout_event (payout_id, from_state, to_state, token, holder, actor, reason)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-		payoutID, string(from), string(to), int64(cmd.Token), string(cmd.Holder), cmd.Actor, reason); err != nil {
-		return pc.Payout{}, nil, fmt.Errorf("record payout event: %w", err)
+	if settled {
+		// Last before the commit: every posting of every account credits
+		// this one row, so its lock is held for as short a time as can be.
+		if err := creditClearing(ctx, tx, p.Amount); err != nil {
+			return pc.Payout{}, nil, err
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return pc.Payout{}, nil, fmt.Errorf("commit %s: %w", cmd.Op, err)
@@ -277,9 +287,10 @@ func (s *Service) checkResolutionSLA(ctx context.Context, tx pgx.Tx, p pc.Payout
 }
 
 // postLedger writes the payout's ledger group — debit the account, credit
-// payout-clearing, both under the token — and moves both balances, in the
-// caller's transaction (INV-03). The group sums to zero by construction and
-// the deferred trigger checks it at commit.
+// payout-clearing, both under the token — and debits the account's
+// balance, in the caller's transaction (INV-03); creditClearing moves the
+// clearing balance at the end of the same transaction. The group sums to
+// zero by construction and the deferred trigger checks it at commit.
 func postLedger(ctx context.Context, tx pgx.Tx, p pc.Payout, token fencing.Token) error {
 	group := "post:" + p.ID
 	if _, err := tx.Exec(ctx, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id, payout_id, token)
@@ -287,9 +298,17 @@ func postLedger(ctx context.Context, tx pgx.Tx, p pc.Payout, token fencing.Token
 		group, p.AccountID, p.Amount, pc.ClearingAccount, p.ID, int64(token)); err != nil {
 		return fmt.Errorf("post ledger: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance + CASE WHEN id = $1 THEN -$3::bigint ELSE $3 END,
-		updated_at = now() WHERE id IN ($1, $2)`, p.AccountID, pc.ClearingAccount, p.Amount); err != nil {
-		return fmt.Errorf("update balances: %w", err)
+	if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance - $2, updated_at = now() WHERE id = $1`, p.AccountID, p.Amount); err != nil {
+		return fmt.Errorf("update balance: %w", err)
+	}
+	return nil
+}
+
+// creditClearing credits payout-clearing with a posted amount. The row is
+// shared by every account, so callers run it last in their transaction.
+func creditClearing(ctx context.Context, tx pgx.Tx, amount int64) error {
+	if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance + $2, updated_at = now() WHERE id = $1`, pc.ClearingAccount, amount); err != nil {
+		return fmt.Errorf("update the clearing balance: %w", err)
 	}
 	return nil
 }

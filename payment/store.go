@@ -23,9 +23,6 @@ type querier interface {
 // heldStates are the states whose amounts are held back from available (D-7).
 var heldStates = []string{string(pc.Claimed), string(pc.RailSubmitted), string(pc.RailAcked), string(pc.RailAmbiguous)}
 
-// actionableStates are the states GET /work looks for.
-var actionableStates = []string{string(pc.Pending), string(pc.Claimed), string(pc.RailSubmitted), string(pc.RailAcked)}
-
 const payoutCols = `id, account_id, amount, currency, beneficiary_ref, state, client_ref,
 	COALESCE(claimed_by, ''), COALESCE(token, 0), COALESCE(failure_reason, ''),
 	COALESCE(rail_ref, ''), COALESCE(rail_error_code, ''),
@@ -122,12 +119,38 @@ func (s *Service) Payout(ctx context.Context, id string) (pc.Payout, error) {
 	return getPayout(ctx, s.pool, id, false)
 }
 
-// Payouts lists payouts by id after the cursor, optionally by state and account.
-func (s *Service) Payouts(ctx context.Context, state pc.State, accountID, after string, limit int) ([]pc.Payout, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+payoutCols+` FROM payout
-		WHERE ($1 = '' OR state = $1) AND ($2 = '' OR account_id = $2) AND id > $3
-		ORDER BY id LIMIT $4`, string(state), accountID, after, limit)
+// Payouts lists payouts by id after the cursor, optionally by states and
+// account. Each shape of filter is its own statement, so every prepared
+// plan can use the index that fits it (an "any or this" predicate in one
+// statement leaves the generic plan walking the primary key).
+func (s *Service) Payouts(ctx context.Context, states []pc.State, accountID, after string, limit int) ([]pc.Payout, error) {
+	sql, args := payoutsQuery(states, accountID, after, limit)
+	rows, err := s.pool.Query(ctx, sql, args...)
 	return collect(rows, err, scanPayout)
+}
+
+func payoutsQuery(states []pc.State, accountID, after string, limit int) (string, []any) {
+	args := []any{after}
+	where := "id > $1"
+	if accountID != "" {
+		args = append(args, accountID)
+		where += fmt.Sprintf(" AND account_id = $%d", len(args))
+	}
+	switch len(states) {
+	case 0:
+	case 1:
+		args = append(args, string(states[0]))
+		where += fmt.Sprintf(" AND state = $%d", len(args))
+	default:
+		list := make([]string, len(states))
+		for i, st := range states {
+			list[i] = string(st)
+		}
+		args = append(args, list)
+		where += fmt.Sprintf(" AND state = ANY($%d)", len(args))
+	}
+	args = append(args, limit)
+	return fmt.Sprintf(`SELECT %s FROM payout WHERE %s ORDER BY id LIMIT $%d`, payoutCols, where, len(args)), args
 }
 
 func scanEvent(row pgx.Row) (pc.PayoutEvent, error) {
@@ -151,17 +174,39 @@ func (s *Service) PayoutEvents(ctx context.Context, payoutID string, after int64
 	return collect(rows, err, scanEvent)
 }
 
+// actionableSQL is the predicate of payout_actionable_idx (migration
+// 00003), written out so the planner can match the partial index.
+const actionableSQL = `state IN ('PENDING', 'CLAIMED', 'RAIL_SUBMITTED', 'RAIL_ACKED')`
+
+// workSQL finds the accounts with actionable payouts by skipping from one
+// account to the next in payout_actionable_idx (one index probe per
+// account with work, however many payouts wait), leaves out the accounts
+// in skip ($2), orders the rest by their oldest waiting payout, and counts
+// the payouts only of those returned.
+var workSQL = `
+WITH RECURSIVE accts(id) AS (
+	(SELECT account_id FROM payout WHERE ` + actionableSQL + ` ORDER BY account_id LIMIT 1)
+	UNION ALL
+	SELECT (SELECT p.account_id FROM payout p WHERE p.` + actionableSQL + ` AND p.account_id > accts.id
+	        ORDER BY p.account_id LIMIT 1)
+	  FROM accts WHERE accts.id IS NOT NULL
+), oldest AS (
+	SELECT accts.id, (SELECT min(p.created_at) FROM payout p WHERE p.account_id = accts.id AND p.` + actionableSQL + `) AS oldest_at
+	  FROM accts WHERE accts.id IS NOT NULL AND NOT (accts.id = ANY($2))
+	 ORDER BY 2, 1 LIMIT $1
+)
+SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL + `),
+       o.oldest_at, a.fence_token
+  FROM oldest o JOIN account a ON a.id = o.id
+ ORDER BY o.oldest_at, o.id`
+
 // Work lists accounts with actionable payouts, the longest-waiting first,
 // one item per account, leaving out the accounts in skip.
 func (s *Service) Work(ctx context.Context, limit int, skip []string) ([]pc.WorkItem, error) {
 	if skip == nil {
 		skip = []string{}
 	}
-	rows, err := s.pool.Query(ctx, `SELECT p.account_id, count(*), min(p.created_at), a.fence_token
-		FROM payout p JOIN account a ON a.id = p.account_id
-		WHERE p.state = ANY($1) AND NOT (p.account_id = ANY($3))
-		GROUP BY p.account_id, a.fence_token
-		ORDER BY min(p.created_at), p.account_id LIMIT $2`, actionableStates, limit, skip)
+	rows, err := s.pool.Query(ctx, workSQL, limit, skip)
 	return collect(rows, err, func(row pgx.Row) (pc.WorkItem, error) {
 		var w pc.WorkItem
 		var token int64

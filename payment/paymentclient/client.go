@@ -3,6 +3,7 @@ package paymentclient
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/wire"
@@ -79,7 +80,9 @@ func (c *Client) Payout(ctx context.Context, id string) (Payout, error) {
 
 // PayoutFilter selects payouts for Payouts. Zero fields do not filter.
 type PayoutFilter struct {
-	State     State
+	State State
+	// States selects payouts in any of these states (with State, too).
+	States    []State
 	AccountID string
 	After     string // cursor: the Next of the previous page
 	Limit     int
@@ -88,8 +91,15 @@ type PayoutFilter struct {
 // Payouts returns a page of payouts ordered by id.
 func (c *Client) Payouts(ctx context.Context, f PayoutFilter) (List[Payout], error) {
 	q := wire.PageQuery(f.After, f.Limit)
+	states := make([]string, 0, len(f.States)+1)
 	if f.State != "" {
-		q.Set("state", string(f.State))
+		states = append(states, string(f.State))
+	}
+	for _, s := range f.States {
+		states = append(states, string(s))
+	}
+	if len(states) > 0 {
+		q.Set("state", strings.Join(states, ","))
 	}
 	if f.AccountID != "" {
 		q.Set("account_id", f.AccountID)
