@@ -9,6 +9,7 @@ func newBenchCmd(a *app) *cobra.Command {
 	b.AddCommand(
 		newBenchE2ECmd(a),
 		newBenchReconcileCmd(a),
+		newBenchLockCmd(),
 	)
 	return b
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -19,6 +20,7 @@ func newServeLockCmd(a *app) *cobra.Command {
 		endpoints string
 		embedDir  string
 		prefix    string
+		retention time.Duration
 	)
 	c := &cobra.Command{
 		Use:   "lock",
@@ -45,7 +47,7 @@ func newServeLockCmd(a *app) *cobra.Command {
 			}
 			cfg := lock.Config{
 				Backend: backend, Listen: f.listen, DatabaseURL: env.DatabaseURL,
-				EtcdEndpoints: eps, EtcdEmbedDir: embedDir, EtcdPrefix: prefix,
+				EtcdEndpoints: eps, EtcdEmbedDir: embedDir, EtcdPrefix: prefix, GrantRetention: retention,
 				Logger: env.Logger, Registry: env.Registry, Auth: env.Auth, TLS: env.TLS,
 			}
 			return env.run(cmd.Context(), func(ctx context.Context) error { return lock.Run(ctx, cfg) })
@@ -56,5 +58,6 @@ func newServeLockCmd(a *app) *cobra.Command {
 	c.Flags().StringVar(&endpoints, "etcd-endpoints", "", "etcd client URLs, comma-separated (--backend etcd)")
 	c.Flags().StringVar(&embedDir, "etcd-embed-dir", "", "run a single-node embedded etcd with data in DIR (development; --backend etcd)")
 	c.Flags().StringVar(&prefix, "etcd-prefix", etcdbackend.DefaultPrefix, "etcd key prefix of the lock service")
+	c.Flags().DurationVar(&retention, "grant-retention", 7*24*time.Hour, "how long ended grants stay in the grant log before compaction deletes them (0: forever); keep the reconciler's window within it")
 	return c
 }

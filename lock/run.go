@@ -30,10 +30,12 @@ type Config struct {
 	EtcdEndpoints []string // etcd
 	EtcdEmbedDir  string   // etcd: run a single-node embedded etcd here
 	EtcdPrefix    string
-	Logger        *slog.Logger
-	Registry      *prometheus.Registry
-	Auth          *auth.Authenticator
-	TLS           *tls.Config // serve HTTPS (nil: plain HTTP)
+	// GrantRetention is how long ended grants are kept (0: forever).
+	GrantRetention time.Duration
+	Logger         *slog.Logger
+	Registry       *prometheus.Registry
+	Auth           *auth.Authenticator
+	TLS            *tls.Config // serve HTTPS (nil: plain HTTP)
 	// OnListen is told the bound address before serving (tests, dev up).
 	OnListen func(net.Addr)
 }
@@ -46,7 +48,7 @@ func OpenBackend(ctx context.Context, cfg Config) (backend.Backend, func(), erro
 		if cfg.DatabaseURL == "" {
 			return nil, nil, errors.New("--backend postgres needs --database-url")
 		}
-		b, err := pgbackend.Open(ctx, pgbackend.Config{DatabaseURL: cfg.DatabaseURL, Logger: cfg.Logger})
+		b, err := pgbackend.Open(ctx, pgbackend.Config{DatabaseURL: cfg.DatabaseURL, Logger: cfg.Logger, GrantRetention: cfg.GrantRetention})
 		return b, func() {}, err
 	case "etcd":
 		endpoints := cfg.EtcdEndpoints
@@ -73,7 +75,7 @@ func OpenBackend(ctx context.Context, cfg Config) (backend.Backend, func(), erro
 		if len(endpoints) == 0 {
 			return nil, nil, errors.New("--backend etcd needs --etcd-endpoints or --etcd-embed-dir")
 		}
-		b, err := etcdbackend.Open(ctx, etcdbackend.Config{Endpoints: endpoints, Prefix: cfg.EtcdPrefix, Logger: cfg.Logger})
+		b, err := etcdbackend.Open(ctx, etcdbackend.Config{Endpoints: endpoints, Prefix: cfg.EtcdPrefix, Logger: cfg.Logger, GrantRetention: cfg.GrantRetention})
 		if err != nil {
 			cleanup()
 			return nil, nil, err

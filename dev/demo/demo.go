@@ -263,7 +263,8 @@ func (dm *demo) clients() error {
 	if dm.pay, err = pc.New(r.PaymentURL, r.Tokens.Operator, with); err != nil {
 		return err
 	}
-	if dm.proxy, err = proxyclient.New(r.ProxyURL, r.Tokens.Operator, with); err != nil {
+	// The stale writes the demo presents are an executor's: only executors submit.
+	if dm.proxy, err = proxyclient.New(r.ProxyURL, r.Tokens.Executor, with); err != nil {
 		return err
 	}
 	if dm.rail, err = railclient.New(r.RailURL, r.Tokens.Operator, with); err != nil {

@@ -243,8 +243,10 @@ func ErrHeld(key string, holder Lock) error {
 	e := problem.New(problem.LockHeld, "lock %s is held by another session", key)
 	e.Key = key
 	if holder.Held {
-		e = e.With("holder", holder.Owner).With("holder_session_id", holder.SessionID).
-			With("server_expiry", holder.ServerExpiry.UTC())
+		e = e.With("holder", holder.Owner).With("holder_session_id", holder.SessionID)
+		if !holder.ServerExpiry.IsZero() {
+			e = e.With("server_expiry", holder.ServerExpiry.UTC())
+		}
 	}
 	return e
 }

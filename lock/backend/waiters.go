@@ -44,3 +44,10 @@ func (w *Waiters) Signal(key string) {
 		}
 	}
 }
+
+// Has reports whether anyone waits for key on this process.
+func (w *Waiters) Has(key string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.byKey[key]) > 0
+}

@@ -89,6 +89,12 @@ func StartMember(m Member) (*Embedded, error) {
 	// development machine; still well above loopback latency.
 	cfg.TickMs = 50
 	cfg.ElectionMs = 500
+	// Keep one hour of history and compact the rest, so the lock service's
+	// deleted grant records do not stay in etcd's keyspace forever (an
+	// external cluster needs the same: --auto-compaction-mode=periodic
+	// --auto-compaction-retention=1h, docs/lock-service.md).
+	cfg.AutoCompactionMode = "periodic"
+	cfg.AutoCompactionRetention = "1h"
 	if _, err := os.Stat(filepath.Join(m.Dir, "member")); err == nil {
 		cfg.ClusterState = embed.ClusterStateFlagExisting
 	}

@@ -42,6 +42,12 @@ type Config struct {
 	// SweepInterval is how often open grants are checked against their
 	// keys, to record expiries the watch missed (default 5s).
 	SweepInterval time.Duration
+	// GrantRetention is how long an ended grant record (and a session
+	// record whose session has ended) is kept before compaction deletes it
+	// (0: forever).
+	GrantRetention time.Duration
+	// CompactInterval is how often compaction runs (default 1 minute).
+	CompactInterval time.Duration
 }
 
 // Backend implements backend.Backend on etcd.
@@ -51,6 +57,7 @@ type Backend struct {
 	prefix  string
 	log     *slog.Logger
 	sweepIv time.Duration
+	cfg     Config
 
 	watchCancel context.CancelFunc
 	watchCh     clientv3.WatchChan
@@ -58,6 +65,7 @@ type Backend struct {
 	mu       sync.Mutex
 	observer backend.Observer
 	waiters  backend.Waiters
+	cache    cache
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -70,10 +78,13 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.CompactInterval <= 0 {
+		cfg.CompactInterval = time.Minute
+	}
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = 5 * time.Second
 	}
-	b := &Backend{cli: cfg.Client, prefix: strings.TrimRight(cfg.Prefix, "/"), log: cfg.Logger, sweepIv: cfg.SweepInterval,
+	b := &Backend{cli: cfg.Client, cfg: cfg, prefix: strings.TrimRight(cfg.Prefix, "/"), log: cfg.Logger, sweepIv: cfg.SweepInterval,
 		observer: backend.NopObserver{}}
 	if b.cli == nil {
 		if len(cfg.Endpoints) == 0 {
@@ -100,6 +111,7 @@ func (b *Backend) lockPath(key string) string   { return b.prefix + "/locks/" + 
 func (b *Backend) grantPath(id string) string   { return b.prefix + "/grants/" + id }
 func (b *Backend) openPath(id string) string    { return b.prefix + "/open/" + id }
 func (b *Backend) sessionPath(id string) string { return b.prefix + "/sessions/" + id }
+func (b *Backend) alivePath(id string) string   { return b.prefix + "/alive/" + id }
 
 // lockValue is the value of a lock key: enough to write the grant's end
 // without reading it first.
@@ -140,10 +152,12 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
+// newID is a grant id that sorts by time (nanoseconds, then randomness),
+// so that compaction finds the oldest grants by key range.
 func newID() string {
-	var b [12]byte
+	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	return fmt.Sprintf("%016x", time.Now().UnixNano()) + hex.EncodeToString(b[:])
 }
 
 // Name implements backend.Backend.

@@ -3,6 +3,7 @@ package etcdbackend
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"time"
 
@@ -59,6 +60,7 @@ func (b *Backend) recordExpiry(ctx context.Context, prev *mvccpb.KeyValue) {
 		return
 	}
 	key := strings.TrimPrefix(string(prev.Key), b.prefix+"/locks/")
+	b.cache.forgetLock(key, prev.CreateRevision)
 	b.expireGrant(ctx, key, lv, prev.CreateRevision)
 }
 
@@ -113,5 +115,103 @@ func (b *Backend) sweep(ctx context.Context) {
 	}
 	if lr, err := b.cli.Leases(ctx); err == nil {
 		b.obs().ActiveSessions(len(lr.Leases))
+	}
+}
+
+// compactPage bounds one read of compaction, and compactOps one delete
+// transaction (etcd allows 128 operations per transaction by default).
+const (
+	compactPage = 500
+	compactOps  = 100
+)
+
+// Compact deletes ended grant records older than the retention (always
+// keeping the newest grant record, so the high token stays known), and the
+// records of sessions created before the retention that have ended (their
+// alive key is gone). It reports how many of each it deleted. Run calls it
+// every CompactInterval; it is exported for tests and tools. etcd's own
+// history of the deleted keys goes with etcd's compaction (auto-compaction;
+// see docs/lock-service.md).
+func (b *Backend) Compact(ctx context.Context) (grants, sessions int, err error) {
+	if b.cfg.GrantRetention <= 0 {
+		return 0, 0, nil
+	}
+	cutoff := time.Now().Add(-b.cfg.GrantRetention)
+	newest, err := b.HighToken(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	// Grant ids sort by time: everything granted before the cutoff is the
+	// key range [grants/, grants/<cutoff>).
+	from, end := b.grantPath(""), b.grantPath(fmt.Sprintf("%016x", cutoff.UnixNano()))
+	var dels []string
+	for {
+		resp, err := b.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(compactPage))
+		if err != nil {
+			return grants, sessions, classify("compact grant log", err)
+		}
+		for _, kv := range resp.Kvs {
+			var gv grantValue
+			if json.Unmarshal(kv.Value, &gv) == nil && gv.EndedAt != nil && gv.EndedAt.Before(cutoff) && kv.CreateRevision < int64(newest) {
+				dels = append(dels, string(kv.Key))
+			}
+		}
+		if len(resp.Kvs) == 0 || !resp.More {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	if grants, err = b.deleteKeys(ctx, dels); err != nil {
+		return grants, 0, err
+	}
+	alive, err := b.cli.Get(ctx, b.alivePath(""), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return grants, 0, classify("compact sessions", err)
+	}
+	live := make(map[string]bool, len(alive.Kvs))
+	for _, kv := range alive.Kvs {
+		live[strings.TrimPrefix(string(kv.Key), b.alivePath(""))] = true
+	}
+	recs, err := b.cli.Get(ctx, b.sessionPath(""), clientv3.WithPrefix())
+	if err != nil {
+		return grants, 0, classify("compact sessions", err)
+	}
+	dels = dels[:0]
+	for _, kv := range recs.Kvs {
+		id := strings.TrimPrefix(string(kv.Key), b.sessionPath(""))
+		var rec sessionValue
+		if !live[id] && json.Unmarshal(kv.Value, &rec) == nil && rec.CreatedAt.Before(cutoff) {
+			dels = append(dels, string(kv.Key))
+		}
+	}
+	sessions, err = b.deleteKeys(ctx, dels)
+	return grants, sessions, err
+}
+
+// deleteKeys deletes keys in transactions of compactOps.
+func (b *Backend) deleteKeys(ctx context.Context, keys []string) (int, error) {
+	n := 0
+	for len(keys) > 0 {
+		batch := keys[:min(len(keys), compactOps)]
+		keys = keys[len(batch):]
+		ops := make([]clientv3.Op, 0, len(batch))
+		for _, k := range batch {
+			ops = append(ops, clientv3.OpDelete(k))
+		}
+		if _, err := b.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			return n, classify("compact", err)
+		}
+		n += len(batch)
+	}
+	return n, nil
+}
+
+func (b *Backend) compactNow(ctx context.Context) {
+	g, s, err := b.Compact(ctx)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		b.log.Warn("grant log compaction failed; will retry", "error", err.Error())
+	case g+s > 0:
+		b.log.Info("grant log compacted", "grants", g, "sessions", s, "retention", b.cfg.GrantRetention.String())
 	}
 }

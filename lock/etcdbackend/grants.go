@@ -19,96 +19,117 @@ import (
 // Grants: acquire, release, revoke and introspection of held keys.
 
 // Acquire implements backend.Backend: one transaction,
-// If(CreateRevision(key)==0) Then(Put(key, lease), Put(grant record)) Else(Get(key)).
+//
+//	If(CreateRevision(locks/<key>) == 0, CreateRevision(alive/<session>) > 0)
+//	Then(Put(locks/<key>, lease), Put(grants/<id>), Put(open/<id>))
+//	Else(Get(locks/<key>), Get(alive/<session>))
+//
+// whose second compare proves the session alive (its alive key is attached
+// to its lease) and open (closing deletes it). The owner comes from what
+// the service knows of the session, and the expiry from its TTL and last
+// renewal here: no other call to etcd.
 func (b *Backend) Acquire(ctx context.Context, key, sid string) (backend.Grant, error) {
 	lease, ok := parseSessionID(sid)
 	if !ok {
 		return backend.Grant{}, backend.ErrSessionGone(sid)
 	}
-	rec, found, err := b.readSession(ctx, sid)
+	s, found, err := b.knownSession(ctx, sid)
 	if err != nil {
 		return backend.Grant{}, err
 	}
-	if !found || rec.Closed {
+	if !found {
 		return backend.Grant{}, backend.ErrSessionGone(sid)
 	}
-	lp := b.lockPath(key)
+	lp, ap := b.lockPath(key), b.alivePath(sid)
 	gid := newID()
 	now := time.Now().UTC()
-	lv := lockValue{Owner: rec.Owner, SessionID: sid, GrantID: gid, GrantedAt: now}
-	gv := grantValue{Key: key, Owner: rec.Owner, SessionID: sid, GrantedAt: now}
+	lv := lockValue{Owner: s.owner, SessionID: sid, GrantID: gid, GrantedAt: now}
+	gv := grantValue{Key: key, Owner: s.owner, SessionID: sid, GrantedAt: now}
 	resp, err := b.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(lp), "=", 0)).
+		If(clientv3.Compare(clientv3.CreateRevision(lp), "=", 0), clientv3.Compare(clientv3.CreateRevision(ap), ">", 0)).
 		Then(clientv3.OpPut(lp, mustJSON(lv), clientv3.WithLease(lease)),
 			clientv3.OpPut(b.grantPath(gid), mustJSON(gv)),
 			clientv3.OpPut(b.openPath(gid), key)).
-		Else(clientv3.OpGet(lp)).
+		Else(clientv3.OpGet(lp), clientv3.OpGet(ap, clientv3.WithCountOnly())).
 		Commit()
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		b.cache.forgetSession(sid)
 		return backend.Grant{}, backend.ErrSessionGone(sid)
 	}
 	if err != nil {
 		return backend.Grant{}, classify("acquire", err)
 	}
-	g := backend.Grant{Key: key, Owner: rec.Owner, SessionID: sid}
+	g := backend.Grant{Key: key, Owner: s.owner, SessionID: sid, ServerExpiry: s.renewed.Add(s.ttl)}
 	if resp.Succeeded {
 		g.Token = fencing.Token(resp.Header.Revision)
-	} else {
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if len(kvs) == 0 {
-			// Freed between the compare and the get: impossible in one
-			// transaction, but answer safely.
-			return backend.Grant{}, backend.ErrHeld(key, backend.Lock{})
-		}
-		kv := kvs[0]
-		var cur lockValue
-		_ = json.Unmarshal(kv.Value, &cur)
-		if clientv3.LeaseID(kv.Lease) != lease {
-			holder := backend.Lock{Key: key, Held: true, Owner: cur.Owner, SessionID: cur.SessionID, Token: fencing.Token(kv.CreateRevision)}
-			holder.ServerExpiry = b.leaseExpiry(ctx, clientv3.LeaseID(kv.Lease))
-			return backend.Grant{}, backend.ErrHeld(key, holder)
-		}
-		g.Token, g.Existing = fencing.Token(kv.CreateRevision), true // idempotent re-acquire
+		b.cache.putLock(key, heldLock{token: resp.Header.Revision, lease: lease, lv: lv})
+		return g, nil
 	}
-	g.ServerExpiry = b.leaseExpiry(ctx, lease)
+	if resp.Responses[1].GetResponseRange().Count == 0 {
+		b.cache.forgetSession(sid)
+		return backend.Grant{}, backend.ErrSessionGone(sid)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		// Freed between the compare and the get: impossible in one
+		// transaction, but answer safely.
+		return backend.Grant{}, backend.ErrHeld(key, backend.Lock{})
+	}
+	kv := kvs[0]
+	var cur lockValue
+	_ = json.Unmarshal(kv.Value, &cur)
+	if clientv3.LeaseID(kv.Lease) != lease {
+		holder := backend.Lock{Key: key, Held: true, Owner: cur.Owner, SessionID: cur.SessionID, Token: fencing.Token(kv.CreateRevision)}
+		if hs, ok := b.cache.session(cur.SessionID); ok {
+			holder.ServerExpiry = hs.renewed.Add(hs.ttl)
+		}
+		return backend.Grant{}, backend.ErrHeld(key, holder)
+	}
+	g.Token, g.Existing = fencing.Token(kv.CreateRevision), true // idempotent re-acquire
+	b.cache.putLock(key, heldLock{token: kv.CreateRevision, lease: lease, lv: cur})
 	return g, nil
 }
 
-// leaseExpiry is informational: now + the lease's remaining TTL.
-func (b *Backend) leaseExpiry(ctx context.Context, lease clientv3.LeaseID) time.Time {
-	ttl, err := b.cli.TimeToLive(ctx, lease)
-	if err != nil || ttl.TTL <= 0 {
-		return time.Now()
-	}
-	return time.Now().Add(time.Duration(ttl.TTL) * time.Second)
-}
-
-// end deletes the lock kv and ends its grant, in one transaction
-// conditioned on the key still being that grant (and, for a release, on
-// the holder's lease).
-func (b *Backend) end(ctx context.Context, kv *mvccpb.KeyValue, lease clientv3.LeaseID, reason, actor, why string) (backend.GrantRecord, error) {
-	var lv lockValue
-	if err := json.Unmarshal(kv.Value, &lv); err != nil {
-		return backend.GrantRecord{}, problem.Wrap(problem.Internal, err, "corrupt lock record %s", kv.Key)
-	}
-	key := strings.TrimPrefix(string(kv.Key), b.prefix+"/locks/")
+// end deletes a lock key and ends its grant, in one transaction conditioned
+// on the key still being that grant (token) and, when lease is not 0, the
+// holder's lease. not_held when it is not.
+func (b *Backend) end(ctx context.Context, key string, h heldLock, lease clientv3.LeaseID, reason, actor, why string) (backend.GrantRecord, error) {
+	lp := b.lockPath(key)
 	ended := time.Now().UTC()
-	gv := grantValue{Key: key, Owner: lv.Owner, SessionID: lv.SessionID, GrantedAt: lv.GrantedAt, EndedAt: &ended, EndReason: reason, Actor: actor, Reason: why}
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(string(kv.Key)), "=", kv.CreateRevision)}
+	gv := grantValue{Key: key, Owner: h.lv.Owner, SessionID: h.lv.SessionID, GrantedAt: h.lv.GrantedAt, EndedAt: &ended, EndReason: reason, Actor: actor, Reason: why}
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lp), "=", h.token)}
 	if lease != 0 {
-		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(string(kv.Key)), "=", lease))
+		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(lp), "=", lease))
 	}
 	resp, err := b.cli.Txn(ctx).If(cmps...).
-		Then(clientv3.OpDelete(string(kv.Key)), clientv3.OpPut(b.grantPath(lv.GrantID), mustJSON(gv)), clientv3.OpDelete(b.openPath(lv.GrantID))).
+		Then(clientv3.OpDelete(lp), clientv3.OpPut(b.grantPath(h.lv.GrantID), mustJSON(gv)), clientv3.OpDelete(b.openPath(h.lv.GrantID))).
 		Commit()
 	if err != nil {
 		return backend.GrantRecord{}, classify("end grant", err)
 	}
+	b.cache.forgetLock(key, h.token)
 	if !resp.Succeeded {
-		return backend.GrantRecord{}, backend.ErrNotHeld(key, lv.SessionID, fencing.Token(kv.CreateRevision))
+		return backend.GrantRecord{}, backend.ErrNotHeld(key, h.lv.SessionID, fencing.Token(h.token))
 	}
 	b.signal(key)
-	return record(fencing.Token(kv.CreateRevision), gv), nil
+	return record(fencing.Token(h.token), gv), nil
+}
+
+// endKV is end for a lock key as read from etcd.
+func (b *Backend) endKV(ctx context.Context, kv *mvccpb.KeyValue, lease clientv3.LeaseID, reason, actor, why string) (backend.GrantRecord, error) {
+	h, err := heldFromKV(kv)
+	if err != nil {
+		return backend.GrantRecord{}, err
+	}
+	return b.end(ctx, strings.TrimPrefix(string(kv.Key), b.prefix+"/locks/"), h, lease, reason, actor, why)
+}
+
+func heldFromKV(kv *mvccpb.KeyValue) (heldLock, error) {
+	h := heldLock{token: kv.CreateRevision, lease: clientv3.LeaseID(kv.Lease)}
+	if err := json.Unmarshal(kv.Value, &h.lv); err != nil {
+		return h, problem.Wrap(problem.Internal, err, "corrupt lock record %s", kv.Key)
+	}
+	return h, nil
 }
 
 func record(token fencing.Token, gv grantValue) backend.GrantRecord {
@@ -116,57 +137,72 @@ func record(token fencing.Token, gv grantValue) backend.GrantRecord {
 		EndedAt: gv.EndedAt, EndReason: gv.EndReason, Actor: gv.Actor, Reason: gv.Reason}
 }
 
-// Release implements backend.Backend: a transaction conditioned on the key's
-// CreateRevision (the token) and the session's lease.
+// current is the key's grant: from what this process knows when that is
+// the grant named by token (0: any), else read from etcd (found false: the
+// key is free).
+func (b *Backend) current(ctx context.Context, key string, token int64) (h heldLock, found bool, err error) {
+	if h, ok := b.cache.lock(key); ok && (token == 0 || h.token == token) {
+		return h, true, nil
+	}
+	resp, err := b.cli.Get(ctx, b.lockPath(key))
+	if err != nil || len(resp.Kvs) == 0 {
+		return h, false, err
+	}
+	h, err = heldFromKV(resp.Kvs[0])
+	return h, err == nil, err
+}
+
+// Release implements backend.Backend: one transaction conditioned on the
+// key's CreateRevision (the token) and the session's lease, written from
+// what the service knows of the grant (read first only when it knows
+// nothing).
 func (b *Backend) Release(ctx context.Context, key, sid string, token fencing.Token) (backend.GrantRecord, error) {
 	lease, ok := parseSessionID(sid)
 	if !ok {
 		return backend.GrantRecord{}, backend.ErrNotHeld(key, sid, token)
 	}
-	resp, err := b.cli.Get(ctx, b.lockPath(key))
+	h, found, err := b.current(ctx, key, int64(token))
 	if err != nil {
 		return backend.GrantRecord{}, classify("release", err)
 	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(token) || clientv3.LeaseID(resp.Kvs[0].Lease) != lease {
+	if !found || h.token != int64(token) || h.lease != lease {
 		return backend.GrantRecord{}, backend.ErrNotHeld(key, sid, token)
 	}
-	var lv lockValue
-	_ = json.Unmarshal(resp.Kvs[0].Value, &lv)
-	rec, err := b.end(ctx, resp.Kvs[0], lease, backend.EndReleased, lv.Owner, "")
+	rec, err := b.end(ctx, key, h, lease, backend.EndReleased, h.lv.Owner, "")
 	if problem.Has(err, problem.NotHeld) {
 		return rec, backend.ErrNotHeld(key, sid, token)
 	}
 	return rec, err
 }
 
-// Revoke implements backend.Backend.
+// Revoke implements backend.Backend: one transaction on the key's current
+// grant; read again only when that grant changed under us.
 func (b *Backend) Revoke(ctx context.Context, key, actor, reason string) (backend.GrantRecord, error) {
 	for {
-		resp, err := b.cli.Get(ctx, b.lockPath(key))
+		h, found, err := b.current(ctx, key, 0)
 		if err != nil {
 			return backend.GrantRecord{}, classify("revoke", err)
 		}
-		if len(resp.Kvs) == 0 {
+		if !found {
 			return backend.GrantRecord{}, backend.ErrFree(key)
 		}
-		rec, err := b.end(ctx, resp.Kvs[0], 0, backend.EndRevoked, actor, reason)
+		rec, err := b.end(ctx, key, h, 0, backend.EndRevoked, actor, reason)
 		if problem.Has(err, problem.NotHeld) && ctx.Err() == nil {
-			continue // the grant changed under us: look again
+			continue // the grant changed under us (or what we knew was stale): look again
 		}
 		return rec, err
 	}
 }
 
-func (b *Backend) toLock(ctx context.Context, kv *mvccpb.KeyValue, expiries map[int64]time.Time) backend.Lock {
+func (b *Backend) toLock(kv *mvccpb.KeyValue) backend.Lock {
 	var lv lockValue
 	_ = json.Unmarshal(kv.Value, &lv)
-	exp, ok := expiries[kv.Lease]
-	if !ok {
-		exp = b.leaseExpiry(ctx, clientv3.LeaseID(kv.Lease))
-		expiries[kv.Lease] = exp
+	l := backend.Lock{Key: strings.TrimPrefix(string(kv.Key), b.prefix+"/locks/"), Held: true, Owner: lv.Owner, SessionID: lv.SessionID,
+		Token: fencing.Token(kv.CreateRevision), AcquiredAt: lv.GrantedAt}
+	if s, ok := b.cache.session(lv.SessionID); ok {
+		l.ServerExpiry = s.renewed.Add(s.ttl)
 	}
-	return backend.Lock{Key: strings.TrimPrefix(string(kv.Key), b.prefix+"/locks/"), Held: true, Owner: lv.Owner, SessionID: lv.SessionID,
-		Token: fencing.Token(kv.CreateRevision), AcquiredAt: lv.GrantedAt, ServerExpiry: exp}
+	return l
 }
 
 // Lock implements backend.Backend.
@@ -178,7 +214,7 @@ func (b *Backend) Lock(ctx context.Context, key string) (backend.Lock, error) {
 	if len(resp.Kvs) == 0 {
 		return backend.Lock{Key: key}, nil
 	}
-	return b.toLock(ctx, resp.Kvs[0], map[int64]time.Time{}), nil
+	return b.toLock(resp.Kvs[0]), nil
 }
 
 // Locks implements backend.Backend.
@@ -188,10 +224,9 @@ func (b *Backend) Locks(ctx context.Context, prefix string, limit int) ([]backen
 	if err != nil {
 		return nil, classify("list locks", err)
 	}
-	exp := map[int64]time.Time{}
 	out := make([]backend.Lock, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		out = append(out, b.toLock(ctx, kv, exp))
+		out = append(out, b.toLock(kv))
 	}
 	return out, nil
 }

@@ -44,6 +44,8 @@ func (b *Backend) startWatch(ctx context.Context) error {
 func (b *Backend) Run(ctx context.Context) error {
 	t := time.NewTicker(b.sweepIv)
 	defer t.Stop()
+	compact := time.NewTicker(b.cfg.CompactInterval)
+	defer compact.Stop()
 	b.sweep(ctx)
 	for ctx.Err() == nil {
 		b.mu.Lock()
@@ -67,6 +69,8 @@ func (b *Backend) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		case <-t.C:
 			b.sweep(ctx)
+		case <-compact.C:
+			b.compactNow(ctx)
 		case resp, ok := <-ch:
 			if !ok || resp.Err() != nil || resp.Canceled {
 				b.mu.Lock()

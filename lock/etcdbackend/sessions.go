@@ -13,7 +13,10 @@ import (
 	"github.com/payouts/payouts/lock/backend"
 )
 
-// Sessions: one lease each, and a record under sessions/ that outlives it.
+// Sessions: one lease each; a record under sessions/ that outlives it (so
+// GET /sessions/{id} can say EXPIRED or CLOSED); and alive/<id>, attached
+// to the lease and deleted when the session is closed, so that one compare
+// in an acquire's transaction proves the session alive and open.
 
 // CreateSession implements backend.Backend. etcd leases are whole seconds:
 // the TTL is rounded up and the applied TTL reported.
@@ -27,10 +30,12 @@ func (b *Backend) CreateSession(ctx context.Context, owner, principal string, tt
 	now := time.Now()
 	applied := time.Duration(lr.TTL) * time.Second
 	rec := sessionValue{Owner: owner, Principal: principal, TTLMS: applied.Milliseconds(), CreatedAt: now.UTC()}
-	if _, err := b.cli.Put(ctx, b.sessionPath(id), mustJSON(rec)); err != nil {
+	if _, err := b.cli.Txn(ctx).Then(clientv3.OpPut(b.sessionPath(id), mustJSON(rec)),
+		clientv3.OpPut(b.alivePath(id), "", clientv3.WithLease(lr.ID))).Commit(); err != nil {
 		_, _ = b.cli.Revoke(context.WithoutCancel(ctx), lr.ID)
 		return backend.Session{}, classify("create session", err)
 	}
+	b.cache.putSession(id, sessInfo{owner: owner, principal: principal, createdAt: rec.CreatedAt, ttl: applied, renewed: now})
 	return backend.Session{ID: id, Owner: owner, Principal: principal, TTL: applied, State: backend.StateActive, CreatedAt: now,
 		LastHeartbeatAt: now, ExpiresAt: now.Add(applied)}, nil
 }
@@ -50,6 +55,23 @@ func (b *Backend) readSession(ctx context.Context, id string) (sessionValue, boo
 	return rec, true, nil
 }
 
+// knownSession is what this process knows of session id, reading its
+// record once when it knows nothing (found false: no such session, or
+// closed). The renewal time of a session first seen here is unknown; it is
+// taken as its creation, which only makes server_expiry earlier.
+func (b *Backend) knownSession(ctx context.Context, id string) (sessInfo, bool, error) {
+	if s, ok := b.cache.session(id); ok {
+		return s, true, nil
+	}
+	rec, found, err := b.readSession(ctx, id)
+	if err != nil || !found || rec.Closed {
+		return sessInfo{}, false, err
+	}
+	s := sessInfo{owner: rec.Owner, principal: rec.Principal, createdAt: rec.CreatedAt, ttl: time.Duration(rec.TTLMS) * time.Millisecond, renewed: rec.CreatedAt}
+	b.cache.putSession(id, s)
+	return s, true, nil
+}
+
 // KeepAlive implements backend.Backend: KeepAliveOnce, which etcd refuses
 // for an expired or revoked lease, so renewal never revives a session.
 func (b *Backend) KeepAlive(ctx context.Context, id string) (backend.Session, error) {
@@ -57,24 +79,26 @@ func (b *Backend) KeepAlive(ctx context.Context, id string) (backend.Session, er
 	if !ok {
 		return backend.Session{}, backend.ErrSessionGone(id)
 	}
-	rec, found, err := b.readSession(ctx, id)
+	s, found, err := b.knownSession(ctx, id)
 	if err != nil {
 		return backend.Session{}, err
 	}
-	if !found || rec.Closed {
+	if !found {
 		return backend.Session{}, backend.ErrSessionGone(id)
 	}
+	sent := time.Now()
 	resp, err := b.cli.KeepAliveOnce(ctx, lease)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		b.cache.forgetSession(id)
 		return backend.Session{}, backend.ErrSessionGone(id)
 	}
 	if err != nil {
 		return backend.Session{}, classify("keepalive", err)
 	}
-	now := time.Now()
 	ttl := time.Duration(resp.TTL) * time.Second
-	return backend.Session{ID: id, Owner: rec.Owner, Principal: rec.Principal, TTL: ttl, State: backend.StateActive, CreatedAt: rec.CreatedAt,
-		LastHeartbeatAt: now, ExpiresAt: now.Add(ttl)}, nil
+	b.cache.renewed(id, sent, ttl)
+	return backend.Session{ID: id, Owner: s.owner, Principal: s.principal, TTL: ttl, State: backend.StateActive, CreatedAt: s.createdAt,
+		LastHeartbeatAt: sent, ExpiresAt: sent.Add(ttl)}, nil
 }
 
 // Session implements backend.Backend. etcd does not record heartbeats: the
@@ -113,8 +137,9 @@ func (b *Backend) Session(ctx context.Context, id string) (backend.Session, erro
 	return s, nil
 }
 
-// CloseSession implements backend.Backend: release every lock of the session
-// (grants end as released), mark the record closed, revoke the lease.
+// CloseSession implements backend.Backend: end the session's alive key (no
+// acquire succeeds after that), release every lock of the session (grants
+// end as released), mark the record closed, revoke the lease.
 func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session, error) {
 	lease, ok := parseSessionID(id)
 	if !ok {
@@ -131,7 +156,12 @@ func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session,
 	case backend.StateClosed:
 		return s, nil
 	case backend.StateExpired:
+		b.cache.forgetSession(id)
 		return s, backend.ErrSessionGone(id)
+	}
+	b.cache.forgetSession(id)
+	if _, err := b.cli.Delete(ctx, b.alivePath(id)); err != nil {
+		return s, classify("close session", err)
 	}
 	resp, err := b.cli.Get(ctx, b.prefix+"/locks/", clientv3.WithPrefix())
 	if err != nil {
@@ -141,7 +171,7 @@ func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session,
 		if clientv3.LeaseID(kv.Lease) != lease {
 			continue
 		}
-		if _, err := b.end(ctx, kv, lease, backend.EndReleased, "session closed", ""); err != nil && !problem.Has(err, problem.NotHeld) {
+		if _, err := b.endKV(ctx, kv, lease, backend.EndReleased, "session closed", ""); err != nil && !problem.Has(err, problem.NotHeld) {
 			return s, err
 		}
 	}

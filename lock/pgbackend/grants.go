@@ -53,7 +53,8 @@ WITH ts AS MATERIALIZED (
 	RETURNING ls.id
 ), took AS (
 	UPDATE lock_entry e
-	   SET owner = sess.owner, session_id = sess.id, token = nextval('lock_token_seq'), acquired_at = (SELECT at FROM ts)
+	   SET owner = sess.owner, session_id = sess.id, token = nextval('lock_token_seq'), acquired_at = (SELECT at FROM ts),
+	       contended = false
 	  FROM sess, cur
 	 WHERE e.key = $1 AND e.token = cur.token AND ` + takeoverSQL + `
 	RETURNING e.key, e.owner, e.session_id, e.token, e.acquired_at, cur.token AS prev_token
@@ -165,6 +166,7 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 			g.Existing = true
 			return g, false, nil // idempotent re-acquire: the same token
 		}
+		b.markContended(ctx, key, g.Token)
 		return backend.Grant{}, false, backend.ErrHeld(key, backend.Lock{Key: key, Held: true, Owner: g.Owner, SessionID: g.SessionID, Token: g.Token, ServerExpiry: g.ServerExpiry})
 	}
 	if prevToken != nil {
@@ -182,13 +184,14 @@ func (b *Backend) Release(ctx context.Context, key, sessionID string, token fenc
 			DELETE FROM lock_entry e USING lock_session s
 			 WHERE e.key = $1 AND e.session_id = $2 AND e.token = $3
 			   AND s.id = e.session_id AND lock_session_live(s.state, s.expires_at)
-			RETURNING e.key, e.token
+			RETURNING e.key, e.token, e.contended
 		), g AS (
 			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = owner
 			 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
 			RETURNING `+grantCols+`
 		)
-		SELECT g.*, pg_notify('`+notifyChannel+`', g.key)::text FROM g`, key, sessionID, int64(token))
+		SELECT g.*, CASE WHEN d.contended THEN pg_notify('`+notifyChannel+`', g.key)::text END
+		  FROM g JOIN d ON d.token = g.token`, key, sessionID, int64(token))
 	if err != nil {
 		return backend.GrantRecord{}, b.classify("release", err)
 	}
@@ -199,6 +202,10 @@ func (b *Backend) Release(ctx context.Context, key, sessionID string, token fenc
 	if len(recs) == 0 {
 		return backend.GrantRecord{}, backend.ErrNotHeld(key, sessionID, token)
 	}
+	// Waiters on this process are woken directly; those on other lock
+	// service processes by the notification, sent when one of them found
+	// the key held (markContended).
+	b.signal(key)
 	return recs[0], nil
 }
 
@@ -266,4 +273,23 @@ func (b *Backend) Locks(ctx context.Context, prefix string, limit int) ([]backen
 		out = append(out, l)
 	}
 	return out, b.classify("list locks", rows.Err())
+}
+
+// markContended asks the release of key's current grant (token) to wake
+// waiters, when an acquire on this process is waiting for key. If the
+// grant has already changed, the waiters are woken now instead.
+func (b *Backend) markContended(ctx context.Context, key string, token fencing.Token) {
+	if !b.waiters.Has(key) {
+		return
+	}
+	tag, err := b.pool.Exec(ctx, `UPDATE lock_entry SET contended = true WHERE key = $1 AND token = $2 AND NOT contended`, key, int64(token))
+	if err != nil {
+		return // the waiter still retries on its timer
+	}
+	if tag.RowsAffected() == 0 {
+		var still bool
+		if b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM lock_entry WHERE key = $1 AND token = $2)`, key, int64(token)).Scan(&still) == nil && !still {
+			b.signal(key)
+		}
+	}
 }

@@ -36,6 +36,11 @@ type Config struct {
 	ReapInterval time.Duration
 	// MaxConns bounds the pool (default 16).
 	MaxConns int32
+	// GrantRetention is how long an ended grant stays in the grant log
+	// before compaction deletes it (0: forever).
+	GrantRetention time.Duration
+	// CompactInterval is how often compaction runs (default 1 minute).
+	CompactInterval time.Duration
 }
 
 // Backend implements backend.Backend on PostgreSQL.
@@ -59,6 +64,9 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	if cfg.ReapInterval <= 0 {
 		cfg.ReapInterval = 250 * time.Millisecond
+	}
+	if cfg.CompactInterval <= 0 {
+		cfg.CompactInterval = time.Minute
 	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = 16

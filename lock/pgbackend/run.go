@@ -22,9 +22,10 @@ func (b *Backend) signal(key string) { b.waiters.Signal(key) }
 // LISTEN loop, until ctx ends.
 func (b *Backend) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); b.listen(ctx) }()
 	go func() { defer wg.Done(); b.reapLoop(ctx) }()
+	go func() { defer wg.Done(); b.compactLoop(ctx) }()
 	wg.Wait()
 	return nil
 }
@@ -131,5 +132,28 @@ func (b *Backend) listenOnce(ctx context.Context) error {
 			return err
 		}
 		b.signal(n.Payload)
+	}
+}
+
+// compactLoop runs Compact every CompactInterval while there is a retention.
+func (b *Backend) compactLoop(ctx context.Context) {
+	if b.cfg.GrantRetention <= 0 {
+		return
+	}
+	t := time.NewTicker(b.cfg.CompactInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		g, s, err := b.Compact(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			b.log.Warn("grant log compaction failed; will retry", "error", err.Error())
+		case g+s > 0:
+			b.log.Info("grant log compacted", "grants", g, "sessions", s, "retention", b.cfg.GrantRetention.String())
+		}
 	}
 }

@@ -73,7 +73,7 @@ func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session,
 	var closed bool
 	err := b.pool.QueryRow(ctx, `
 		WITH s AS (
-			UPDATE lock_session SET state = 'CLOSED'
+			UPDATE lock_session SET state = 'CLOSED', expires_at = least(expires_at, now())
 			 WHERE id = $1 AND lock_session_live(state, expires_at)
 			RETURNING id
 		), d AS (

@@ -1,0 +1,89 @@
+package etcdbackend_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/etcdbackend"
+)
+
+// TestKeyspaceStaysBounded: with a retention, compaction keeps the lock
+// service's etcd keyspace bounded however many grants are made, keeps the
+// newest grant record (the high token stays known) and never touches a
+// grant that is still held.
+func TestKeyspaceStaysBounded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	prefix := fmt.Sprintf("/test/%d", seq.Add(1))
+	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: prefix, Logger: slog.New(slog.DiscardHandler), GrantRetention: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	keeper, err := b.CreateSession(ctx, "keeper", "p", backend.MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := b.Acquire(ctx, "payout:held", keeper.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := func() int64 {
+		resp, err := cli.Get(ctx, prefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Count
+	}
+	const rounds, perRound = 5, 100
+	var last backend.Grant
+	for r := range rounds {
+		s, err := b.CreateSession(ctx, fmt.Sprintf("w-%d", r), "p", backend.MaxTTL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range perRound {
+			if last, err = b.Acquire(ctx, fmt.Sprintf("payout:k-%d", i%7), s.ID); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Release(ctx, last.Key, s.ID, last.Token); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := b.CloseSession(ctx, s.ID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond) // older than the retention (the condition, not a synchronisation)
+		if _, _, err := b.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// keeper: session record, alive key, lock, grant record, open
+		// marker; the newest grant record; the last session's record
+		// (created within the retention window of the closing round).
+		if n := keys(); n > 8 {
+			t.Fatalf("after round %d (%d grants made): %d keys under %s; want at most 8", r+1, (r+1)*perRound+1, n, prefix)
+		}
+	}
+	if high, err := b.HighToken(ctx); err != nil || high < last.Token {
+		t.Fatalf("high token after compaction: %d %v; want at least %d", high, err, last.Token)
+	}
+	if l, err := b.Lock(ctx, "payout:held"); err != nil || !l.Held || l.Token != held.Token {
+		t.Fatalf("compaction touched a held grant: %+v %v", l, err)
+	}
+	recs, err := b.Grants(ctx, 0, 10)
+	if err != nil || len(recs) == 0 || recs[0].Token != held.Token {
+		t.Fatalf("grant log after compaction: %+v %v; want the held grant first", recs, err)
+	}
+}
