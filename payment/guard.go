@@ -19,4 +19,4 @@ const guardEnabled = true
 //
 // guard_negativecontrol.go holds the same statement without the condition.
 const guardSQL = fenceAdvance + `
-	RETURNING balance, fence_token, fence_holder, (fence_token = $2 AND fence_holder = $3)`
+	RETURNING id, balance, fence_token, fence_holder, (fence_token = $2 AND fence_holder = $3)`

@@ -10,4 +10,4 @@ const guardEnabled = false
 // guardSQL without the fence condition: it still records the highest token
 // seen (and its holder) but accepts every token, stale ones included.
 const guardSQL = fenceAdvance + `
-	RETURNING balance, fence_token, fence_holder, true`
+	RETURNING id, balance, fence_token, fence_holder, true`

@@ -103,17 +103,7 @@ func (s *Service) Apply(ctx context.Context, payoutID string, cmd Command) (pc.P
 	if cmd.Holder == "" {
 		return pc.Payout{}, problem.New(problem.InvalidRequest, "holder: required")
 	}
-	// The payout's account is immutable (a trigger refuses changing it), so
-	// it is safe to read before the fenced transaction starts.
-	var accountID string
-	err := s.pool.QueryRow(ctx, `SELECT account_id FROM payout WHERE id = $1`, payoutID).Scan(&accountID)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return pc.Payout{}, problem.New(problem.NotFound, "no payout %q", payoutID)
-	}
-	if err != nil {
-		return pc.Payout{}, err
-	}
-	p, rej, err := s.applyTx(ctx, accountID, payoutID, cmd)
+	p, rej, err := s.applyTx(ctx, payoutID, cmd)
 	if err != nil {
 		return pc.Payout{}, err
 	}
@@ -121,22 +111,26 @@ func (s *Service) Apply(ctx context.Context, payoutID string, cmd Command) (pc.P
 		if hook := s.afterRefusal.Load(); hook != nil {
 			(*hook)()
 		}
-		return pc.Payout{}, s.reject(ctx, accountID, payoutID, cmd, rej)
+		return pc.Payout{}, s.reject(ctx, rej.fence.account, payoutID, cmd, rej)
 	}
 	return p, nil
 }
 
-func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd Command) (pc.Payout, *rejection, error) {
+func (s *Service) applyTx(ctx context.Context, payoutID string, cmd Command) (pc.Payout, *rejection, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return pc.Payout{}, nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 
-	f, err := advanceFence(ctx, tx, accountID, cmd.Token, cmd.Holder)
+	f, err := advanceFence(ctx, tx, payoutID, cmd.Token, cmd.Holder)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return pc.Payout{}, nil, problem.New(problem.NotFound, "no payout %q", payoutID)
+	}
 	if err != nil {
 		return pc.Payout{}, nil, fmt.Errorf("advance fence: %w", err)
 	}
+	accountID := f.account
 	if !f.accepted {
 		return pc.Payout{}, &rejection{fenced: true, fence: f}, nil
 	}
@@ -159,7 +153,7 @@ func (s *Service) applyTx(ctx context.Context, accountID, payoutID string, cmd C
 	}
 	to, ok := decide(p.State, ev)
 	if !ok {
-		return pc.Payout{}, &rejection{state: p.State, event: ev, payout: p}, nil
+		return pc.Payout{}, &rejection{fence: f, state: p.State, event: ev, payout: p}, nil
 	}
 	if ev == EvAbandon {
 		// Refused before the SLA: the transaction rolls back, the fence included.
