@@ -126,7 +126,7 @@ func TestBumpTokensFromGuards(t *testing.T) {
 			"--proxy-url", proxy, "--token", token}, extra...)
 	}
 	runCLI(t, 2, bump("guard-token", "--from-guards", "--to", "5")...) // both: usage error
-	runCLI(t, 1, bump("wrong-token", "--from-guards")...)              // the guards refuse: no bump
+	runCLI(t, 2, bump("wrong-token", "--from-guards")...)              // the guards refuse the token (exit 2): no bump
 	out := runCLI(t, 0, bump("guard-token", "--from-guards", "--margin", "500", "--output", "json")...)
 	var res struct {
 		From   int64 `json:"from"`

@@ -44,6 +44,7 @@ func (c *rpcCounter) during(fn func()) []string {
 // an acquire is one Txn (no session Get, no TimeToLive), and a release and
 // a revoke of a grant it made are one Txn each.
 func TestOneTransactionPerStep(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var rc rpcCounter

@@ -66,4 +66,7 @@ func (s store) Open(t *testing.T) backend.Backend {
 // setup is a test's system: a fresh prefix on the shared etcd node.
 func setup(t *testing.T) backendtest.Store { return store{prefix: fmt.Sprintf("/test/%d", seq.Add(1))} }
 
-func TestBehaviour(t *testing.T) { backendtest.Run(t, setup) }
+func TestBehaviour(t *testing.T) {
+	t.Parallel()
+	backendtest.Run(t, setup)
+}

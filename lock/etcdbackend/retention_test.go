@@ -19,6 +19,7 @@ import (
 // newest grant record (the high token stays known) and never touches a
 // grant that is still held.
 func TestKeyspaceStaysBounded(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})

@@ -139,6 +139,7 @@ func openVia(t *testing.T, endpoint, prefix string) backend.Backend {
 // and reaches etcd only after A's lease has expired and B has taken A's
 // key. Exactly one of them may win: B's grant means A's keepalive fails.
 func TestKeepAliveInFlightAcrossTakeover(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	prefix := fmt.Sprintf("/test/%d", seq.Add(1))

@@ -36,4 +36,7 @@ func open(t *testing.T, url string) *pgbackend.Backend {
 // setup is a test's system: a fresh, migrated lockdb.
 func setup(t *testing.T) backendtest.Store { return store{url: pgtest.NewDB(t, migrations.LockDB)} }
 
-func TestBehaviour(t *testing.T) { backendtest.Run(t, setup) }
+func TestBehaviour(t *testing.T) {
+	t.Parallel()
+	backendtest.Run(t, setup)
+}

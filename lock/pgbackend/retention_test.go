@@ -17,6 +17,7 @@ import (
 // the newest grant (the high token stays known) and never touches a grant
 // that is still held.
 func TestGrantLogStaysBounded(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	b, err := Open(ctx, Config{DatabaseURL: pgtest.NewDB(t, migrations.LockDB), Logger: slog.New(slog.DiscardHandler),

@@ -74,7 +74,8 @@ func (r *takeoverRig) waitLapsed(t *testing.T) {
 }
 
 // blockedOrDone waits until done is closed or some statement waits for a
-// row lock held by the test's open transaction.
+// row lock held by the test's open transaction. pg_locks spans the whole
+// shared cluster, so the tests using it do not run in parallel with others.
 func (r *takeoverRig) blockedOrDone(t *testing.T, done <-chan struct{}) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)

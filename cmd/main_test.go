@@ -1,0 +1,10 @@
+package cmd
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the run when a test leaves goroutines behind.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
