@@ -201,8 +201,7 @@ func TestReconcileCLI(t *testing.T) {
 	if _, _, code := runCLI(t, []string{"PAYOUTS_TOKEN="}, "reconcile", "--once"); code != 2 {
 		t.Fatalf("no token: exit %d, want 2", code)
 	}
-	// No rail credential: exit 2 naming the flag, and the reconciler's own
-	// token is never offered to the rail in its place.
+	// No rail credential: exit 2 naming the flag and what it is for.
 	_, log, code = runCLI(t, []string{"PAYOUTS_TOKEN=" + r.Tokens.Reconciler, "PAYOUTS_RAIL_TOKEN=", "PAYOUTS_RAIL_TOKEN_FILE="}, "reconcile", "--once",
 		"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL)
 	if code != 2 || !strings.Contains(log, "--rail-token-file") || !strings.Contains(log, "lookups") {
