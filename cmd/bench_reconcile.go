@@ -63,7 +63,7 @@ func newBenchReconcileCmd(a *app) *cobra.Command {
 // rail stub (its payments live in memory) and, for --cpu-profile, the
 // reconciler itself.
 func wireBenchReconcile(opts *bench.ReconcileOptions) error {
-	var toks [2]string
+	var toks [3]string
 	for i := range toks {
 		b := make([]byte, 16)
 		if _, err := rand.Read(b); err != nil {
@@ -71,14 +71,14 @@ func wireBenchReconcile(opts *bench.ReconcileOptions) error {
 		}
 		toks[i] = hex.EncodeToString(b)
 	}
-	// The loader pays as the proxy would; the reconciler reads the
-	// settlement report as an operator (--rail-token) and looks payouts up
-	// with its own token, the stack's reconciler token.
-	opts.RailPayToken, opts.RailToken = toks[0], toks[1]
-	opts.NewRail = func(lookupToken string) (http.Handler, error) {
+	// The loader pays as the proxy would; the reconciler is given its rail
+	// credentials explicitly: a reconciler-role one for lookups and an
+	// operator-role one for the settlement report.
+	opts.RailPayToken, opts.RailLookupToken, opts.RailReportToken = toks[0], toks[1], toks[2]
+	opts.NewRail = func() (http.Handler, error) {
 		a, err := auth.Parse([]byte(fmt.Sprintf(`{"tokens":[{"token":%q,"role":"proxy","name":"bench-proxy"},`+
-			`{"token":%q,"role":"operator","name":"bench-operator"},{"token":%q,"role":"reconciler","name":"bench-reconciler"}]}`,
-			opts.RailPayToken, opts.RailToken, lookupToken)))
+			`{"token":%q,"role":"reconciler","name":"bench-reconciler"},{"token":%q,"role":"operator","name":"bench-operator"}]}`,
+			opts.RailPayToken, opts.RailLookupToken, opts.RailReportToken)))
 		if err != nil {
 			return nil, err
 		}
@@ -92,7 +92,7 @@ func wireBenchReconcile(opts *bench.ReconcileOptions) error {
 	opts.InProcessPass = func(ctx context.Context, u bench.PassURLs) ([]byte, int, error) {
 		var out bytes.Buffer
 		code, err := reconcile.Run(ctx, reconcile.Config{LockURL: u.LockURL, PaymentURL: u.PaymentURL, ProxyURL: u.ProxyURL, RailURL: u.RailURL,
-			Token: u.Token, RailToken: u.RailToken, Once: true, JSON: true, Out: &out, Logger: slog.New(slog.DiscardHandler),
+			Token: u.Token, RailToken: u.RailToken, RailReportToken: u.RailReportToken, Once: true, JSON: true, Out: &out, Logger: slog.New(slog.DiscardHandler),
 			Options: reconcile.Options{Resolve: true, Owner: "bench", RailPerPayout: u.RailPerPayout}})
 		return out.Bytes(), code, err
 	}

@@ -18,6 +18,7 @@ func newReconcileCmd(a *app) *cobra.Command {
 		out           output
 		cfg           reconcile.Config
 		railTokenFile string
+		reportFile    string
 		pprof         pprofFlag
 	)
 	c := &cobra.Command{
@@ -41,6 +42,9 @@ on --listen. docs/operations.md explains every finding.`,
 				return cannotRun(err)
 			}
 			if cfg.RailToken, err = secret("rail-token", cfg.RailToken, railTokenFile); err != nil {
+				return cannotRun(err)
+			}
+			if cfg.RailReportToken, err = secret("rail-report-token", cfg.RailReportToken, reportFile); err != nil {
 				return cannotRun(err)
 			}
 			if cfg.SettlementWindow < 0 || cfg.AmbiguitySLA <= 0 {
@@ -82,8 +86,10 @@ on --listen. docs/operations.md explains every finding.`,
 	fl.StringVar(&cfg.MetricsFile, "metrics-file", "", "after every pass, write the findings in the Prometheus text format to this file (atomic rename; node_exporter textfile collector)")
 	fl.DurationVar(&cfg.SettlementWindow, "settlement-window", reconcile.DefaultSettlementWindow, "look an ambiguous payout up at the rail once it has been ambiguous this long (the rail's own final flag still decides)")
 	fl.DurationVar(&cfg.AmbiguitySLA, "ambiguity-sla", reconcile.DefaultAmbiguitySLA, "report ambiguous payouts older than this for an operator")
-	fl.StringVar(&cfg.RailToken, "rail-token", "", "bearer sent to the rail (a credential the rail accepts for lookups and the settlement report; visible in ps: prefer --rail-token-file)")
-	fl.StringVar(&railTokenFile, "rail-token-file", "", "file holding the bearer sent to the rail")
+	fl.StringVar(&cfg.RailToken, "rail-token", "", "the rail credential: bearer of every lookup at the rail (a reconciler-role token of the rail), and of its settlement report without --rail-report-token-file; required (visible in ps: prefer --rail-token-file)")
+	fl.StringVar(&railTokenFile, "rail-token-file", "", "file holding the rail credential (required unless --rail-token is given); the reconciler never sends its own --token to the rail")
+	fl.StringVar(&cfg.RailReportToken, "rail-report-token", "", "bearer of the rail's settlement report (an operator's right at the rail; visible in ps: prefer --rail-report-token-file)")
+	fl.StringVar(&reportFile, "rail-report-token-file", "", "file holding the bearer of the rail's settlement report (an operator-role token of the rail); without it the report is asked for with the rail credential, and a refusal is noted in the report")
 	fl.StringVar(&cfg.Owner, "owner", "", "owner name of the reconciler's lock session (default reconciler@host/pid)")
 	fl.BoolVar(&cfg.RailPerPayout, "rail-per-payout", false, "look each payout up at the rail instead of reading the rail's settlement report (flat memory for very large histories; payments under unknown references are then not checked)")
 	fl.IntVar(&cfg.PageSize, "page-size", reconcile.DefaultPageSize, "page size of every list read (1..1000)")

@@ -36,7 +36,7 @@ func loadCompose(t *testing.T) *types.Project {
 }
 
 // secretFlags must never be given on a command line: each has a -file form.
-var secretFlags = []string{"token", "rail-token", "insecure-no-auth"}
+var secretFlags = []string{"token", "rail-token", "rail-report-token", "insecure-no-auth"}
 
 // TestComposeCommandLines parses every payouts command line in
 // deploy/compose.yaml with the binary's own command tree, so a renamed or

@@ -202,7 +202,7 @@ func (c *chaosRun) startReconciler() {
 	r := c.s.st.Ready
 	bin := proctest.Binary(c.t)
 	args := []string{"reconcile", "--once", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL,
-		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Reconciler, "--settlement-window", chaosSettleWindow.String(),
+		"--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["reconciler"], "--settlement-window", chaosSettleWindow.String(),
 		"--owner", "chaos-reconciler", "--request-timeout", "10s"}
 	// A pass reads every payout, ledger entry, grant and submission: on a
 	// big run, fewer passes leave the machine to the workload.

@@ -507,7 +507,7 @@ func unresolvedReasons(s *system, t *testing.T) string {
 	t.Helper()
 	r := s.st.Ready
 	stdout, _, _ := runCLI(t, []string{"PAYOUTS_TOKEN=" + r.Tokens.Reconciler}, "reconcile", "--once", "--lock-url", r.LockURL,
-		"--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--rail-token", r.Tokens.Reconciler,
+		"--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["reconciler"],
 		"--settlement-window", chaosSettleWindow.String())
 	return stdout
 }

@@ -57,7 +57,7 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 	ex := s.startExecutor(t, "prom-executor", nil, "--metrics-listen", execAddr)
 	rec := proctest.Start(t, "prom-reconcile", []string{"PAYOUTS_TOKEN=" + r.Tokens.Reconciler},
 		"reconcile", "--interval", "2s", "--listen", recAddr, "--lock-url", r.LockURL, "--payment-url", r.PaymentURL,
-		"--proxy-url", r.ProxyURL, "--rail-url", r.RailURL)
+		"--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["reconciler"])
 	for _, w := range []struct {
 		addr string
 		p    *proctest.Proc

@@ -38,13 +38,13 @@ type reconcileOut struct {
 }
 
 // reconcileOnce runs `payouts reconcile --once` with the reconciler's token
-// (at the rail: the reconciler's own credential, for lookups by client
-// reference; the settlement report is the operator's).
+// and, given explicitly, a reconciler-role rail credential for lookups by
+// client reference (the settlement report is the operator's: refused).
 func (s *system) reconcileOnce(t *testing.T, extra ...string) (reconcileOut, string, int) {
 	t.Helper()
 	r := s.st.Ready
 	args := append([]string{"reconcile", "--once", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL,
-		"--rail-url", r.RailURL, "--rail-token", r.Tokens.Reconciler}, extra...)
+		"--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["reconciler"]}, extra...)
 	stdout, stderr, code := runCLI(t, []string{"PAYOUTS_TOKEN=" + r.Tokens.Reconciler}, args...)
 	var out reconcileOut
 	for _, a := range extra {
@@ -180,7 +180,7 @@ func TestReconcileCLI(t *testing.T) {
 	listen := "127.0.0.1:" + strconv.Itoa(port)
 	proc := proctest.Start(t, "reconcile-continuous", []string{"PAYOUTS_TOKEN=" + r.Tokens.Reconciler},
 		"reconcile", "--interval", "500ms", "--listen", listen, "--lock-url", r.LockURL, "--payment-url", r.PaymentURL,
-		"--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--rail-token", r.Tokens.Reconciler)
+		"--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["reconciler"])
 	if err := proctest.WaitReady(ctxT(t, time.Minute), "http://"+listen); err != nil {
 		t.Fatalf("continuous reconciler not ready: %v\n%s", err, proc.Log())
 	}
@@ -200,5 +200,11 @@ func TestReconcileCLI(t *testing.T) {
 	}
 	if _, _, code := runCLI(t, []string{"PAYOUTS_TOKEN="}, "reconcile", "--once"); code != 2 {
 		t.Fatalf("no token: exit %d, want 2", code)
+	}
+	// No rail credential: exit 2 naming the flag and what it is for.
+	_, log, code = runCLI(t, []string{"PAYOUTS_TOKEN=" + r.Tokens.Reconciler, "PAYOUTS_RAIL_TOKEN=", "PAYOUTS_RAIL_TOKEN_FILE="}, "reconcile", "--once",
+		"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL)
+	if code != 2 || !strings.Contains(log, "--rail-token-file") || !strings.Contains(log, "lookups") {
+		t.Fatalf("no rail credential: exit %d, want 2 naming --rail-token-file and what it is for\n%s", code, log)
 	}
 }

@@ -323,14 +323,14 @@ func (s *sys) run(t *testing.T, token string, args ...string) (string, string, i
 }
 
 // reconcile runs `payouts reconcile --once --json` against the stack (the
-// lock service on PostgreSQL), with the reconciler's own credential at the
-// rail (lookups by client reference; the settlement report is the
+// lock service on PostgreSQL), given a reconciler-role rail credential
+// explicitly (lookups by client reference; the settlement report is the
 // operator's). Exit 2 (could not run) fails the test.
 func (s *sys) reconcile(t *testing.T) report {
 	t.Helper()
 	r := s.st.Ready
 	stdout, stderr, code := s.run(t, r.Tokens.Reconciler, "reconcile", "--once", "--json", "--lock-url", s.lockURL,
-		"--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--rail-token", r.Tokens.Reconciler)
+		"--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["reconciler"])
 	if code != 0 && code != 1 {
 		t.Fatalf("reconcile exit %d\n%s\n%s", code, stdout, stderr)
 	}

@@ -51,8 +51,8 @@ func TestCleanSystemReportsNothing(t *testing.T) {
 	if err := rep.WriteTable(&buf); err != nil || !strings.Contains(buf.String(), "No findings.") {
 		t.Fatalf("table: %v\n%s", err, buf.String())
 	}
-	// With the reconciler's own token the rail refuses its settlement
-	// report: the pass still completes, checking per payout, and says so.
+	// With only a reconciler-role rail credential the rail refuses its
+	// settlement report: the pass still completes, checking per payout, and says so.
 	rep = pass(t, e.reconciler(t, reconcile.Options{Resolve: true}, ""))
 	if !rep.Clean() || len(rep.Notes) == 0 {
 		t.Fatalf("clean: %v, notes %v", rep.Clean(), rep.Notes)

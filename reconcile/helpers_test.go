@@ -297,7 +297,9 @@ func (e *testBundle) exec(t *testing.T, db string, replica bool, sql string, arg
 }
 
 // reconciler returns a Reconciler as `payouts reconcile` builds it, with
-// the reconciler role's token (the rail's settlement report gets railToken; "" for the same).
+// the reconciler role's token, and a reconciler-role rail credential for
+// lookups (the stack issues one reconciler token, so the same string); the
+// rail's settlement report gets railToken ("" for the rail credential).
 func (e *testBundle) reconciler(t *testing.T, opts reconcile.Options, railToken string) *reconcile.Reconciler {
 	t.Helper()
 	return e.reconcilerWith(t, opts, railToken, nil)

@@ -168,7 +168,7 @@ func TestRefusedTokenExitsTwo(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			bad := refuser(t, tc.status)
 			cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: bad.URL, RailURL: r.RailURL,
-				Token: r.Tokens.Reconciler, Once: tc.once, Interval: 100 * time.Millisecond, Listen: "127.0.0.1:0", Logger: testLogger(t)}
+				Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, Once: tc.once, Interval: 100 * time.Millisecond, Listen: "127.0.0.1:0", Logger: testLogger(t)}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			code, err := reconcile.Run(ctx, cfg)

@@ -28,7 +28,7 @@ func (r *Reconciler) loadRail(ctx context.Context, rep *Report) (*railIndex, err
 	items, err := r.c.RailReport.SettlementReport(ctx)
 	switch {
 	case isForbidden(err):
-		rep.note("the rail refused this token its settlement report; rail payments were looked up per payout, and payments carrying no known client reference were not checked (give the reconciler a token the rail accepts for /v1/settlement-report)")
+		rep.note("the rail refused this token its settlement report; rail payments were looked up per payout, and payments carrying no known client reference were not checked (give --rail-report-token-file: an operator-role token of the rail)")
 		r.log.Warn("rail settlement report forbidden; checking rail payments per payout only", "check", CheckRailWithoutSubmission)
 		return ri, nil
 	case err != nil:

@@ -33,12 +33,16 @@ const (
 // Config is `payouts reconcile`.
 type Config struct {
 	LockURL, PaymentURL, ProxyURL, RailURL string
-	// Token is the bearer sent to every service (the reconciler role).
+	// Token is the bearer sent to the lock service, the payment resource
+	// and the rail proxy (the reconciler role); never to the rail.
 	Token string
-	// RailToken, when set, is sent to the rail for its settlement report
-	// (an operator's right there); lookups by client reference go with
-	// Token (the reconciler role's own right).
+	// RailToken is the rail credential, given explicitly: the bearer of
+	// every lookup by client reference at the rail (and of the settlement
+	// report when RailReportToken is empty). Required.
 	RailToken string
+	// RailReportToken, when set, is sent to the rail for its settlement
+	// report (an operator's right there).
+	RailReportToken string
 	// HTTPClient carries every call (httpx.NewHTTPClient: TLS settings);
 	// nil: the default client.
 	HTTPClient *http.Client
@@ -87,18 +91,9 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	if err != nil {
 		return ExitCannotRun, fmt.Errorf("--proxy-url: %w", err)
 	}
-	// Lookups by client reference are the reconciler role's own right at
-	// the rail; the settlement report is an operator's, so it goes with
-	// --rail-token when one is given.
-	rail, err := railclient.New(cfg.RailURL, cfg.Token, opts...)
+	rail, railReport, err := railClients(cfg, opts)
 	if err != nil {
-		return ExitCannotRun, fmt.Errorf("--rail-url: %w", err)
-	}
-	railReport := rail
-	if cfg.RailToken != "" {
-		if railReport, err = railclient.New(cfg.RailURL, cfg.RailToken, opts...); err != nil {
-			return ExitCannotRun, fmt.Errorf("--rail-url: %w", err)
-		}
+		return ExitCannotRun, err
 	}
 	if cfg.Options.SessionTTL <= 0 {
 		cfg.Options.SessionTTL = DefaultSessionTTL
@@ -132,6 +127,27 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	return rec.continuous(ctx, cfg)
 }
 
+// railClients are the clients of the rail: lookups go with the rail
+// credential, the settlement report with the report credential when one is
+// given, else with the rail credential too. The reconciler's own token is
+// never sent to the rail (it is another trust domain's credential).
+func railClients(cfg Config, opts []httpx.ClientOption) (lookup, report *railclient.Client, err error) {
+	if cfg.RailToken == "" {
+		return nil, nil, fmt.Errorf("%w: no rail credential: give --rail-token-file (or %s), the bearer the rail accepts for lookups by client reference (a token of role reconciler in the rail's auth file); the reconciler never sends its own token to the rail",
+			ErrCannotRun, "PAYOUTS_RAIL_TOKEN_FILE")
+	}
+	if lookup, err = railclient.New(cfg.RailURL, cfg.RailToken, opts...); err != nil {
+		return nil, nil, fmt.Errorf("--rail-url: %w", err)
+	}
+	report = lookup
+	if cfg.RailReportToken != "" {
+		if report, err = railclient.New(cfg.RailURL, cfg.RailReportToken, opts...); err != nil {
+			return nil, nil, fmt.Errorf("--rail-url: %w", err)
+		}
+	}
+	return lookup, report, nil
+}
+
 // refusedToken reports a 401 or 403 answer: asking again will not help.
 func refusedToken(err error) bool {
 	return problem.Has(err, problem.Unauthorized) || problem.Has(err, problem.Forbidden)
@@ -157,8 +173,8 @@ func (r *Reconciler) refusal(ctx context.Context, cfg Config, passErr error) err
 		}
 	}
 	if refusedToken(passErr) {
-		return fmt.Errorf("%w: the rail at %s refused the token (%w): the reconciler needs a bearer token of role %q there for lookups (--token or --token-file)",
-			ErrCannotRun, cfg.RailURL, passErr, Role)
+		return fmt.Errorf("%w: the rail at %s refused a rail credential (%w): lookups by client reference need a reconciler-role token of the rail (--rail-token-file), its settlement report an operator's (--rail-report-token-file)",
+			ErrCannotRun, cfg.RailURL, passErr)
 	}
 	return nil
 }

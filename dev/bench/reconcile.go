@@ -47,14 +47,14 @@ type ReconcileOptions struct {
 	// and returns its JSON report and exit code (the command tree wires
 	// the reconciler in: dev tooling sees roles only through clients).
 	InProcessPass func(ctx context.Context, urls PassURLs) (report []byte, exitCode int, err error)
-	// Rail is the rail stub's handler, run in this process (its payments
-	// live in memory, so the bench loads it through this handler). Its
-	// authenticator must accept RailToken for payments and the report.
-	// NewRail builds it, accepting RailPayToken for payments (the proxy's
-	// role), RailToken for the settlement report (an operator's) and
-	// lookupToken for lookups (the stack's reconciler token).
-	NewRail                 func(lookupToken string) (http.Handler, error)
-	RailPayToken, RailToken string
+	// NewRail builds the rail stub's handler, run in this process (its
+	// payments live in memory, so the bench loads it through this
+	// handler). Its authenticator accepts RailPayToken for payments (the
+	// proxy's role), RailLookupToken for lookups (the reconciler's role)
+	// and RailReportToken for the settlement report (an operator's): the
+	// reconciler is given the last two as its rail credentials.
+	NewRail                                        func() (http.Handler, error)
+	RailPayToken, RailLookupToken, RailReportToken string
 	// EtcdPrefix is the lock service's etcd key prefix.
 	EtcdPrefix string
 	Logger     *slog.Logger
@@ -63,7 +63,7 @@ type ReconcileOptions struct {
 // PassURLs is where the measured pass finds the services.
 type PassURLs struct {
 	LockURL, PaymentURL, ProxyURL, RailURL string
-	Token, RailToken                       string
+	Token, RailToken, RailReportToken      string
 	RailPerPayout                          bool
 }
 
@@ -116,7 +116,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 	if opts.NewRail == nil {
 		return ReconcileResult{}, errors.New("bench reconcile: no rail")
 	}
-	railHandler, err := opts.NewRail(st.Ready.Tokens.Reconciler)
+	railHandler, err := opts.NewRail()
 	if err != nil {
 		return ReconcileResult{}, err
 	}
@@ -144,7 +144,8 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 	}
 	if opts.CPUProfile != "" {
 		res, err = profilePass(ctx, res, opts, PassURLs{LockURL: st.Ready.LockURL, PaymentURL: st.Ready.PaymentURL, ProxyURL: st.Ready.ProxyURL,
-			RailURL: railURL, Token: st.Ready.Tokens.Reconciler, RailToken: opts.RailToken})
+			RailURL: railURL, Token: st.Ready.Tokens.Reconciler,
+			RailToken: opts.RailLookupToken, RailReportToken: opts.RailReportToken})
 		res.CPUSeconds = cpuSeconds(meter)
 		return res, err
 	}
@@ -156,12 +157,14 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (res ReconcileResult,
 	}
 	r := st.Ready
 	args := append([]string{"reconcile", "--once", "--json", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL,
-		"--proxy-url", r.ProxyURL, "--rail-url", railURL, "--rail-token", opts.RailToken, "--log-level", "warn"}, opts.ReconcileArgs...)
+		"--proxy-url", r.ProxyURL, "--rail-url", railURL, "--log-level", "warn"}, opts.ReconcileArgs...)
 	if opts.RailPerPayout {
 		args = append(args, "--rail-per-payout")
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(os.Environ(), "PAYOUTS_TOKEN="+r.Tokens.Reconciler)
+	// Credentials through the environment, off the command line.
+	cmd.Env = append(os.Environ(), "PAYOUTS_TOKEN="+r.Tokens.Reconciler,
+		"PAYOUTS_RAIL_TOKEN="+opts.RailLookupToken, "PAYOUTS_RAIL_REPORT_TOKEN="+opts.RailReportToken)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	t0 := time.Now()

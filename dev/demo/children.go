@@ -100,9 +100,11 @@ func (dm *demo) reconcile(ctx context.Context, pass int) (*reconcile.Report, int
 	p, err := supervise.Start(supervise.Spec{Name: name, Path: dm.cfg.Binary, Log: logPath, Stdout: reportPath,
 		Args: append([]string{"reconcile", "--once", "--json",
 			"--lock-url", r.LockURL, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL, "--rail-url", r.RailURL,
-			// The rail's settlement report is the operator's to read: the
-			// reconciler is given that credential explicitly.
-			"--token-file", r.TokenFiles["reconciler"], "--rail-token-file", r.TokenFiles["operator"], "--owner", "demo-" + name,
+			// Every credential used at the rail is given explicitly: a
+			// reconciler-role one for lookups, the operator's for the
+			// settlement report (an operator's right there).
+			"--token-file", r.TokenFiles["reconciler"], "--rail-token-file", r.TokenFiles["reconciler"],
+			"--rail-report-token-file", r.TokenFiles["operator"], "--owner", "demo-" + name,
 			"--settlement-window", dm.cfg.SettlementWindow.String(), "--ambiguity-sla", "1h", "--max-findings", "100000"}, caArgs(r)...)})
 	if err != nil {
 		return nil, 0, fmt.Errorf("run the reconciler: %w", err)

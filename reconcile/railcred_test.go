@@ -1,0 +1,93 @@
+package reconcile_test
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/reconcile"
+)
+
+// railRecorder stands in front of the stack's rail and records the path
+// and bearer of every request it forwards.
+type railRecorder struct {
+	mu   sync.Mutex
+	seen []string // "PATH BEARER"
+}
+
+func (rr *railRecorder) requests() []string {
+	rr.mu.Lock()
+	defer rr.mu.Unlock()
+	return append([]string(nil), rr.seen...)
+}
+
+func (e *testBundle) recordingRail(t *testing.T) (*httptest.Server, *railRecorder) {
+	t.Helper()
+	target, err := url.Parse(e.st.Ready.RailURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := &railRecorder{}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rr.mu.Lock()
+		rr.seen = append(rr.seen, r.URL.Path+" "+strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
+		rr.mu.Unlock()
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, rr
+}
+
+// TestNoRailCredentialExitsTwo: the reconciler uses the rail only with an
+// explicitly given rail credential. Without one it exits 2 naming
+// --rail-token-file, and the rail sees no request carrying the
+// reconciler's own token.
+func TestNoRailCredentialExitsTwo(t *testing.T) {
+	e := setup(t)
+	r := e.st.Ready
+	rail, rec := e.recordingRail(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: rail.URL,
+		Token: r.Tokens.Reconciler, Once: true, Logger: testLogger(t), Options: reconcile.Options{Owner: "no-rail-credential"}}
+	code, err := reconcile.Run(ctx, cfg)
+	if code != reconcile.ExitCannotRun || err == nil || !strings.Contains(err.Error(), "--rail-token-file") {
+		t.Fatalf("exit %d, %v; want exit 2 naming --rail-token-file", code, err)
+	}
+	for _, req := range rec.requests() {
+		if strings.HasSuffix(req, " "+r.Tokens.Reconciler) {
+			t.Fatalf("the rail saw the reconciler's own token: %s", req)
+		}
+	}
+
+	// Given explicitly, the report credential reads the settlement report
+	// and the rail credential is the bearer of every other call.
+	var out bytes.Buffer
+	cfg.RailToken, cfg.RailReportToken, cfg.Out, cfg.JSON = r.Tokens.Reconciler, r.Tokens.Operator, &out, true
+	if code, err := reconcile.Run(ctx, cfg); code == reconcile.ExitCannotRun || err != nil {
+		t.Fatalf("with rail credentials: exit %d, %v", code, err)
+	}
+	var report bool
+	for _, req := range rec.requests() {
+		path, bearer, _ := strings.Cut(req, " ")
+		if path == "/v1/settlement-report" {
+			report = true
+			if bearer != r.Tokens.Operator {
+				t.Fatalf("settlement report asked for with %q, want the report credential", bearer)
+			}
+		} else if bearer != r.Tokens.Reconciler {
+			t.Fatalf("%s asked with %q, want the rail credential", path, bearer)
+		}
+	}
+	if !report || strings.Contains(out.String(), "refused this token its settlement report") {
+		t.Fatalf("the settlement report was not read with the report credential (asked: %v): %s", report, out.String())
+	}
+}
