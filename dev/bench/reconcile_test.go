@@ -44,8 +44,16 @@ func TestReconcileBenchShortRun(t *testing.T) {
 		if res.Payouts != 230 || res.Accounts != 33 || res.Findings == nil || *res.Findings != 0 || res.ExitCode != 0 {
 			t.Fatalf("bench reconcile %v: %+v; want 230 payouts over 33 accounts, exit 0, no findings", extra, res)
 		}
-		if res.Seconds <= 0 || res.PeakRSSMB <= 0 || res.CPU["reconcile"] <= 0 || res.CPU["payment"] <= 0 || res.CPU["postgres"] <= 0 {
+		// CPU is read in clock ticks (10 ms): a short pass on a quiet
+		// machine can cost a server less than one, so each process must be
+		// measured, and only the reconciler itself must show work.
+		if res.Seconds <= 0 || res.PeakRSSMB <= 0 || res.CPU["reconcile"] <= 0 {
 			t.Fatalf("bench reconcile %v: missing measurements: %+v", extra, res)
+		}
+		for _, p := range []string{"payment", "proxy", "postgres", "lock"} {
+			if v, ok := res.CPU[p]; !ok || v < 0 {
+				t.Fatalf("bench reconcile %v: no CPU measurement for %s: %+v", extra, p, res)
+			}
 		}
 	}
 }
