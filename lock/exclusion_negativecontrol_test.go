@@ -7,6 +7,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/payouts/payouts/dev/lockhistory"
 	"github.com/payouts/payouts/lock/lockclient"
 )
 
@@ -43,15 +44,15 @@ func TestExclusionNegativeControl(t *testing.T) {
 	if err != nil {
 		t.Fatalf("A acquires: %v", err)
 	}
-	rec.add(0, fmInput{op: "acquire", key: key, session: a.ID()}, fmOutput{ok: true, token: ga.Token}, call, rec.now())
+	rec.add(0, lockhistory.Input{Op: lockhistory.OpAcquire, Key: key, Session: a.ID()}, lockhistory.Output{OK: true, Token: ga.Token}, call, rec.now())
 
 	call = rec.now()
 	gb, errB := acquireVia(ctx, cl, b.ID(), key, 0)
 	switch {
 	case errB == nil:
-		rec.add(1, fmInput{op: "acquire", key: key, session: b.ID()}, fmOutput{ok: true, token: gb.Token}, call, rec.now())
+		rec.add(1, lockhistory.Input{Op: lockhistory.OpAcquire, Key: key, Session: b.ID()}, lockhistory.Output{OK: true, Token: gb.Token}, call, rec.now())
 	case errors.Is(errB, lockclient.ErrLockHeld):
-		rec.add(1, fmInput{op: "acquire", key: key, session: b.ID()}, fmOutput{}, call, rec.now())
+		rec.add(1, lockhistory.Input{Op: lockhistory.OpAcquire, Key: key, Session: b.ID()}, lockhistory.Output{}, call, rec.now())
 	default:
 		t.Fatalf("B acquires: %v", errB)
 	}
@@ -61,9 +62,9 @@ func TestExclusionNegativeControl(t *testing.T) {
 	if errRel != nil && !errors.Is(errRel, lockclient.ErrNotHeld) {
 		t.Fatalf("A releases: %v", errRel)
 	}
-	rec.add(0, fmInput{op: "release", key: key, session: a.ID(), token: ga.Token}, fmOutput{ok: errRel == nil}, call, rec.now())
+	rec.add(0, lockhistory.Input{Op: lockhistory.OpRelease, Key: key, Session: a.ID(), Token: ga.Token}, lockhistory.Output{OK: errRel == nil}, call, rec.now())
 
-	res := porcupine.CheckOperations(fencedMutex, rec.ops)
+	res := porcupine.CheckOperations(lockhistory.Model, rec.ops)
 	if primariesRemoved {
 		if errB != nil || !errors.Is(errRel, lockclient.ErrNotHeld) {
 			t.Fatalf("exclusion removed: B should be granted while A holds (B: %v) and A's release find the key gone (%v)", errB, errRel)

@@ -13,6 +13,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/payouts/payouts/dev/infra"
+	"github.com/payouts/payouts/dev/lockhistory"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
@@ -84,13 +85,13 @@ func (w *loadWorker) run(ctx context.Context, stop <-chan struct{}) {
 			continue
 		}
 		key := w.keys[i%len(w.keys)]
-		in := fmInput{op: "acquire", key: key, session: s.ID()}
+		in := lockhistory.Input{Op: lockhistory.OpAcquire, Key: key, Session: s.ID()}
 		call := w.rec.now()
 		g, err := s.Acquire(ctx, key, 200*time.Millisecond)
 		ret := w.rec.now()
 		switch {
 		case err == nil:
-			w.rec.add(w.id, in, fmOutput{ok: true, token: g.Token}, call, ret)
+			w.rec.add(w.id, in, lockhistory.Output{OK: true, Token: g.Token}, call, ret)
 			w.grants.Add(1)
 		case errors.Is(err, lockclient.ErrLockHeld), errors.Is(err, lockclient.ErrJeopardy), errors.Is(err, lockclient.ErrSessionLost):
 			// Nothing was granted. (lock_held answers are not recorded:
@@ -107,17 +108,17 @@ func (w *loadWorker) run(ctx context.Context, stop <-chan struct{}) {
 			continue
 		}
 		heldAt := ret
-		in = fmInput{op: "release", key: key, session: s.ID(), token: g.Token}
+		in = lockhistory.Input{Op: lockhistory.OpRelease, Key: key, Session: s.ID(), Token: g.Token}
 		call = w.rec.now()
 		err = s.Release(ctx, g)
 		ret = w.rec.now()
 		switch {
 		case err == nil:
-			w.rec.add(w.id, in, fmOutput{ok: true}, call, ret)
+			w.rec.add(w.id, in, lockhistory.Output{OK: true}, call, ret)
 			continue
 		case errors.Is(err, lockclient.ErrNotHeld):
 			if !expired(ctx, cl, g.Token) {
-				w.rec.add(w.id, in, fmOutput{}, call, ret) // the model judges it
+				w.rec.add(w.id, in, lockhistory.Output{}, call, ret) // the model judges it
 				continue
 			}
 			call = heldAt // expired some time after it was granted
@@ -130,7 +131,7 @@ func (w *loadWorker) run(ctx context.Context, stop <-chan struct{}) {
 			w.err = err
 			return
 		}
-		w.rec.add(w.id, fmInput{op: "expire", key: key, session: in.session, token: g.Token}, fmOutput{ok: true}, call, w.rec.now())
+		w.rec.add(w.id, lockhistory.Input{Op: lockhistory.OpExpire, Key: key, Session: in.Session, Token: g.Token}, lockhistory.Output{OK: true}, call, w.rec.now())
 		if s.State() == lockclient.Lost {
 			if s, err = open(); err != nil {
 				w.err = err
@@ -195,7 +196,7 @@ func TestEtcdLeaderLoss(t *testing.T) {
 func countGrants(rec *recorder) int {
 	n := 0
 	for _, op := range rec.ops {
-		if op.Input.(fmInput).op == "acquire" && op.Output.(fmOutput).ok {
+		if op.Input.(lockhistory.Input).Op == lockhistory.OpAcquire && op.Output.(lockhistory.Output).OK {
 			n++
 		}
 	}
@@ -204,16 +205,16 @@ func countGrants(rec *recorder) int {
 
 func checkHistory(t *testing.T, name string, rec *recorder) {
 	t.Helper()
-	res, info := porcupine.CheckOperationsVerbose(fencedMutex, rec.ops, 2*time.Minute)
+	res, info := porcupine.CheckOperationsVerbose(lockhistory.Model, rec.ops, 2*time.Minute)
 	if res != porcupine.Ok {
 		path := fmt.Sprintf("%s/lock-%s-%d.html", os.TempDir(), name, time.Now().UnixNano())
-		if err := porcupine.VisualizePath(fencedMutex, info, path); err != nil {
+		if err := porcupine.VisualizePath(lockhistory.Model, info, path); err != nil {
 			t.Logf("could not write the visualisation: %v", err)
 		}
 		if f, err := os.Create(path + ".txt"); err == nil {
 			for _, op := range rec.ops {
-				in, out := op.Input.(fmInput), op.Output.(fmOutput)
-				fmt.Fprintf(f, "%d %d %d %s %s %s %d %v %d\n", op.ClientId, op.Call, op.Return, in.op, in.key, in.session, in.token, out.ok, out.token)
+				in, out := op.Input.(lockhistory.Input), op.Output.(lockhistory.Output)
+				fmt.Fprintf(f, "%d %d %d %s %s %s %d %v %d\n", op.ClientId, op.Call, op.Return, in.Op, in.Key, in.Session, in.Token, out.OK, out.Token)
 			}
 			f.Close()
 		}
@@ -321,9 +322,9 @@ func TestPostgresCrashRestart(t *testing.T) {
 	// Every grant made after the crash has a token above every grant
 	// acknowledged before it.
 	for _, op := range rec.ops {
-		in, out := op.Input.(fmInput), op.Output.(fmOutput)
-		if in.op == "acquire" && out.ok && op.Call > crashAt && out.token <= highBefore {
-			t.Fatalf("token %d issued after the crash is not above %d", out.token, highBefore)
+		in, out := op.Input.(lockhistory.Input), op.Output.(lockhistory.Output)
+		if in.Op == lockhistory.OpAcquire && out.OK && op.Call > crashAt && out.Token <= highBefore {
+			t.Fatalf("token %d issued after the crash is not above %d", out.Token, highBefore)
 		}
 	}
 	checkHistory(t, "pg-crash", rec)
@@ -348,8 +349,8 @@ func maxToken(rec *recorder) fencing.Token {
 	defer rec.mu.Unlock()
 	var m fencing.Token
 	for _, op := range rec.ops {
-		if out := op.Output.(fmOutput); out.ok && op.Input.(fmInput).op == "acquire" {
-			m = max(m, out.token)
+		if out := op.Output.(lockhistory.Output); out.OK && op.Input.(lockhistory.Input).Op == lockhistory.OpAcquire {
+			m = max(m, out.Token)
 		}
 	}
 	return m

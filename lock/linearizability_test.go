@@ -13,101 +13,12 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/payouts/payouts/dev/lockhistory"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
 )
-
-// The fenced-mutex model: per key, who holds it with which token, and the
-// highest token ever granted. An acquire is legal only when the key is free
-// and its token is above every earlier one.
-type fmState struct {
-	holder string // session id; "" when free
-	token  fencing.Token
-	high   fencing.Token
-}
-
-type fmInput struct {
-	op      string // acquire, release, expire, keepalive
-	key     string
-	session string
-	token   fencing.Token // release, expire
-}
-
-type fmOutput struct {
-	ok    bool
-	token fencing.Token // acquire
-}
-
-var fencedMutex = porcupine.Model{
-	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
-		by := map[string][]porcupine.Operation{}
-		var keys []string
-		for _, op := range h {
-			k := op.Input.(fmInput).key
-			if _, ok := by[k]; !ok {
-				keys = append(keys, k)
-			}
-			by[k] = append(by[k], op)
-		}
-		out := make([][]porcupine.Operation, 0, len(keys))
-		for _, k := range keys {
-			out = append(out, by[k])
-		}
-		return out
-	},
-	Init: func() interface{} { return fmState{} },
-	Step: func(st, in, out interface{}) (bool, interface{}) {
-		s, i, o := st.(fmState), in.(fmInput), out.(fmOutput)
-		switch i.op {
-		case "acquire":
-			if !o.ok { // lock_held: someone else holds it
-				return s.holder != "" && s.holder != i.session, s
-			}
-			if s.holder == "" && o.token > s.high {
-				return true, fmState{holder: i.session, token: o.token, high: o.token}
-			}
-			return false, s
-		case "release":
-			mine := s.holder == i.session && s.token == i.token
-			if o.ok {
-				return mine, fmState{high: s.high}
-			}
-			return !mine, s
-		case "expire":
-			if s.holder == i.session && s.token == i.token {
-				return true, fmState{high: s.high}
-			}
-			return false, s
-		case "keepalive":
-			// An acknowledged keepalive says the session is live: it still
-			// holds its grant, nobody has taken the key over.
-			return o.ok && s.holder == i.session && s.token == i.token, s
-		}
-		return false, s
-	},
-	Equal: func(a, b interface{}) bool { return a.(fmState) == b.(fmState) },
-	DescribeOperation: func(in, out interface{}) string {
-		i, o := in.(fmInput), out.(fmOutput)
-		switch i.op {
-		case "acquire":
-			if o.ok {
-				return fmt.Sprintf("acquire(%s) -> token %d", i.session[:6], o.token)
-			}
-			return fmt.Sprintf("acquire(%s) -> held", i.session[:6])
-		default:
-			return fmt.Sprintf("%s(%s, %d) -> %v", i.op, i.session[:6], i.token, o.ok)
-		}
-	},
-	DescribeState: func(st interface{}) string {
-		s := st.(fmState)
-		if s.holder == "" {
-			return fmt.Sprintf("free (high %d)", s.high)
-		}
-		return fmt.Sprintf("held by %s with %d", s.holder[:6], s.token)
-	},
-}
 
 type recorder struct {
 	mu    sync.Mutex
@@ -118,7 +29,7 @@ type recorder struct {
 
 func (r *recorder) now() int64 { return int64(time.Since(r.start)) } // monotonic
 
-func (r *recorder) add(client int, in fmInput, out fmOutput, call, ret int64) {
+func (r *recorder) add(client int, in lockhistory.Input, out lockhistory.Output, call, ret int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.ops = append(r.ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
@@ -152,17 +63,17 @@ func TestLinearizableAcrossTwoServices(t *testing.T) {
 		for err := range errc {
 			t.Fatal(err)
 		}
-		res, info := porcupine.CheckOperationsVerbose(fencedMutex, rec.ops, 2*time.Minute)
+		res, info := porcupine.CheckOperationsVerbose(lockhistory.Model, rec.ops, 2*time.Minute)
 		if res != porcupine.Ok {
 			path := filepath.Join(os.TempDir(), fmt.Sprintf("lock-linearizability-%s-%d.html", kind, time.Now().UnixNano()))
-			if err := porcupine.VisualizePath(fencedMutex, info, path); err != nil {
+			if err := porcupine.VisualizePath(lockhistory.Model, info, path); err != nil {
 				t.Logf("could not write the visualisation: %v", err)
 			}
 			t.Fatalf("history of %d operations is %v; visualisation: %s", len(rec.ops), res, path)
 		}
 		grants := 0
 		for _, op := range rec.ops {
-			if in := op.Input.(fmInput); in.op == "acquire" && op.Output.(fmOutput).ok {
+			if in := op.Input.(lockhistory.Input); in.Op == lockhistory.OpAcquire && op.Output.(lockhistory.Output).OK {
 				grants++
 			}
 		}
@@ -200,19 +111,19 @@ func runClient(t *testing.T, c int, svcs []*service, keys []string, rec *recorde
 	// an expiry between the grant and now, and the client opens a new
 	// session.
 	release := func() error {
-		in := fmInput{op: "release", key: held.Key, session: s.ID(), token: held.Token}
+		in := lockhistory.Input{Op: lockhistory.OpRelease, Key: held.Key, Session: s.ID(), Token: held.Token}
 		call := rec.now()
 		err := releaseVia(ctx, via(), s.ID(), held.Key, held.Token)
 		ret := rec.now()
 		switch {
 		case err == nil:
-			rec.add(c, in, fmOutput{ok: true}, call, ret)
+			rec.add(c, in, lockhistory.Output{OK: true}, call, ret)
 		case errors.Is(err, lockclient.ErrNotHeld):
 			if !expired(ctx, via(), held.Token) {
-				rec.add(c, in, fmOutput{}, call, ret)
+				rec.add(c, in, lockhistory.Output{}, call, ret)
 				return nil
 			}
-			rec.add(c, fmInput{op: "expire", key: held.Key, session: s.ID(), token: held.Token}, fmOutput{ok: true}, heldAt, ret)
+			rec.add(c, lockhistory.Input{Op: lockhistory.OpExpire, Key: held.Key, Session: s.ID(), Token: held.Token}, lockhistory.Output{OK: true}, heldAt, ret)
 			_ = s.Close(ctx)
 			s, err = open()
 			return err
@@ -225,16 +136,16 @@ func runClient(t *testing.T, c int, svcs []*service, keys []string, rec *recorde
 		switch {
 		case held == nil:
 			key := keys[rnd.IntN(len(keys))]
-			in := fmInput{op: "acquire", key: key, session: s.ID()}
+			in := lockhistory.Input{Op: lockhistory.OpAcquire, Key: key, Session: s.ID()}
 			call := rec.now()
 			g, err := acquireVia(ctx, via(), s.ID(), key, time.Duration(rnd.IntN(3))*100*time.Millisecond)
 			ret := rec.now()
 			switch {
 			case err == nil:
-				rec.add(c, in, fmOutput{ok: true, token: g.Token}, call, ret)
+				rec.add(c, in, lockhistory.Output{OK: true, Token: g.Token}, call, ret)
 				held = g
 			case errors.Is(err, lockclient.ErrLockHeld):
-				rec.add(c, in, fmOutput{}, call, ret)
+				rec.add(c, in, lockhistory.Output{}, call, ret)
 			case errors.Is(err, lockclient.ErrSessionExpired):
 				// The session expired (a slow machine missed keepalives):
 				// nothing changed; carry on with a new one.
@@ -250,13 +161,13 @@ func runClient(t *testing.T, c int, svcs []*service, keys []string, rec *recorde
 			// Expiry: abandon the session while holding the lock. The
 			// expiry happens between now and the moment the grant log
 			// shows the grant ended.
-			in := fmInput{op: "expire", key: held.Key, session: s.ID(), token: held.Token}
+			in := lockhistory.Input{Op: lockhistory.OpExpire, Key: held.Key, Session: s.ID(), Token: held.Token}
 			call := rec.now()
 			s.Orphan()
 			if err := waitEnded(ctx, via(), held.Token); err != nil {
 				return err
 			}
-			rec.add(c, in, fmOutput{ok: true}, call, rec.now())
+			rec.add(c, in, lockhistory.Output{OK: true}, call, rec.now())
 			held = nil
 			if s, err = open(); err != nil {
 				return err
@@ -269,7 +180,7 @@ func runClient(t *testing.T, c int, svcs []*service, keys []string, rec *recorde
 			s.Orphan()
 			margin := s.TTL() / 10 // the client's deadline is this much before the server's expiry
 			time.Sleep(time.Until(s.Deadline().Add(margin + time.Duration(rnd.IntN(600)-300)*time.Millisecond)))
-			in := fmInput{op: "keepalive", key: held.Key, session: s.ID(), token: held.Token}
+			in := lockhistory.Input{Op: lockhistory.OpKeepalive, Key: held.Key, Session: s.ID(), Token: held.Token}
 			rec.mu.Lock()
 			rec.raced++
 			rec.mu.Unlock()
@@ -278,7 +189,7 @@ func runClient(t *testing.T, c int, svcs []*service, keys []string, rec *recorde
 			ret := rec.now()
 			switch {
 			case err == nil:
-				rec.add(c, in, fmOutput{ok: true}, call, ret)
+				rec.add(c, in, lockhistory.Output{OK: true}, call, ret)
 				if err := release(); err != nil {
 					return err
 				}
@@ -286,7 +197,7 @@ func runClient(t *testing.T, c int, svcs []*service, keys []string, rec *recorde
 				if err := waitEnded(ctx, via(), held.Token); err != nil {
 					return err
 				}
-				rec.add(c, fmInput{op: "expire", key: held.Key, session: s.ID(), token: held.Token}, fmOutput{ok: true}, heldAt, ret)
+				rec.add(c, lockhistory.Input{Op: lockhistory.OpExpire, Key: held.Key, Session: s.ID(), Token: held.Token}, lockhistory.Output{OK: true}, heldAt, ret)
 			default:
 				return err
 			}
@@ -303,10 +214,10 @@ func runClient(t *testing.T, c int, svcs []*service, keys []string, rec *recorde
 		}
 	}
 	if held != nil { // record the release done while shutting down
-		in := fmInput{op: "release", key: held.Key, session: s.ID(), token: held.Token}
+		in := lockhistory.Input{Op: lockhistory.OpRelease, Key: held.Key, Session: s.ID(), Token: held.Token}
 		call := rec.now()
 		err := releaseVia(ctx, via(), s.ID(), held.Key, held.Token)
-		rec.add(c, in, fmOutput{ok: err == nil}, call, rec.now())
+		rec.add(c, in, lockhistory.Output{OK: err == nil}, call, rec.now())
 		if err != nil && !errors.Is(err, lockclient.ErrNotHeld) {
 			return err
 		}

@@ -21,6 +21,9 @@ const (
 	OpAcquire = "acquire"
 	OpRelease = "release"
 	OpExpire  = "expire" // any end that is not a release by the holder: expiry, revocation
+	// OpKeepalive is a renewal of the holder's session: acknowledged, it
+	// says the session still holds its grant and nobody took the key over.
+	OpKeepalive = "keepalive"
 )
 
 // State is the fenced mutex of one key: who holds it with which token, and
@@ -31,7 +34,8 @@ type State struct {
 	High   fencing.Token
 }
 
-// Input is one operation on a key by a session (Token: for release and expire).
+// Input is one operation on a key by a session (Token: for release, expire
+// and keepalive).
 type Input struct {
 	Op      string
 	Key     string
@@ -95,6 +99,8 @@ var Model = porcupine.Model{
 				return true, State{High: s.High}
 			}
 			return false, s
+		case OpKeepalive:
+			return o.OK && s.Holder == i.Session && s.Token == i.Token, s
 		}
 		return false, s
 	},

@@ -97,3 +97,18 @@ func TestModelRefusedAcquireNeedsAHolder(t *testing.T) {
 		t.Fatal("lock_held while another session holds the key refused")
 	}
 }
+
+func TestModelAcknowledgedKeepaliveMeansStillHeld(t *testing.T) {
+	granted := porcupine.Operation{ClientId: 0, Input: Input{Op: OpAcquire, Key: "k", Session: "s1"}, Output: Output{OK: true, Token: 3}, Call: 0, Return: 1}
+	keepalive := porcupine.Operation{ClientId: 0, Input: Input{Op: OpKeepalive, Key: "k", Session: "s1", Token: 3}, Output: Output{OK: true}, Call: 10, Return: 11}
+	if !porcupine.CheckOperations(Model, []porcupine.Operation{granted, keepalive}) {
+		t.Fatal("the holder's acknowledged keepalive refused")
+	}
+	// The grant expired and another session took the key before the
+	// keepalive was sent: acknowledging it would say the session still holds.
+	expired := porcupine.Operation{ClientId: 0, Input: Input{Op: OpExpire, Key: "k", Session: "s1", Token: 3}, Output: Output{OK: true}, Call: 2, Return: 3}
+	taken := porcupine.Operation{ClientId: 1, Input: Input{Op: OpAcquire, Key: "k", Session: "s2"}, Output: Output{OK: true, Token: 4}, Call: 4, Return: 5}
+	if porcupine.CheckOperations(Model, []porcupine.Operation{granted, expired, taken, keepalive}) {
+		t.Fatal("a keepalive acknowledged after the key was taken over accepted")
+	}
+}
