@@ -47,8 +47,7 @@ WITH ts AS MATERIALIZED (
 	 WHERE e.key = $1
 ), lapsed AS (
 	UPDATE lock_session ls SET state = 'EXPIRED'
-	  FROM cur
-	 WHERE ls.id = cur.session_id AND cur.session_id <> $2 AND NOT cur.live
+	 WHERE ls.id = (SELECT session_id FROM cur WHERE session_id <> $2 AND NOT live)
 	   AND ls.state = 'ACTIVE' AND NOT lock_session_live(ls.state, ls.expires_at)
 	RETURNING ls.id
 ), took AS (
@@ -75,7 +74,7 @@ WITH ts AS MATERIALIZED (
 ), ended AS (
 	UPDATE lock_grant
 	   SET ended_at = (SELECT at FROM ts), end_reason = 'expired', actor = 'lock-service'
-	 WHERE token IN (SELECT prev_token FROM took) AND ended_at IS NULL
+	 WHERE token = (SELECT prev_token FROM took) AND ended_at IS NULL
 	RETURNING token, key, owner, session_id, granted_at, ended_at
 )
 SELECT 'granted' AS outcome, g.key, g.owner, g.session_id, g.token, g.acquired_at,
@@ -181,13 +180,13 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 func (b *Backend) Release(ctx context.Context, key, sessionID string, token fencing.Token) (backend.GrantRecord, error) {
 	rows, err := b.pool.Query(ctx, `
 		WITH d AS (
-			DELETE FROM lock_entry e USING lock_session s
+			DELETE FROM lock_entry e
 			 WHERE e.key = $1 AND e.session_id = $2 AND e.token = $3
-			   AND s.id = e.session_id AND lock_session_live(s.state, s.expires_at)
+			   AND EXISTS (SELECT 1 FROM lock_session s WHERE s.id = $2 AND lock_session_live(s.state, s.expires_at))
 			RETURNING e.key, e.token, e.contended
 		), g AS (
 			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = owner
-			 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
+			 WHERE token = (SELECT token FROM d) AND ended_at IS NULL
 			RETURNING `+grantCols+`
 		)
 		SELECT g.*, CASE WHEN d.contended THEN pg_notify('`+notifyChannel+`', g.key)::text END
