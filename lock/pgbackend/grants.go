@@ -175,22 +175,27 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 	return g, false, nil
 }
 
+// releaseSQL is the release: one conditional statement, compare-and-delete
+// on (key, session, token) by a live session, ending the grant in the same
+// statement. Every row it touches is found by key or token.
+const releaseSQL = `
+WITH d AS (
+	DELETE FROM lock_entry e
+	 WHERE e.key = $1 AND e.session_id = $2 AND e.token = $3
+	   AND EXISTS (SELECT 1 FROM lock_session s WHERE s.id = $2 AND lock_session_live(s.state, s.expires_at))
+	RETURNING e.key, e.token, e.contended
+), g AS (
+	UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = owner
+	 WHERE token = (SELECT token FROM d) AND ended_at IS NULL
+	RETURNING ` + grantCols + `
+)
+SELECT g.*, CASE WHEN d.contended THEN pg_notify('` + notifyChannel + `', g.key)::text END
+  FROM g JOIN d ON d.token = g.token`
+
 // Release implements backend.Backend: compare-and-delete on (key, session,
 // token), by a live session.
 func (b *Backend) Release(ctx context.Context, key, sessionID string, token fencing.Token) (backend.GrantRecord, error) {
-	rows, err := b.pool.Query(ctx, `
-		WITH d AS (
-			DELETE FROM lock_entry e
-			 WHERE e.key = $1 AND e.session_id = $2 AND e.token = $3
-			   AND EXISTS (SELECT 1 FROM lock_session s WHERE s.id = $2 AND lock_session_live(s.state, s.expires_at))
-			RETURNING e.key, e.token, e.contended
-		), g AS (
-			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = owner
-			 WHERE token = (SELECT token FROM d) AND ended_at IS NULL
-			RETURNING `+grantCols+`
-		)
-		SELECT g.*, CASE WHEN d.contended THEN pg_notify('`+notifyChannel+`', g.key)::text END
-		  FROM g JOIN d ON d.token = g.token`, key, sessionID, int64(token))
+	rows, err := b.pool.Query(ctx, releaseSQL, key, sessionID, int64(token))
 	if err != nil {
 		return backend.GrantRecord{}, b.classify("release", err)
 	}

@@ -11,6 +11,25 @@
 -- the session's columns are compared by index. lock_in_grace() runs only for
 -- a session already past its expiry (OR is evaluated left to right), which a
 -- hot-path statement meets only when it takes over a lapsed lock.
+--
+-- Inlined, the liveness test shows the planner `state = 'ACTIVE'`, which
+-- matched the partial index the reaper uses: with statistics taken while
+-- few sessions were active, an acquire looking one session up by id was
+-- planned as a scan of every active session. The reaper's index now also
+-- names ttl_ms > 0 (always true, by the CHECK on ttl_ms), which only the
+-- reaper's own statements say, so a statement that looks a session up by id
+-- can only use the primary key.
+--
+-- The write set of a grant shrinks too:
+-- - lock_entry_token_key goes: a token is unique by construction (the
+--   entry's (key, token) must match its grant, whose token is the primary
+--   key, and the key is lock_entry's primary key), and the index was a
+--   right-most-leaf hot spot written by every acquire.
+-- - A release ends its grant in place: ended_at is no longer indexed
+--   (compaction finds old grants through granted_at, which never changes
+--   and bounds ended_at from below), and lock_grant leaves room on each page,
+--   so the update is HOT (no index entry written) instead of writing a new
+--   entry in every index of lock_grant.
 
 -- +goose Up
 -- +goose StatementBegin
@@ -30,7 +49,21 @@ $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION lock_session_live(text, timestamptz) IS 'The one definition of a live session (D-11, D-12). Inlined by the planner: keep its body a single expression without subqueries.';
 
+DROP INDEX lock_session_active_expiry_idx;
+CREATE INDEX lock_session_active_expiry_idx ON lock_session (expires_at) WHERE state = 'ACTIVE' AND ttl_ms > 0;
+COMMENT ON INDEX lock_session_active_expiry_idx IS 'The reaper''s: statements using it say state = ''ACTIVE'' AND ttl_ms > 0. Hot-path statements look sessions up by id and must not match this predicate.';
+ALTER TABLE lock_entry DROP CONSTRAINT lock_entry_token_key;
+CREATE INDEX lock_grant_granted_idx ON lock_grant (granted_at);
+DROP INDEX lock_grant_ended_idx;
+ALTER TABLE lock_grant SET (fillfactor = 70);
+
 -- +goose Down
+DROP INDEX lock_session_active_expiry_idx;
+CREATE INDEX lock_session_active_expiry_idx ON lock_session (expires_at) WHERE state = 'ACTIVE';
+ALTER TABLE lock_grant RESET (fillfactor);
+CREATE INDEX lock_grant_ended_idx ON lock_grant (ended_at) WHERE ended_at IS NOT NULL;
+DROP INDEX lock_grant_granted_idx;
+ALTER TABLE lock_entry ADD CONSTRAINT lock_entry_token_key UNIQUE (token);
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION lock_session_live(state text, expires_at timestamptz) RETURNS boolean
 LANGUAGE sql STABLE AS $$

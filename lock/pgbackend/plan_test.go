@@ -1,0 +1,157 @@
+package pgbackend
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/dev/pgtest"
+	"github.com/payouts/payouts/migrations"
+)
+
+// planNode is the part of EXPLAIN (ANALYZE, FORMAT JSON) a row count needs.
+type planNode struct {
+	Relation    string     `json:"Relation Name"`
+	Index       string     `json:"Index Name"`
+	Rows        float64    `json:"Actual Rows"`
+	Loops       float64    `json:"Actual Loops"`
+	FilteredOut float64    `json:"Rows Removed by Filter"`
+	Rechecked   float64    `json:"Rows Removed by Index Recheck"`
+	Plans       []planNode `json:"Plans"`
+}
+
+// sessionRowsRead sums the lock_session rows (and index entries) every node
+// of a plan read, kept or filtered out.
+func sessionRowsRead(n planNode) float64 {
+	total := 0.0
+	if n.Relation == "lock_session" || strings.HasPrefix(n.Index, "lock_session") {
+		total += (n.Rows + n.FilteredOut + n.Rechecked) * n.Loops
+	}
+	for _, c := range n.Plans {
+		total += sessionRowsRead(c)
+	}
+	return total
+}
+
+// explainSessionRows runs sql under EXPLAIN ANALYZE in a transaction it
+// rolls back, with the given plan_cache_mode, and returns the lock_session
+// rows the plan read.
+func explainSessionRows(t *testing.T, ctx context.Context, b *Backend, mode, sql string, args ...any) float64 {
+	t.Helper()
+	var rows float64
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('plan_cache_mode', $1, true)`, mode); err != nil {
+			return err
+		}
+		var out []byte
+		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+sql, args...).Scan(&out); err != nil {
+			return err
+		}
+		var plans []struct {
+			Plan planNode `json:"Plan"`
+		}
+		if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
+			t.Fatalf("EXPLAIN output %s: %v", out, err)
+		}
+		rows = sessionRowsRead(plans[0].Plan)
+		return errRollback
+	})
+	if err != errRollback {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+type rollback struct{}
+
+func (rollback) Error() string { return "rolled back on purpose" }
+
+var errRollback error = rollback{}
+
+// TestHotPathCostIndependentOfLiveSessions: with thousands of live
+// sessions, an acquire (of a free key, of a held key, taking over a lapsed
+// holder) and a release each read a handful of lock_session rows, by id,
+// whatever plan PostgreSQL picks (custom or generic, statistics skewed or
+// fresh). Before, the acquire's update of a lapsed holder scanned every
+// ACTIVE session and evaluated the (not inlinable) liveness function on
+// each: O(live sessions) on every acquire.
+func TestHotPathCostIndependentOfLiveSessions(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := Open(ctx, Config{DatabaseURL: pgtest.NewDB(t, migrations.LockDB), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// Statistics taken while most sessions had ended, then thousands of
+	// live sessions: the planner believes few sessions are ACTIVE.
+	const others = 3000
+	if _, err := b.pool.Exec(ctx, `INSERT INTO lock_session (owner, ttl_ms, expires_at, state)
+		SELECT 'gone-' || i, 300000, now(), 'CLOSED' FROM generate_series(1, $1) i`, others); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `ANALYZE lock_session`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO lock_session (owner, ttl_ms, expires_at)
+		SELECT 'idle-' || i, 300000, now() + interval '5 minutes' FROM generate_series(1, $1) i`, others); err != nil {
+		t.Fatal(err)
+	}
+	a, err := b.CreateSession(ctx, "a", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := b.CreateSession(ctx, "holder", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lapsed, err := b.CreateSession(ctx, "lapsed", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx, "plan:held", holder.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx, "plan:lapsed", lapsed.ID); err != nil {
+		t.Fatal(err)
+	}
+	mine, err := b.Acquire(ctx, "plan:mine", a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE lock_session SET expires_at = now() - interval '1 second' WHERE id = $1`, lapsed.ID); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"acquire free key", acquireSQL, []any{"plan:free", a.ID}},
+		{"acquire held key", acquireSQL, []any{"plan:held", a.ID}},
+		{"acquire lapsed holder's key", acquireSQL, []any{"plan:lapsed", a.ID}},
+		{"re-acquire own key", acquireSQL, []any{"plan:mine", a.ID}},
+		{"release", releaseSQL, []any{"plan:mine", a.ID, int64(mine.Token)}},
+	}
+	for _, stats := range []string{"skewed", "analyzed"} {
+		if stats == "analyzed" {
+			if _, err := b.pool.Exec(ctx, `ANALYZE lock_session, lock_entry, lock_grant`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			for _, c := range cases {
+				if n := explainSessionRows(t, ctx, b, mode, c.sql, c.args...); n > 8 {
+					t.Errorf("%s (%s statistics, %s): read %.0f lock_session rows with %d live sessions; want a handful, by id",
+						c.name, stats, mode, n, others+3)
+				}
+			}
+		}
+	}
+}
