@@ -25,6 +25,13 @@
 --   entry's (key, token) must match its grant, whose token is the primary
 --   key, and the key is lock_entry's primary key), and the index was a
 --   right-most-leaf hot spot written by every acquire.
+-- - The foreign keys from lock_entry and lock_grant to lock_session go (each
+--   ran a check query on every acquire). What they protected holds without
+--   them: an acquire writes both rows only for the session it has just read
+--   live and locked FOR SHARE in the same statement, and the only statement
+--   that deletes sessions (the lock service's compaction) deletes ended
+--   sessions that no grant or entry refers to, checked in that statement.
+--   lock_entry's foreign key to its grant (D-9) stays.
 -- - A release ends its grant in place: ended_at is no longer indexed
 --   (compaction finds old grants through granted_at, which never changes
 --   and bounds ended_at from below), and lock_grant leaves room on each page,
@@ -52,7 +59,8 @@ COMMENT ON FUNCTION lock_session_live(text, timestamptz) IS 'The one definition 
 DROP INDEX lock_session_active_expiry_idx;
 CREATE INDEX lock_session_active_expiry_idx ON lock_session (expires_at) WHERE state = 'ACTIVE' AND ttl_ms > 0;
 COMMENT ON INDEX lock_session_active_expiry_idx IS 'The reaper''s: statements using it say state = ''ACTIVE'' AND ttl_ms > 0. Hot-path statements look sessions up by id and must not match this predicate.';
-ALTER TABLE lock_entry DROP CONSTRAINT lock_entry_token_key;
+ALTER TABLE lock_entry DROP CONSTRAINT lock_entry_token_key, DROP CONSTRAINT lock_entry_session_id_fkey;
+ALTER TABLE lock_grant DROP CONSTRAINT lock_grant_session_id_fkey;
 CREATE INDEX lock_grant_granted_idx ON lock_grant (granted_at);
 DROP INDEX lock_grant_ended_idx;
 ALTER TABLE lock_grant SET (fillfactor = 70);
@@ -63,7 +71,9 @@ CREATE INDEX lock_session_active_expiry_idx ON lock_session (expires_at) WHERE s
 ALTER TABLE lock_grant RESET (fillfactor);
 CREATE INDEX lock_grant_ended_idx ON lock_grant (ended_at) WHERE ended_at IS NOT NULL;
 DROP INDEX lock_grant_granted_idx;
-ALTER TABLE lock_entry ADD CONSTRAINT lock_entry_token_key UNIQUE (token);
+ALTER TABLE lock_grant ADD CONSTRAINT lock_grant_session_id_fkey FOREIGN KEY (session_id) REFERENCES lock_session (id);
+ALTER TABLE lock_entry ADD CONSTRAINT lock_entry_token_key UNIQUE (token),
+    ADD CONSTRAINT lock_entry_session_id_fkey FOREIGN KEY (session_id) REFERENCES lock_session (id);
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION lock_session_live(state text, expires_at timestamptz) RETURNS boolean
 LANGUAGE sql STABLE AS $$
