@@ -220,7 +220,7 @@ func (b *Backend) Revoke(ctx context.Context, key, actor, reason string) (backen
 			DELETE FROM lock_entry WHERE key = $1 RETURNING key, token
 		), g AS (
 			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'revoked', actor = $2, reason = $3
-			 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
+			 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
 			RETURNING `+grantCols+`
 		)
 		SELECT g.*, pg_notify('`+notifyChannel+`', g.key)::text FROM g`, key, actor, reason)

@@ -3,6 +3,7 @@ package pgbackend
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -25,23 +26,23 @@ type planNode struct {
 	Plans       []planNode `json:"Plans"`
 }
 
-// sessionRowsRead sums the lock_session rows (and index entries) every node
+// rowsRead sums the rows of table (and entries of its indexes) every node
 // of a plan read, kept or filtered out.
-func sessionRowsRead(n planNode) float64 {
+func rowsRead(n planNode, table string) float64 {
 	total := 0.0
-	if n.Relation == "lock_session" || strings.HasPrefix(n.Index, "lock_session") {
+	if n.Relation == table || strings.HasPrefix(n.Index, table) {
 		total += (n.Rows + n.FilteredOut + n.Rechecked) * n.Loops
 	}
 	for _, c := range n.Plans {
-		total += sessionRowsRead(c)
+		total += rowsRead(c, table)
 	}
 	return total
 }
 
-// explainSessionRows runs sql under EXPLAIN ANALYZE in a transaction it
-// rolls back, with the given plan_cache_mode, and returns the lock_session
-// rows the plan read.
-func explainSessionRows(t *testing.T, ctx context.Context, b *Backend, mode, sql string, args ...any) float64 {
+// explainRowsRead runs sql under EXPLAIN ANALYZE in a transaction it rolls
+// back, with the given plan_cache_mode, and returns the rows of table the
+// plan read.
+func explainRowsRead(t *testing.T, ctx context.Context, b *Backend, mode, table, sql string, args ...any) float64 {
 	t.Helper()
 	var rows float64
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
@@ -58,7 +59,7 @@ func explainSessionRows(t *testing.T, ctx context.Context, b *Backend, mode, sql
 		if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
 			t.Fatalf("EXPLAIN output %s: %v", out, err)
 		}
-		rows = sessionRowsRead(plans[0].Plan)
+		rows = rowsRead(plans[0].Plan, table)
 		return errRollback
 	})
 	if err != errRollback {
@@ -147,10 +148,56 @@ func TestHotPathCostIndependentOfLiveSessions(t *testing.T) {
 		}
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			for _, c := range cases {
-				if n := explainSessionRows(t, ctx, b, mode, c.sql, c.args...); n > 8 {
+				if n := explainRowsRead(t, ctx, b, mode, "lock_session", c.sql, c.args...); n > 8 {
 					t.Errorf("%s (%s statistics, %s): read %.0f lock_session rows with %d live sessions; want a handful, by id",
 						c.name, stats, mode, n, others+3)
 				}
+			}
+		}
+	}
+}
+
+// TestReapEndsGrantsByToken: the reaper ends a lapsed session's grants
+// through the grant log's primary key, whatever the plan, reading a handful
+// of lock_grant rows however long the log is.
+func TestReapEndsGrantsByToken(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := Open(ctx, Config{DatabaseURL: pgtest.NewDB(t, migrations.LockDB), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := b.pool.Exec(ctx, `ANALYZE lock_session, lock_entry, lock_grant`); err != nil {
+		t.Fatal(err)
+	}
+	const logged = 5000
+	if _, err := b.pool.Exec(ctx, `INSERT INTO lock_grant (token, key, owner, session_id, granted_at, ended_at, end_reason, actor)
+		SELECT nextval('lock_token_seq'), 'old:' || i, 'o', 'gone', now(), now(), 'released', 'o' FROM generate_series(1, $1) i`, logged); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.CreateSession(ctx, "lapsing", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := b.Acquire(ctx, fmt.Sprintf("reap:%d", i), s.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE lock_session SET expires_at = now() - interval '1 second' WHERE id = $1`, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, stats := range []string{"stale", "analyzed"} {
+		if stats == "analyzed" {
+			if _, err := b.pool.Exec(ctx, `ANALYZE lock_session, lock_entry, lock_grant`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			if n := explainRowsRead(t, ctx, b, mode, "lock_grant", reapSQL); n > 12 {
+				t.Errorf("reaper (%s statistics, %s): read %.0f lock_grant rows to end 3 grants in a log of %d", stats, mode, n, logged+3)
 			}
 		}
 	}

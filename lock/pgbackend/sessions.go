@@ -80,7 +80,7 @@ func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session,
 			DELETE FROM lock_entry WHERE session_id IN (SELECT id FROM s) RETURNING key, token
 		), g AS (
 			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = 'session closed'
-			 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
+			 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
 			RETURNING token
 		), n AS (
 			SELECT pg_notify('`+notifyChannel+`', d.key) FROM d
@@ -111,6 +111,26 @@ func (b *Backend) Session(ctx context.Context, id string) (backend.Session, erro
 	return s, b.classify("read session", err)
 }
 
+// reapSQL is the reaper's statement (see Reap). The lapsed sessions' grants
+// are ended by token through the primary key (= ANY of an array, never a
+// join the planner could turn into a scan of the whole grant log).
+const reapSQL = `
+WITH s AS (
+	UPDATE lock_session SET state = 'EXPIRED'
+	 WHERE state = 'ACTIVE' AND ttl_ms > 0 AND expires_at <= now() AND NOT (SELECT lock_in_grace())
+	   AND NOT lock_session_live(state, expires_at)
+	RETURNING id
+), d AS (
+	DELETE FROM lock_entry e USING lock_session ls
+	 WHERE ls.id = e.session_id AND (ls.id IN (SELECT id FROM s) OR ls.state <> 'ACTIVE')
+	RETURNING e.key, e.token
+), g AS (
+	UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'expired', actor = 'lock-service'
+	 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
+	RETURNING ` + grantCols + `
+)
+SELECT g.*, pg_notify('` + notifyChannel + `', g.key)::text FROM g`
+
 // Reap expires every lapsed session (outside grace), frees its locks and
 // ends their grants as expired, in one statement; it also frees the other
 // locks of sessions an acquire ended when it took one of their keys over. Run calls it on a timer;
@@ -122,22 +142,7 @@ func (b *Backend) Session(ctx context.Context, id string) (backend.Session, erro
 // (lock_session_live, which says the same, would ask per row).
 func (b *Backend) Reap(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
-		rows, err := b.pool.Query(ctx, `
-			WITH s AS (
-				UPDATE lock_session SET state = 'EXPIRED'
-				 WHERE state = 'ACTIVE' AND ttl_ms > 0 AND expires_at <= now() AND NOT (SELECT lock_in_grace())
-				   AND NOT lock_session_live(state, expires_at)
-				RETURNING id
-			), d AS (
-				DELETE FROM lock_entry e USING lock_session ls
-				 WHERE ls.id = e.session_id AND (ls.id IN (SELECT id FROM s) OR ls.state <> 'ACTIVE')
-				RETURNING e.key, e.token
-			), g AS (
-				UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'expired', actor = 'lock-service'
-				 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
-				RETURNING `+grantCols+`
-			)
-			SELECT g.*, pg_notify('`+notifyChannel+`', g.key)::text FROM g`)
+		rows, err := b.pool.Query(ctx, reapSQL)
 		if err != nil {
 			if retryable(err) && attempt < 5 {
 				continue
