@@ -7,8 +7,8 @@
 -- every call site of every statement planned and ran the body in the SQL
 -- function executor (about 0.1 ms each, several per acquire). Now the grace
 -- test is a function of its own, lock_in_grace(), and lock_session_live is a
--- plain expression the planner inlines into the calling statement, where
--- the session's columns are compared by index. lock_in_grace() runs only for
+-- plain expression the planner inlines into the calling statement, which
+-- then finds the session row by its primary key. lock_in_grace() runs only for
 -- a session already past its expiry (OR is evaluated left to right), which a
 -- hot-path statement meets only when it takes over a lapsed lock.
 --
