@@ -75,9 +75,9 @@ func (rollback) Error() string { return "rolled back on purpose" }
 var errRollback error = rollback{}
 
 // TestHotPathCostIndependentOfLiveSessions: with thousands of live
-// sessions, an acquire (of a free key, of a held key, taking over a lapsed
-// holder) and a release each read a handful of lock_session rows, by id,
-// whatever plan PostgreSQL picks (custom or generic, statistics skewed or
+// sessions, each holding a lock, an acquire (of a free key, of a held key,
+// taking over a lapsed holder) and a release each read a handful of
+// session, lock and grant rows, by id, key or token, whatever plan PostgreSQL picks (custom or generic, statistics skewed or
 // fresh). Before, the acquire's update of a lapsed holder scanned every
 // ACTIVE session and evaluated the (not inlinable) liveness function on
 // each: O(live sessions) on every acquire.
@@ -102,6 +102,13 @@ func TestHotPathCostIndependentOfLiveSessions(t *testing.T) {
 	}
 	if _, err := b.pool.Exec(ctx, `INSERT INTO lock_session (owner, ttl_ms, expires_at)
 		SELECT 'idle-' || i, 300000, now() + interval '5 minutes' FROM generate_series(1, $1) i`, others); err != nil {
+		t.Fatal(err)
+	}
+	// Each of them holds a lock, with its grant.
+	if _, err := b.pool.Exec(ctx, `
+		WITH s AS (SELECT id, owner, nextval('lock_token_seq') AS token FROM lock_session WHERE owner LIKE 'idle-%'),
+		     g AS (INSERT INTO lock_grant (token, key, owner, session_id) SELECT token, 'held:' || owner, owner, id FROM s)
+		INSERT INTO lock_entry (key, owner, session_id, token) SELECT 'held:' || owner, owner, id, token FROM s`); err != nil {
 		t.Fatal(err)
 	}
 	a, err := b.CreateSession(ctx, "a", "p", time.Minute)
@@ -148,9 +155,11 @@ func TestHotPathCostIndependentOfLiveSessions(t *testing.T) {
 		}
 		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
 			for _, c := range cases {
-				if n := explainRowsRead(t, ctx, b, mode, "lock_session", c.sql, c.args...); n > 8 {
-					t.Errorf("%s (%s statistics, %s): read %.0f lock_session rows with %d live sessions; want a handful, by id",
-						c.name, stats, mode, n, others+3)
+				for _, table := range []string{"lock_session", "lock_entry", "lock_grant"} {
+					if n := explainRowsRead(t, ctx, b, mode, table, c.sql, c.args...); n > 8 {
+						t.Errorf("%s (%s statistics, %s): read %.0f %s rows with %d live sessions holding a lock each; want a handful, by key, id or token",
+							c.name, stats, mode, n, table, others+3)
+					}
 				}
 			}
 		}
