@@ -99,14 +99,14 @@ func (s *Service) acquire(w http.ResponseWriter, r *http.Request) error {
 	}
 	g, err := s.acquireWaiting(r.Context(), key, req.SessionID, wait)
 	s.sessionAnswered(req.SessionID, err)
-	result := "granted"
+	took := s.m.acquireGranted
 	switch {
 	case problem.Has(err, problem.LockHeld):
-		result = "held"
+		took = s.m.acquireHeld
 	case err != nil:
-		result = "error"
+		took = s.m.acquireError
 	}
-	s.m.acquire.WithLabelValues(result).Observe(time.Since(start).Seconds())
+	took.Observe(time.Since(start).Seconds())
 	if err != nil {
 		var pe *problem.Error
 		if errors.As(err, &pe) && pe.Code == problem.LockHeld {

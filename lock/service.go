@@ -49,6 +49,9 @@ type metrics struct {
 	grants, releases, expirations, revocations, graces, notOwner prometheus.Counter
 	activeSessions, waiters                                      prometheus.Gauge
 	acquire                                                      *prometheus.HistogramVec
+	// The acquire histogram's series, resolved once: no label lookup per
+	// request.
+	acquireGranted, acquireHeld, acquireError prometheus.Observer
 }
 
 func newMetrics(reg prometheus.Registerer, name string) *metrics {
@@ -66,6 +69,7 @@ func newMetrics(reg prometheus.Registerer, name string) *metrics {
 			ConstLabels: l, Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"result"}),
 	}
 	reg.MustRegister(m.grants, m.releases, m.expirations, m.revocations, m.graces, m.notOwner, m.activeSessions, m.waiters, m.acquire)
+	m.acquireGranted, m.acquireHeld, m.acquireError = m.acquire.WithLabelValues("granted"), m.acquire.WithLabelValues("held"), m.acquire.WithLabelValues("error")
 	return m
 }
 

@@ -47,8 +47,7 @@ WITH ts AS MATERIALIZED (
 	 WHERE e.key = $1
 ), lapsed AS (
 	UPDATE lock_session ls SET state = 'EXPIRED'
-	  FROM cur
-	 WHERE ls.id = cur.session_id AND cur.session_id <> $2 AND NOT cur.live
+	 WHERE ls.id = (SELECT session_id FROM cur WHERE session_id <> $2 AND NOT live)
 	   AND ls.state = 'ACTIVE' AND NOT lock_session_live(ls.state, ls.expires_at)
 	RETURNING ls.id
 ), took AS (
@@ -75,7 +74,7 @@ WITH ts AS MATERIALIZED (
 ), ended AS (
 	UPDATE lock_grant
 	   SET ended_at = (SELECT at FROM ts), end_reason = 'expired', actor = 'lock-service'
-	 WHERE token IN (SELECT prev_token FROM took) AND ended_at IS NULL
+	 WHERE token = (SELECT prev_token FROM took) AND ended_at IS NULL
 	RETURNING token, key, owner, session_id, granted_at, ended_at
 )
 SELECT 'granted' AS outcome, g.key, g.owner, g.session_id, g.token, g.acquired_at,
@@ -176,22 +175,27 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 	return g, false, nil
 }
 
+// releaseSQL is the release: one conditional statement, compare-and-delete
+// on (key, session, token) by a live session, ending the grant in the same
+// statement. Every row it touches is found by key or token.
+const releaseSQL = `
+WITH d AS (
+	DELETE FROM lock_entry e
+	 WHERE e.key = $1 AND e.session_id = $2 AND e.token = $3
+	   AND EXISTS (SELECT 1 FROM lock_session s WHERE s.id = $2 AND lock_session_live(s.state, s.expires_at))
+	RETURNING e.key, e.token, e.contended
+), g AS (
+	UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = owner
+	 WHERE token = (SELECT token FROM d) AND ended_at IS NULL
+	RETURNING ` + grantCols + `
+)
+SELECT g.*, CASE WHEN d.contended THEN pg_notify('` + notifyChannel + `', g.key)::text END
+  FROM g JOIN d ON d.token = g.token`
+
 // Release implements backend.Backend: compare-and-delete on (key, session,
 // token), by a live session.
 func (b *Backend) Release(ctx context.Context, key, sessionID string, token fencing.Token) (backend.GrantRecord, error) {
-	rows, err := b.pool.Query(ctx, `
-		WITH d AS (
-			DELETE FROM lock_entry e USING lock_session s
-			 WHERE e.key = $1 AND e.session_id = $2 AND e.token = $3
-			   AND s.id = e.session_id AND lock_session_live(s.state, s.expires_at)
-			RETURNING e.key, e.token, e.contended
-		), g AS (
-			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = owner
-			 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
-			RETURNING `+grantCols+`
-		)
-		SELECT g.*, CASE WHEN d.contended THEN pg_notify('`+notifyChannel+`', g.key)::text END
-		  FROM g JOIN d ON d.token = g.token`, key, sessionID, int64(token))
+	rows, err := b.pool.Query(ctx, releaseSQL, key, sessionID, int64(token))
 	if err != nil {
 		return backend.GrantRecord{}, b.classify("release", err)
 	}
@@ -216,7 +220,7 @@ func (b *Backend) Revoke(ctx context.Context, key, actor, reason string) (backen
 			DELETE FROM lock_entry WHERE key = $1 RETURNING key, token
 		), g AS (
 			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'revoked', actor = $2, reason = $3
-			 WHERE token IN (SELECT token FROM d) AND ended_at IS NULL
+			 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
 			RETURNING `+grantCols+`
 		)
 		SELECT g.*, pg_notify('`+notifyChannel+`', g.key)::text FROM g`, key, actor, reason)

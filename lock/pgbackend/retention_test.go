@@ -66,6 +66,17 @@ func TestGrantLogStaysBounded(t *testing.T) {
 		if g, s := count(); g > 2 || s > 2 {
 			t.Fatalf("after round %d (%d grants made): %d grants and %d sessions remain; want at most 2 of each", r+1, (r+1)*perRound+1, g, s)
 		}
+		// No grant or held lock is left without its session (compaction's
+		// own check: lockdb has no foreign key to lock_session).
+		var orphans int
+		if err := b.pool.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM lock_grant g WHERE NOT EXISTS (SELECT 1 FROM lock_session s WHERE s.id = g.session_id)) +
+			(SELECT count(*) FROM lock_entry e WHERE NOT EXISTS (SELECT 1 FROM lock_session s WHERE s.id = e.session_id))`).Scan(&orphans); err != nil {
+			t.Fatal(err)
+		}
+		if orphans != 0 {
+			t.Fatalf("after round %d: %d grants or locks refer to a deleted session", r+1, orphans)
+		}
 	}
 	high, err := b.HighToken(ctx)
 	if err != nil || int64(high) < rounds*perRound {

@@ -1,0 +1,213 @@
+package pgbackend
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/dev/pgtest"
+	"github.com/payouts/payouts/migrations"
+)
+
+// planNode is the part of EXPLAIN (ANALYZE, FORMAT JSON) a row count needs.
+type planNode struct {
+	Relation    string     `json:"Relation Name"`
+	Index       string     `json:"Index Name"`
+	Rows        float64    `json:"Actual Rows"`
+	Loops       float64    `json:"Actual Loops"`
+	FilteredOut float64    `json:"Rows Removed by Filter"`
+	Rechecked   float64    `json:"Rows Removed by Index Recheck"`
+	Plans       []planNode `json:"Plans"`
+}
+
+// rowsRead sums the rows of table (and entries of its indexes) every node
+// of a plan read, kept or filtered out.
+func rowsRead(n planNode, table string) float64 {
+	total := 0.0
+	if n.Relation == table || strings.HasPrefix(n.Index, table) {
+		total += (n.Rows + n.FilteredOut + n.Rechecked) * n.Loops
+	}
+	for _, c := range n.Plans {
+		total += rowsRead(c, table)
+	}
+	return total
+}
+
+// explainRowsRead runs sql under EXPLAIN ANALYZE in a transaction it rolls
+// back, with the given plan_cache_mode, and returns the rows of table the
+// plan read.
+func explainRowsRead(t *testing.T, ctx context.Context, b *Backend, mode, table, sql string, args ...any) float64 {
+	t.Helper()
+	var rows float64
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('plan_cache_mode', $1, true)`, mode); err != nil {
+			return err
+		}
+		var out []byte
+		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+sql, args...).Scan(&out); err != nil {
+			return err
+		}
+		var plans []struct {
+			Plan planNode `json:"Plan"`
+		}
+		if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
+			t.Fatalf("EXPLAIN output %s: %v", out, err)
+		}
+		rows = rowsRead(plans[0].Plan, table)
+		return errRollback
+	})
+	if err != errRollback {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+type rollback struct{}
+
+func (rollback) Error() string { return "rolled back on purpose" }
+
+var errRollback error = rollback{}
+
+// TestHotPathCostIndependentOfLiveSessions: with thousands of live
+// sessions, each holding a lock, an acquire (of a free key, of a held key,
+// taking over a lapsed holder) and a release each read a handful of
+// session, lock and grant rows, by id, key or token, whatever plan PostgreSQL picks (custom or generic, statistics skewed or
+// fresh). Before, the acquire's update of a lapsed holder scanned every
+// ACTIVE session and evaluated the (not inlinable) liveness function on
+// each: O(live sessions) on every acquire.
+func TestHotPathCostIndependentOfLiveSessions(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := Open(ctx, Config{DatabaseURL: pgtest.NewDB(t, migrations.LockDB), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// Statistics taken while most sessions had ended, then thousands of
+	// live sessions: the planner believes few sessions are ACTIVE.
+	const others = 3000
+	if _, err := b.pool.Exec(ctx, `INSERT INTO lock_session (owner, ttl_ms, expires_at, state)
+		SELECT 'gone-' || i, 300000, now(), 'CLOSED' FROM generate_series(1, $1) i`, others); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `ANALYZE lock_session`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO lock_session (owner, ttl_ms, expires_at)
+		SELECT 'idle-' || i, 300000, now() + interval '5 minutes' FROM generate_series(1, $1) i`, others); err != nil {
+		t.Fatal(err)
+	}
+	// Each of them holds a lock, with its grant.
+	if _, err := b.pool.Exec(ctx, `
+		WITH s AS (SELECT id, owner, nextval('lock_token_seq') AS token FROM lock_session WHERE owner LIKE 'idle-%'),
+		     g AS (INSERT INTO lock_grant (token, key, owner, session_id) SELECT token, 'held:' || owner, owner, id FROM s)
+		INSERT INTO lock_entry (key, owner, session_id, token) SELECT 'held:' || owner, owner, id, token FROM s`); err != nil {
+		t.Fatal(err)
+	}
+	a, err := b.CreateSession(ctx, "a", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := b.CreateSession(ctx, "holder", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lapsed, err := b.CreateSession(ctx, "lapsed", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx, "plan:held", holder.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Acquire(ctx, "plan:lapsed", lapsed.ID); err != nil {
+		t.Fatal(err)
+	}
+	mine, err := b.Acquire(ctx, "plan:mine", a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE lock_session SET expires_at = now() - interval '1 second' WHERE id = $1`, lapsed.ID); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"acquire free key", acquireSQL, []any{"plan:free", a.ID}},
+		{"acquire held key", acquireSQL, []any{"plan:held", a.ID}},
+		{"acquire lapsed holder's key", acquireSQL, []any{"plan:lapsed", a.ID}},
+		{"re-acquire own key", acquireSQL, []any{"plan:mine", a.ID}},
+		{"release", releaseSQL, []any{"plan:mine", a.ID, int64(mine.Token)}},
+	}
+	for _, stats := range []string{"skewed", "analyzed"} {
+		if stats == "analyzed" {
+			if _, err := b.pool.Exec(ctx, `ANALYZE lock_session, lock_entry, lock_grant`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			for _, c := range cases {
+				for _, table := range []string{"lock_session", "lock_entry", "lock_grant"} {
+					if n := explainRowsRead(t, ctx, b, mode, table, c.sql, c.args...); n > 8 {
+						t.Errorf("%s (%s statistics, %s): read %.0f %s rows with %d live sessions holding a lock each; want a handful, by key, id or token",
+							c.name, stats, mode, n, table, others+3)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestReapEndsGrantsByToken: the reaper ends a lapsed session's grants
+// through the grant log's primary key, whatever the plan, reading a handful
+// of lock_grant rows however long the log is.
+func TestReapEndsGrantsByToken(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := Open(ctx, Config{DatabaseURL: pgtest.NewDB(t, migrations.LockDB), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := b.pool.Exec(ctx, `ANALYZE lock_session, lock_entry, lock_grant`); err != nil {
+		t.Fatal(err)
+	}
+	const logged = 5000
+	if _, err := b.pool.Exec(ctx, `INSERT INTO lock_grant (token, key, owner, session_id, granted_at, ended_at, end_reason, actor)
+		SELECT nextval('lock_token_seq'), 'old:' || i, 'o', 'gone', now(), now(), 'released', 'o' FROM generate_series(1, $1) i`, logged); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.CreateSession(ctx, "lapsing", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := b.Acquire(ctx, fmt.Sprintf("reap:%d", i), s.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE lock_session SET expires_at = now() - interval '1 second' WHERE id = $1`, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, stats := range []string{"stale", "analyzed"} {
+		if stats == "analyzed" {
+			if _, err := b.pool.Exec(ctx, `ANALYZE lock_session, lock_entry, lock_grant`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+			if n := explainRowsRead(t, ctx, b, mode, "lock_grant", reapSQL); n > 12 {
+				t.Errorf("reaper (%s statistics, %s): read %.0f lock_grant rows to end 3 grants in a log of %d", stats, mode, n, logged+3)
+			}
+		}
+	}
+}
