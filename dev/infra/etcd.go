@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -57,8 +58,34 @@ func StartEtcd(ctx context.Context, dir string, n int, ports ...int) (*EtcdClust
 	return StartEtcdCluster(ctx, EtcdOptions{Dir: dir, Nodes: n, Ports: ports, LogLevel: slog.LevelWarn})
 }
 
+// portAttempts bounds how often a new cluster whose ports were picked
+// free is started again on fresh ports because another process bound one
+// of them between the pick and etcd's listen.
+const portAttempts = 5
+
+// pickPort picks a member's port when none is given (tests replace it).
+var pickPort = FreePort
+
 // StartEtcdCluster starts an embedded etcd cluster as opts say.
 func StartEtcdCluster(ctx context.Context, opts EtcdOptions) (*EtcdCluster, error) {
+	fresh := len(opts.Ports) == 0
+	for i := 0; i < max(opts.Nodes, 1) && fresh; i++ {
+		if _, err := os.Stat(filepath.Join(opts.Dir, fmt.Sprintf("etcd%d", i))); err == nil {
+			fresh = false // a restart keeps its members' addresses
+		}
+	}
+	for attempt := 1; ; attempt++ {
+		c, err := startEtcdCluster(ctx, opts)
+		if err == nil || !fresh || attempt == portAttempts || !strings.Contains(err.Error(), "address already in use") {
+			return c, err
+		}
+		for i := 0; i < max(opts.Nodes, 1); i++ {
+			_ = os.RemoveAll(filepath.Join(opts.Dir, fmt.Sprintf("etcd%d", i)))
+		}
+	}
+}
+
+func startEtcdCluster(ctx context.Context, opts EtcdOptions) (*EtcdCluster, error) {
 	dir, n, ports := opts.Dir, opts.Nodes, opts.Ports
 	if n == 0 {
 		n = 1
@@ -77,10 +104,10 @@ func StartEtcdCluster(ctx context.Context, opts EtcdOptions) (*EtcdCluster, erro
 			cp, pp = ports[2*i], ports[2*i+1]
 		} else {
 			var err error
-			if cp, err = FreePort(); err != nil {
+			if cp, err = pickPort(); err != nil {
 				return nil, err
 			}
-			if pp, err = FreePort(); err != nil {
+			if pp, err = pickPort(); err != nil {
 				return nil, err
 			}
 		}

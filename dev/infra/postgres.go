@@ -164,15 +164,57 @@ func (c *PGCluster) Start(ctx context.Context) error {
 	if c.Port == 0 {
 		c.Port = c.opts.Port
 	}
-	if c.Port == 0 {
-		p, err := FreePort()
-		if err != nil {
-			return err
-		}
-		c.Port = p
-	} else if !PortFree(c.Port) {
+	picked := c.Port == 0
+	if !picked && !PortFree(c.Port) {
 		return fmt.Errorf("infra: port %d is already in use; choose another port or stop what listens there", c.Port)
 	}
+	for attempt := 1; ; attempt++ {
+		if picked {
+			p, err := pickPort()
+			if err != nil {
+				return err
+			}
+			c.Port = p
+		}
+		logged := c.logSize()
+		err := c.start(ctx)
+		if err == nil {
+			c.running = true
+			return nil
+		}
+		// Another process bound the picked port before the server did:
+		// pick again.
+		if !picked || attempt == portAttempts || !c.bindFailed(logged) {
+			if picked {
+				c.Port = 0
+			}
+			return err
+		}
+	}
+}
+
+func (c *PGCluster) logPath() string { return filepath.Join(c.opts.Dir, "postgres.log") }
+
+func (c *PGCluster) logSize() int64 {
+	fi, err := os.Stat(c.logPath())
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// bindFailed reports whether the server's log, past offset from, says it
+// could not bind its port.
+func (c *PGCluster) bindFailed(from int64) bool {
+	b, _ := os.ReadFile(c.logPath())
+	if int64(len(b)) < from {
+		from = 0
+	}
+	b = b[from:]
+	return bytes.Contains(b, []byte("could not bind")) && bytes.Contains(b, []byte("already in use"))
+}
+
+func (c *PGCluster) start(ctx context.Context) error {
 	conf := []string{
 		"-p " + strconv.Itoa(c.Port),
 		"-k " + c.opts.Dir,
@@ -186,11 +228,10 @@ func (c *PGCluster) Start(ctx context.Context) error {
 	for _, e := range c.opts.ExtraConf {
 		conf = append(conf, "-c "+e)
 	}
-	logFile := filepath.Join(c.opts.Dir, "postgres.log")
+	logFile := c.logPath()
 	if err := c.run(ctx, "pg_ctl", "-D", c.DataDir(), "-l", logFile, "-o", strings.Join(conf, " "), "-w", "-t", "60", "start"); err != nil {
 		return fmt.Errorf("PostgreSQL did not start: %w; see %s", err, logFile)
 	}
-	c.running = true
 	return nil
 }
 

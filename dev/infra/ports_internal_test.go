@@ -1,0 +1,76 @@
+package infra
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A port picked free can be bound by another process before etcd listens
+// on it (tests running in parallel do exactly that): a new cluster is then
+// started again on fresh ports instead of failing.
+func TestEtcdStartsAgainWhenAPickedPortIsTaken(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	picks := 0
+	pickPort = func() (int, error) {
+		picks++
+		if picks == 1 {
+			return port, nil
+		}
+		return FreePort()
+	}
+	defer func() { pickPort = FreePort }()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := StartEtcd(ctx, t.TempDir(), 1)
+	if err != nil {
+		t.Fatalf("start with the first picked port taken: %v", err)
+	}
+	defer c.Close()
+	if strings.HasSuffix(c.Nodes[0].ClientURL, ":"+strconv.Itoa(port)) {
+		t.Fatalf("member listens on the taken port %d", port)
+	}
+	if picks < 4 {
+		t.Fatalf("ports picked %d times: the start was not retried", picks)
+	}
+}
+
+// The same for a PostgreSQL cluster whose port was picked free.
+func TestPostgresStartsAgainWhenAPickedPortIsTaken(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	picks := 0
+	pickPort = func() (int, error) {
+		picks++
+		if picks == 1 {
+			return port, nil
+		}
+		return FreePort()
+	}
+	defer func() { pickPort = FreePort }()
+	c, err := NewPGCluster(PGOptions{Dir: t.TempDir() + "/pg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := c.Start(ctx); err != nil {
+		t.Fatalf("start with the first picked port taken: %v", err)
+	}
+	defer c.Stop()
+	if c.Port == port || picks < 2 {
+		t.Fatalf("server on port %d after %d picks (taken: %d)", c.Port, picks, port)
+	}
+}
