@@ -45,6 +45,7 @@ func (s *Service) Mount(r chi.Router) {
 			r.Get("/payouts", httpx.Handler(s.handleListPayouts))
 			r.Get("/payouts/{id}", httpx.Handler(s.handleGetPayout))
 			r.Get("/payouts/{id}/events", httpx.Handler(s.handlePayoutEvents))
+			r.Get("/payout-digests", httpx.Handler(s.handlePayoutDigests))
 			r.Get("/work", httpx.Handler(s.handleWork))
 			r.Get("/ledger", httpx.Handler(s.handleLedger))
 			r.Get("/safety-events", httpx.Handler(s.handleSafetyEvents))

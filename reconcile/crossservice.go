@@ -148,16 +148,9 @@ func orNone(s string) string {
 }
 
 // checkPayout runs the per-payout cross-service rules and INV-07 on the
-// payout's forwarded submission.
-func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, ri *railIndex, grants *grantIndex) error {
-	subs, err := r.c.Proxy.GetAll(ctx, p.ID)
-	if err != nil && !isNotFound(err) {
-		return cannotRun("read the submissions of payout "+p.ID, err)
-	}
-	pays, err := ri.find(ctx, p.ClientRef)
-	if err != nil {
-		return cannotRun("ask the rail about "+p.ClientRef, err)
-	}
+// payout's forwarded submission, given what the proxy (subs: every
+// attempt) and the rail (pays) were read to hold for it.
+func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, subs []proxyclient.Record, pays []railclient.Payment, grants *grantIndex) error {
 	view := payoutView{first: p, last: p, subs: subs, payment: pays}
 
 	for _, s := range view.forwarded() {
@@ -195,10 +188,11 @@ func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, 
 	if err != nil {
 		return cannotRun("read payout "+p.ID, err)
 	}
-	pays, err = ri.fresh(ctx, p.ClientRef)
+	l, err := r.c.Rail.Find(ctx, p.ClientRef)
 	if err != nil {
 		return cannotRun("ask the rail about "+p.ClientRef, err)
 	}
+	pays = l.Items
 	subs, err = r.c.Proxy.GetAll(ctx, p.ID)
 	if err != nil && !isNotFound(err) {
 		return cannotRun("read the submissions of payout "+p.ID, err)
