@@ -269,7 +269,8 @@ func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Service) handleLedger(w http.ResponseWriter, r *http.Request) error {
-	limit, err := limitParam(r)
+	// The ledger is read whole by the reconciler: it takes bulk pages.
+	limit, err := wire.ParseBulkLimit(r.URL.Query())
 	if err != nil {
 		return err
 	}

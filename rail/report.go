@@ -85,7 +85,7 @@ func (s *Server) reportPage(after string, limit int) railclient.Report {
 	if i < len(refs) && refs[i] == after {
 		i++
 	}
-	out := railclient.Report{Items: []railclient.Payment{}}
+	out := railclient.Report{Items: make([]railclient.Payment, 0, min(limit, len(s.payments))+1)}
 	for ; i < len(refs) && len(out.Items) < limit; i++ {
 		for _, k := range s.byRef[refs[i]] {
 			out.Items = append(out.Items, s.payments[k])

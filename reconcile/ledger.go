@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -66,23 +67,30 @@ func (r *Reconciler) scanLedger(ctx context.Context, rep *Report, grants *grantI
 	return ls, nil
 }
 
+// eachLedgerEntry reads the whole ledger in id order, in bulk pages, the
+// next page read while fn works through the current one.
 func (r *Reconciler) eachLedgerEntry(ctx context.Context, fn func(pc.LedgerEntry)) error {
-	var after int64
-	for {
-		page, err := r.c.Payment.Ledger(ctx, after, r.opts.PageSize)
-		if err != nil {
-			return cannotRun("read the ledger", err)
-		}
-		for _, e := range page.Items {
-			fn(e)
-			after = max(after, e.ID)
-		}
-		if page.Next == "" || len(page.Items) == 0 {
-			return nil
-		}
-		if n, err := strconv.ParseInt(page.Next, 10, 64); err == nil && n > after {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	entries := openStream(ctx, "the ledger", nil, func(ctx context.Context, cursor string) ([]pc.LedgerEntry, string, error) {
+		var after int64
+		if cursor != "" {
+			n, err := strconv.ParseInt(cursor, 10, 64)
+			if err != nil {
+				return nil, "", fmt.Errorf("the payment resource answered the ledger cursor %q: %w", cursor, err)
+			}
 			after = n
 		}
+		page, err := r.c.Payment.Ledger(ctx, after, r.opts.BulkPageSize)
+		return page.Items, page.Next, err
+	})
+	for {
+		e, ok, err := entries.head()
+		if err != nil || !ok {
+			return err
+		}
+		fn(e)
+		entries.next()
 	}
 }
 

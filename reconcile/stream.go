@@ -19,7 +19,8 @@ type pageResult[T any] struct {
 // stream is a list read page by page in the order of key (byte order),
 // the next page read while the current one is worked on. What it holds is
 // at most two pages. It checks that the keys never go down: the merge of
-// several streams is only correct when they share one order.
+// several streams is only correct when they share one order. A stream
+// that is not merged has no key.
 type stream[T any] struct {
 	what  string
 	key   func(T) string
@@ -69,6 +70,9 @@ func (s *stream[T]) head() (item T, ok bool, err error) {
 			return item, false, cannotRun("read "+s.what, pg.err)
 		}
 		for _, it := range pg.items {
+			if s.key == nil {
+				break
+			}
 			k := s.key(it)
 			if s.begun && k < s.last {
 				s.done = true
