@@ -45,6 +45,7 @@ func (s *Service) Mount(r chi.Router) {
 			r.Get("/payouts", httpx.Handler(s.handleListPayouts))
 			r.Get("/payouts/{id}", httpx.Handler(s.handleGetPayout))
 			r.Get("/payouts/{id}/events", httpx.Handler(s.handlePayoutEvents))
+			r.Get("/payout-digests", httpx.Handler(s.handlePayoutDigests))
 			r.Get("/work", httpx.Handler(s.handleWork))
 			r.Get("/ledger", httpx.Handler(s.handleLedger))
 			r.Get("/safety-events", httpx.Handler(s.handleSafetyEvents))
@@ -268,7 +269,8 @@ func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Service) handleLedger(w http.ResponseWriter, r *http.Request) error {
-	limit, err := limitParam(r)
+	// The ledger is read whole by the reconciler: it takes bulk pages.
+	limit, err := wire.ParseBulkLimit(r.URL.Query())
 	if err != nil {
 		return err
 	}

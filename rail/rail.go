@@ -68,6 +68,7 @@ type Server struct {
 	faults   railclient.Faults
 	payments []railclient.Payment
 	byRef    map[string][]int     // client_ref -> indexes into payments
+	refs     refIndex             // every client_ref, for the paged report
 	attempts map[string]time.Time // client_ref -> newest attempt (accepted or not)
 	started  time.Time
 
@@ -250,6 +251,9 @@ func (s *Server) accept(req railclient.PaymentRequest, declinePrefix string) rai
 	if declinePrefix != "" && strings.HasPrefix(req.BeneficiaryRef, declinePrefix) {
 		p.Status, p.DeclineCode = railclient.StatusDeclined, railclient.DeclineCodeBeneficiary
 	}
+	if len(s.byRef[req.ClientRef]) == 0 {
+		s.refs.add(req.ClientRef)
+	}
 	s.byRef[req.ClientRef] = append(s.byRef[req.ClientRef], len(s.payments))
 	s.payments = append(s.payments, p)
 	s.attempts[req.ClientRef] = now
@@ -283,14 +287,6 @@ func (s *Server) find(w http.ResponseWriter, r *http.Request) error {
 	}
 	out.Final = s.cfg.Now().Sub(since) >= s.cfg.SettlementWindow
 	httpx.WriteJSON(w, http.StatusOK, out)
-	return nil
-}
-
-func (s *Server) report(w http.ResponseWriter, r *http.Request) error {
-	s.mu.Lock()
-	items := append([]railclient.Payment{}, s.payments...)
-	s.mu.Unlock()
-	httpx.WriteJSON(w, http.StatusOK, railclient.Report{Items: items})
 	return nil
 }
 

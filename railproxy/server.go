@@ -183,6 +183,7 @@ func (s *Server) routes(r chi.Router) {
 			r.Use(readers)
 			r.Get("/submissions", idPaged(s.st.list, func(r proxyclient.Record) int64 { return r.ID }))
 			r.Get("/submissions/{payout_id}", httpx.Handler(s.get))
+			r.Get("/submission-digests", httpx.Handler(s.submissionDigestsHandler))
 			r.Get("/safety-events", idPaged(s.st.safetyEvents, func(e proxyclient.SafetyEvent) int64 { return e.ID }))
 			r.Get("/fences/high", httpx.Handler(s.highFence))
 			r.Get("/high-water", httpx.Handler(s.highWater))

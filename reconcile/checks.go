@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"sync"
 
 	"github.com/payouts/payouts/lock/fencing"
 )
@@ -44,6 +45,42 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 		return cannotRun("read the lock service's grant log", err)
 	}
 
+	// The books (ledger, balances, fences) and the payouts are checked at
+	// the same time: neither reads what the other finds, and each waits on
+	// its own services.
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error // the failure that stopped the other half too
+	)
+	fail := func(err error) {
+		if err != nil {
+			once.Do(func() { first = err; cancel() })
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		fail(r.checkPayouts(cctx, rep, grants))
+	}()
+	fail(r.checkBooks(cctx, rep, grants))
+	wg.Wait()
+	if first != nil {
+		return first
+	}
+	if err := r.checkSafetyEvents(ctx, rep); err != nil {
+		return err
+	}
+	rep.Scanned.Grants = len(grants.keys)
+	return nil
+}
+
+// checkBooks: the ledger (group sums, grants of payout entries), then
+// every balance against it, then the proxy's high-water marks against
+// paydb's fences.
+func (r *Reconciler) checkBooks(ctx context.Context, rep *Report, grants *grantIndex) error {
 	ledger, err := r.scanLedger(ctx, rep, grants)
 	if err != nil {
 		return err
@@ -52,17 +89,7 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	if err := r.checkHighWater(ctx, rep, fences); err != nil {
-		return err
-	}
-	if err := r.checkPayouts(ctx, rep, grants); err != nil {
-		return err
-	}
-	if err := r.checkSafetyEvents(ctx, rep); err != nil {
-		return err
-	}
-	rep.Scanned.Grants = len(grants.keys)
-	return nil
+	return r.checkHighWater(ctx, rep, fences)
 }
 
 // grantIndex is the grant log as token -> key. It is the one structure

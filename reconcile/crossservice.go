@@ -148,41 +148,14 @@ func orNone(s string) string {
 }
 
 // checkPayout runs the per-payout cross-service rules and INV-07 on the
-// payout's forwarded submission.
-func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, ri *railIndex, grants *grantIndex) error {
-	subs, err := r.c.Proxy.GetAll(ctx, p.ID)
-	if err != nil && !isNotFound(err) {
-		return cannotRun("read the submissions of payout "+p.ID, err)
-	}
-	pays, err := ri.find(ctx, p.ClientRef)
-	if err != nil {
-		return cannotRun("ask the rail about "+p.ClientRef, err)
-	}
+// payout's forwarded submission, given what the proxy (subs: every
+// attempt) and the rail (pays) were read to hold for it.
+func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, subs []proxyclient.Record, pays []railclient.Payment, grants *grantIndex) error {
 	view := payoutView{first: p, last: p, subs: subs, payment: pays}
 
 	for _, s := range view.forwarded() {
-		key := lockKey(s.AccountID)
-		ok, other, err := grants.granted(ctx, s.FenceToken, key)
-		if err != nil {
-			return cannotRun("read the lock service's grant log", err)
-		}
-		objs := map[string]any{"payout_id": p.ID, "submission_id": s.ID, "account_id": s.AccountID, "token": s.FenceToken, "holder": string(s.Holder), "key": key}
-		if ok {
-			// The token was granted for this key, but to whom? A holder other
-			// than the grant's session means the token was issued twice
-			// (a rewound lock service) and this write rode on a grant that
-			// was never its own.
-			if sess := grants.session(s.FenceToken); sess != "" && sess != string(s.Holder) {
-				objs["granted_session"] = sess
-				rep.add(CheckSubmissionWithoutGrant, objs, "submission %d of payout %s was forwarded with token %d by holder %s, but the lock service granted that token to session %s", s.ID, p.ID, s.FenceToken, s.Holder, sess)
-			}
-			continue
-		}
-		if other != "" {
-			objs["granted_key"] = other
-			rep.add(CheckSubmissionWithoutGrant, objs, "submission %d of payout %s was forwarded with token %d, which the lock service granted for %s, not %s", s.ID, p.ID, s.FenceToken, other, key)
-		} else {
-			rep.add(CheckSubmissionWithoutGrant, objs, "submission %d of payout %s was forwarded with token %d, which the lock service's grant log does not contain", s.ID, p.ID, s.FenceToken)
+		if err := r.checkSubmissionGrant(ctx, rep, p, s, grants); err != nil {
+			return err
 		}
 	}
 
@@ -195,10 +168,11 @@ func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, 
 	if err != nil {
 		return cannotRun("read payout "+p.ID, err)
 	}
-	pays, err = ri.fresh(ctx, p.ClientRef)
+	l, err := r.c.Rail.Find(ctx, p.ClientRef)
 	if err != nil {
 		return cannotRun("ask the rail about "+p.ClientRef, err)
 	}
+	pays = l.Items
 	subs, err = r.c.Proxy.GetAll(ctx, p.ID)
 	if err != nil && !isNotFound(err) {
 		return cannotRun("read the submissions of payout "+p.ID, err)
@@ -209,6 +183,39 @@ func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, 
 	}
 	for _, c := range evaluate(payoutView{first: first, last: last, subs: subs, payment: pays}) {
 		rep.add(c.check, c.objects, "%s", c.evidence)
+	}
+	return nil
+}
+
+// checkSubmissionGrant: a forwarded submission carries a token the lock
+// service granted for its account, to the session that wrote it (INV-07).
+func (r *Reconciler) checkSubmissionGrant(ctx context.Context, rep *Report, p pc.Payout, s proxyclient.Record, grants *grantIndex) error {
+	key := lockKey(s.AccountID)
+	ok, other, err := grants.granted(ctx, s.FenceToken, key)
+	if err != nil {
+		return cannotRun("read the lock service's grant log", err)
+	}
+	objs := func() map[string]any {
+		return map[string]any{"payout_id": p.ID, "submission_id": s.ID, "account_id": s.AccountID, "token": s.FenceToken, "holder": string(s.Holder), "key": key}
+	}
+	if ok {
+		// The token was granted for this key, but to whom? A holder other
+		// than the grant's session means the token was issued twice
+		// (a rewound lock service) and this write rode on a grant that
+		// was never its own.
+		if sess := grants.session(s.FenceToken); sess != "" && sess != string(s.Holder) {
+			o := objs()
+			o["granted_session"] = sess
+			rep.add(CheckSubmissionWithoutGrant, o, "submission %d of payout %s was forwarded with token %d by holder %s, but the lock service granted that token to session %s", s.ID, p.ID, s.FenceToken, s.Holder, sess)
+		}
+		return nil
+	}
+	if other != "" {
+		o := objs()
+		o["granted_key"] = other
+		rep.add(CheckSubmissionWithoutGrant, o, "submission %d of payout %s was forwarded with token %d, which the lock service granted for %s, not %s", s.ID, p.ID, s.FenceToken, other, key)
+	} else {
+		rep.add(CheckSubmissionWithoutGrant, objs(), "submission %d of payout %s was forwarded with token %d, which the lock service's grant log does not contain", s.ID, p.ID, s.FenceToken)
 	}
 	return nil
 }

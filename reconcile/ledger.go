@@ -2,6 +2,8 @@ package reconcile
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strconv"
 
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -12,7 +14,7 @@ import (
 type openGroup struct {
 	sum      int64
 	firstID  int64
-	accounts map[string]bool
+	accounts []string // distinct; a group has two or three
 }
 
 type ledgerScan struct {
@@ -40,11 +42,13 @@ func (r *Reconciler) scanLedger(ctx context.Context, rep *Report, grants *grantI
 		ls.sums[e.AccountID] += e.Amount
 		g := ls.open[e.GroupID]
 		if g == nil {
-			g = &openGroup{firstID: e.ID, accounts: map[string]bool{}}
+			g = &openGroup{firstID: e.ID}
 			ls.open[e.GroupID] = g
 		}
 		g.sum += e.Amount
-		g.accounts[e.AccountID] = true
+		if !slices.Contains(g.accounts, e.AccountID) {
+			g.accounts = append(g.accounts, e.AccountID)
+		}
 		if g.sum == 0 {
 			delete(ls.open, e.GroupID)
 		}
@@ -66,23 +70,30 @@ func (r *Reconciler) scanLedger(ctx context.Context, rep *Report, grants *grantI
 	return ls, nil
 }
 
+// eachLedgerEntry reads the whole ledger in id order, in bulk pages, the
+// next page read while fn works through the current one.
 func (r *Reconciler) eachLedgerEntry(ctx context.Context, fn func(pc.LedgerEntry)) error {
-	var after int64
-	for {
-		page, err := r.c.Payment.Ledger(ctx, after, r.opts.PageSize)
-		if err != nil {
-			return cannotRun("read the ledger", err)
-		}
-		for _, e := range page.Items {
-			fn(e)
-			after = max(after, e.ID)
-		}
-		if page.Next == "" || len(page.Items) == 0 {
-			return nil
-		}
-		if n, err := strconv.ParseInt(page.Next, 10, 64); err == nil && n > after {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	entries := openStream(ctx, "the ledger", nil, func(ctx context.Context, cursor string) ([]pc.LedgerEntry, string, error) {
+		var after int64
+		if cursor != "" {
+			n, err := strconv.ParseInt(cursor, 10, 64)
+			if err != nil {
+				return nil, "", fmt.Errorf("the payment resource answered the ledger cursor %q: %w", cursor, err)
+			}
 			after = n
 		}
+		page, err := r.c.Payment.Ledger(ctx, after, r.opts.BulkPageSize)
+		return page.Items, page.Next, err
+	})
+	for {
+		e, ok, err := entries.head()
+		if err != nil || !ok {
+			return err
+		}
+		fn(e)
+		entries.next()
 	}
 }
 
@@ -105,11 +116,7 @@ func (r *Reconciler) recheckGroups(ctx context.Context, rep *Report, open map[st
 		if sums[id] == 0 {
 			continue
 		}
-		accts := make([]string, 0, len(g.accounts))
-		for a := range g.accounts {
-			accts = append(accts, a)
-		}
-		rep.add(CheckLedgerGroupSum, map[string]any{"group_id": id, "sum": sums[id], "entries": counts[id], "first_entry_id": g.firstID, "accounts": accts},
+		rep.add(CheckLedgerGroupSum, map[string]any{"group_id": id, "sum": sums[id], "entries": counts[id], "first_entry_id": g.firstID, "accounts": g.accounts},
 			"ledger group %s sums to %d, not zero, over %d entries: money appeared or disappeared", id, sums[id], counts[id])
 	}
 	return nil
@@ -119,9 +126,11 @@ func (r *Reconciler) recheckGroups(ctx context.Context, rep *Report, open map[st
 // service granted for that payout's account (INV-07).
 func (r *Reconciler) checkLedgerGrant(ctx context.Context, rep *Report, e pc.LedgerEntry, grants *grantIndex) error {
 	key := lockKey(customerAccount(e))
-	objs := map[string]any{"entry_id": e.ID, "group_id": e.GroupID, "payout_id": e.PayoutID, "account_id": e.AccountID, "token": e.Token, "key": key}
+	objs := func() map[string]any {
+		return map[string]any{"entry_id": e.ID, "group_id": e.GroupID, "payout_id": e.PayoutID, "account_id": e.AccountID, "token": e.Token, "key": key}
+	}
 	if e.Token == 0 {
-		rep.add(CheckLedgerWithoutGrant, objs, "ledger entry %d of payout %s carries no token: it was posted outside any grant", e.ID, e.PayoutID)
+		rep.add(CheckLedgerWithoutGrant, objs(), "ledger entry %d of payout %s carries no token: it was posted outside any grant", e.ID, e.PayoutID)
 		return nil
 	}
 	ok, other, err := grants.granted(ctx, e.Token, key)
@@ -131,10 +140,11 @@ func (r *Reconciler) checkLedgerGrant(ctx context.Context, rep *Report, e pc.Led
 	switch {
 	case ok:
 	case other != "":
-		objs["granted_key"] = other
-		rep.add(CheckLedgerWithoutGrant, objs, "ledger entry %d of payout %s was posted with token %d, which the lock service granted for %s, not %s", e.ID, e.PayoutID, e.Token, other, key)
+		o := objs()
+		o["granted_key"] = other
+		rep.add(CheckLedgerWithoutGrant, o, "ledger entry %d of payout %s was posted with token %d, which the lock service granted for %s, not %s", e.ID, e.PayoutID, e.Token, other, key)
 	default:
-		rep.add(CheckLedgerWithoutGrant, objs, "ledger entry %d of payout %s was posted with token %d, which the lock service's grant log does not contain", e.ID, e.PayoutID, e.Token)
+		rep.add(CheckLedgerWithoutGrant, objs(), "ledger entry %d of payout %s was posted with token %d, which the lock service's grant log does not contain", e.ID, e.PayoutID, e.Token)
 	}
 	return nil
 }

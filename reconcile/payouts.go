@@ -7,102 +7,201 @@ import (
 	"time"
 
 	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/rail/railclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
 // ---- payouts (INV-01, INV-02, INV-03, INV-07, cross-service) ----
 
 func inFlight(s pc.State) bool { return s == pc.Claimed || s == pc.RailSubmitted || s == pc.RailAcked }
 
+// checkPayouts streams every payout (with its history's tokens), every
+// submission attempt and the rail's settlement report, each sorted by
+// payout id (the rail's by client reference, which is a fixed prefix plus
+// the payout id, D-10), and merges them: each payout is checked against
+// what the proxy and the rail hold for it without a round trip per payout.
+// The streams are read page by page, each while the previous page is
+// checked, so memory is bounded by the page size, the payouts in flight
+// and the findings, never by the number of payouts. The pages of the
+// three streams are read at different moments: every per-payout finding
+// is read again, fresh and in write order, before it is reported
+// (checkPayout), and so is every rail payment the merge matched to no
+// payout (reportOrphans).
 func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *grantIndex) error {
-	// The rail is read before the proxy and paydb: a payment the rail holds
-	// was preceded by its submission's intent row (and the payout's
-	// RAIL_SUBMITTED), so later reads of those must show them.
-	ri, err := r.loadRail(ctx, rep)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ri, err := r.openRail(ctx, rep)
 	if err != nil {
 		return err
 	}
+	subs := openStream(ctx, "the rail proxy's submissions", func(d proxyclient.SubmissionDigest) string { return d.PayoutID },
+		func(ctx context.Context, cursor string) ([]proxyclient.SubmissionDigest, string, error) {
+			page, err := r.c.Proxy.SubmissionDigests(ctx, cursor, r.opts.BulkPageSize)
+			return page.Items, page.Next, err
+		})
+	payouts := openStream(ctx, "the payouts", func(d pc.PayoutDigest) string { return d.ID },
+		func(ctx context.Context, cursor string) ([]pc.PayoutDigest, string, error) {
+			page, err := r.c.Payment.PayoutDigests(ctx, cursor, r.opts.BulkPageSize)
+			return page.Items, page.Next, err
+		})
+	pool := r.startChecks(ctx, rep, ri, grants)
 	now := r.opts.Now()
 	flying := map[string][]string{} // account -> payouts seen in flight
-	after := ""
 	for {
-		page, err := r.c.Payment.Payouts(ctx, pc.PayoutFilter{After: after, Limit: r.opts.PageSize})
+		d, ok, err := payouts.head()
 		if err != nil {
-			return cannotRun("read the payouts", err)
+			return pool.stop(err)
 		}
-		for _, p := range page.Items {
-			rep.Scanned.Payouts++
-			if inFlight(p.State) {
-				flying[p.AccountID] = append(flying[p.AccountID], p.ID)
-			}
-			if p.State == pc.RailAmbiguous {
-				since := ambiguousSince(p)
-				if age := now.Sub(since); age > r.opts.AmbiguitySLA {
-					rep.add(CheckAmbiguousOverSLA, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "client_ref": p.ClientRef, "amount": p.Amount, "ambiguous_since": since.UTC(), "age_seconds": int64(age.Seconds())},
-						"payout %s has been RAIL_AMBIGUOUS for %s, longer than the SLA %s: the rail has not given final evidence; an operator must decide (abandon to finance)", p.ID, age.Round(time.Second), r.opts.AmbiguitySLA)
-				}
-			}
-		}
-		if err := r.checkPage(ctx, rep, page.Items, ri, grants); err != nil {
-			return err
-		}
-		if page.Next == "" || len(page.Items) == 0 {
+		if !ok {
 			break
 		}
-		after = page.Next
+		payouts.next()
+		p := d.Payout()
+		rep.Scanned.Payouts++
+		if inFlight(p.State) {
+			flying[p.AccountID] = append(flying[p.AccountID], p.ID)
+		}
+		if p.State == pc.RailAmbiguous {
+			since := ambiguousSince(p)
+			if age := now.Sub(since); age > r.opts.AmbiguitySLA {
+				rep.add(CheckAmbiguousOverSLA, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "client_ref": p.ClientRef, "amount": p.Amount, "ambiguous_since": since.UTC(), "age_seconds": int64(age.Seconds())},
+					"payout %s has been RAIL_AMBIGUOUS for %s, longer than the SLA %s: the rail has not given final evidence; an operator must decide (abandon to finance)", p.ID, age.Round(time.Second), r.opts.AmbiguitySLA)
+			}
+		}
+		// Attempts for payouts the list does not hold (created after it
+		// went by) are skipped: the next pass checks them.
+		recs, err := subs.takeUpTo(p.ID, nil)
+		if err != nil {
+			return pool.stop(err)
+		}
+		pays, known, err := ri.take(p)
+		if err != nil {
+			return pool.stop(err)
+		}
+		j := payoutJob{p: p, historyRegresses: tokensRegress(d.EventTokens), pays: pays, paysKnown: known}
+		for _, rec := range recs {
+			j.subs = append(j.subs, rec.Record())
+		}
+		if !pool.submit(j) {
+			break
+		}
+	}
+	if err := pool.stop(nil); err != nil {
+		return err
+	}
+	if err := ri.drain(); err != nil {
+		return err
 	}
 	if err := r.checkInFlight(ctx, rep, flying); err != nil {
 		return err
 	}
-	for ref := range ri.orphan {
-		pays := ri.byRef[ref]
-		refs := make([]string, 0, len(pays))
-		for _, p := range pays {
-			refs = append(refs, p.RailRef)
-		}
-		rep.add(CheckRailWithoutSubmission, map[string]any{"client_ref": ref, "rail_refs": refs, "payments": len(pays)},
-			"the rail holds %d payment(s) with client reference %s, which belongs to no payout: money was sent around the system", len(pays), ref)
-	}
-	return nil
+	return r.reportOrphans(ctx, rep, ri)
 }
 
-// checkPage runs the per-payout checks of one page on up to
-// Options.Workers goroutines. Each payout's checks are round trips to the
-// payment resource and the proxy; one at a time, the pass would wait on
-// the network, not work. The first error stops the page.
-func (r *Reconciler) checkPage(ctx context.Context, rep *Report, items []pc.Payout, ri *railIndex, grants *grantIndex) error {
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sem := make(chan struct{}, r.opts.Workers)
-	var (
-		wg    sync.WaitGroup
-		once  sync.Once
-		first error
-	)
-	for _, p := range items {
-		select {
-		case sem <- struct{}{}:
-		case <-pctx.Done():
+// tokensRegress reports whether a history's tokens, in event order, ever
+// go below the highest seen before them (changes made under no token, 0,
+// do not count): the condition checkClaimHistory reports.
+func tokensRegress(tokens []int64) bool {
+	var high int64
+	for _, t := range tokens {
+		if t == 0 {
+			continue
 		}
-		if pctx.Err() != nil {
-			break
+		if t < high {
+			return true
 		}
-		wg.Add(1)
-		go func(p pc.Payout) {
-			defer func() { <-sem; wg.Done() }()
-			err := r.checkClaimHistory(pctx, rep, p)
-			if err == nil {
-				err = r.checkPayout(pctx, rep, p, ri, grants)
-			}
-			if err != nil {
-				once.Do(func() { first = err; cancel() })
-			}
-		}(p)
+		high = t
 	}
-	wg.Wait()
-	if first == nil && ctx.Err() != nil {
-		return cannotRun("check the payouts", ctx.Err())
+	return false
+}
+
+// payoutJob is one payout and what the streams hold for it.
+type payoutJob struct {
+	p                pc.Payout
+	historyRegresses bool
+	subs             []proxyclient.Record
+	pays             []railclient.Payment
+	paysKnown        bool // false: ask the rail for this payout
+}
+
+// checkPool checks payouts on up to Options.Workers goroutines: with the
+// streams a check is work, not waiting, except for the suspects read again
+// and, with --rail-per-payout, the rail lookups. The first error stops it.
+type checkPool struct {
+	jobs   chan payoutJob
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+	first  error
+}
+
+func (r *Reconciler) startChecks(ctx context.Context, rep *Report, ri *railIndex, grants *grantIndex) *checkPool {
+	cp := &checkPool{jobs: make(chan payoutJob, 4*r.opts.Workers)}
+	cp.ctx, cp.cancel = context.WithCancel(ctx)
+	for range r.opts.Workers {
+		cp.wg.Add(1)
+		go func() {
+			defer cp.wg.Done()
+			for j := range cp.jobs {
+				if cp.ctx.Err() != nil {
+					continue
+				}
+				if err := r.checkJob(cp.ctx, rep, j, ri, grants); err != nil {
+					cp.fail(err)
+				}
+			}
+		}()
 	}
-	return first
+	return cp
+}
+
+func (cp *checkPool) fail(err error) { cp.once.Do(func() { cp.first = err; cp.cancel() }) }
+
+// submit queues a job; false once the pool has stopped on an error.
+func (cp *checkPool) submit(j payoutJob) bool {
+	select {
+	case cp.jobs <- j:
+		return true
+	case <-cp.ctx.Done():
+		return false
+	}
+}
+
+// stop waits for the queued checks and returns the first error (err when
+// it is not nil: the checks are abandoned).
+func (cp *checkPool) stop(err error) error {
+	if err != nil {
+		cp.fail(err)
+	}
+	close(cp.jobs)
+	cp.wg.Wait()
+	var ended error
+	if cp.first == nil && cp.ctx.Err() != nil {
+		ended = cannotRun("check the payouts", cp.ctx.Err())
+	}
+	cp.cancel()
+	if cp.first != nil {
+		return cp.first
+	}
+	return ended
+}
+
+func (r *Reconciler) checkJob(ctx context.Context, rep *Report, j payoutJob, ri *railIndex, grants *grantIndex) error {
+	if j.historyRegresses {
+		// Read the whole history for the finding's evidence.
+		if err := r.checkClaimHistory(ctx, rep, j.p); err != nil {
+			return err
+		}
+	}
+	pays := j.pays
+	if !j.paysKnown {
+		var err error
+		if pays, err = ri.fresh(ctx, j.p.ClientRef); err != nil {
+			return cannotRun("ask the rail about "+j.p.ClientRef, err)
+		}
+	}
+	return r.checkPayout(ctx, rep, j.p, j.subs, pays, grants)
 }
 
 // ambiguousSince is when a payout's ending became unknown.
@@ -157,7 +256,6 @@ func (r *Reconciler) checkClaimHistory(ctx context.Context, rep *Report, p pc.Pa
 	}
 }
 
-// payoutView is what the services say about one payout.
 // checkInFlight: at most one payout per account in CLAIMED, RAIL_SUBMITTED
 // or RAIL_ACKED (INV-01). Suspects are read again: a payout can finish
 // and its successor start while the list is being paged.

@@ -2,30 +2,42 @@ package reconcile
 
 import (
 	"context"
-	"sync"
+	"sort"
+	"strings"
 
+	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
 )
 
 // ---- the rail's payments, by client reference ----
 
-// railIndex answers "which rail payments carry this client reference".
-// With the settlement report it is a map (the rail serves the report in one
-// piece); without it, it asks the rail per reference.
+// railIndex answers "which rail payments carry this payout's client
+// reference". With the settlement report it is a stream of the report's
+// pages in client-reference order, merged with the payouts (a payout's
+// D-10 reference sorts as its id does); without it, it asks the rail per
+// reference.
 type railIndex struct {
 	rail   *railclient.Client
-	byRef  map[string][]railclient.Payment // nil: ask per reference
-	orphan map[string]bool                 // client refs not yet matched to a payout
-	mu     sync.Mutex                      // guards orphan: payouts are checked concurrently
+	stream *stream[railclient.Payment] // nil: ask per reference
+	rep    *Report
+	// unmatched holds the payments the merge passed without a payout
+	// carrying their reference: suspects of payments made around the
+	// system, read again before they are reported.
+	unmatched map[string][]railclient.Payment
+	// elsewhere holds the references of payouts whose reference is not
+	// their D-10 one: their payments are not where the merge looks, so
+	// they were looked up on their own and are not suspects.
+	elsewhere map[string]bool
 }
 
-func (r *Reconciler) loadRail(ctx context.Context, rep *Report) (*railIndex, error) {
-	ri := &railIndex{rail: r.c.Rail}
+func (r *Reconciler) openRail(ctx context.Context, rep *Report) (*railIndex, error) {
+	ri := &railIndex{rail: r.c.Rail, rep: rep}
 	if r.opts.RailPerPayout {
 		rep.note("rail payments were looked up per payout (--rail-per-payout); payments carrying no known client reference were not checked")
 		return ri, nil
 	}
-	items, err := r.c.RailReport.SettlementReport(ctx)
+	// The first page is read here: a refusal means per-payout lookups.
+	first, err := r.c.RailReport.SettlementReportPage(ctx, "", r.opts.BulkPageSize)
 	switch {
 	case isForbidden(err):
 		rep.note("the rail refused this token its settlement report; rail payments were looked up per payout, and payments carrying no known client reference were not checked (give --rail-report-token-file: an operator-role token of the rail)")
@@ -34,35 +46,91 @@ func (r *Reconciler) loadRail(ctx context.Context, rep *Report) (*railIndex, err
 	case err != nil:
 		return nil, cannotRun("read the rail's settlement report", err)
 	}
-	ri.byRef = map[string][]railclient.Payment{}
-	ri.orphan = map[string]bool{}
-	for _, p := range items {
-		rep.Scanned.RailPayments++
-		ri.byRef[p.ClientRef] = append(ri.byRef[p.ClientRef], p)
-		ri.orphan[p.ClientRef] = true
-	}
+	ri.unmatched = map[string][]railclient.Payment{}
+	ri.elsewhere = map[string]bool{}
+	ri.stream = openStream(ctx, "the rail's settlement report", func(p railclient.Payment) string { return p.ClientRef },
+		func(ctx context.Context, cursor string) ([]railclient.Payment, string, error) {
+			if cursor == "" {
+				return first.Items, first.Next, nil
+			}
+			page, err := r.c.RailReport.SettlementReportPage(ctx, cursor, r.opts.BulkPageSize)
+			return page.Items, page.Next, err
+		})
 	return ri, nil
 }
 
-func (ri *railIndex) find(ctx context.Context, clientRef string) ([]railclient.Payment, error) {
-	if ri.byRef != nil {
-		ri.mu.Lock()
-		delete(ri.orphan, clientRef)
-		ri.mu.Unlock()
-		return ri.byRef[clientRef], nil
+// take returns the report's payments for p; known is false when the rail
+// must be asked about p on its own (no report, or a reference that is not
+// p's D-10 one). Only the merge loop calls it.
+func (ri *railIndex) take(p pc.Payout) (pays []railclient.Payment, known bool, err error) {
+	if ri.stream == nil {
+		return nil, false, nil
 	}
-	l, err := ri.rail.Find(ctx, clientRef)
-	if err != nil {
-		return nil, err
+	ref := pc.ClientRef(p.ID)
+	if p.ClientRef != ref {
+		ri.elsewhere[p.ClientRef] = true
+		return nil, false, nil
 	}
-	return l.Items, nil
+	pays, err = ri.stream.takeUpTo(ref, ri.passed)
+	ri.rep.Scanned.RailPayments += len(pays)
+	return pays, true, err
 }
 
-// fresh asks the rail now, whatever the index holds.
+// passed records a payment no payout of the stream claimed.
+func (ri *railIndex) passed(p railclient.Payment) {
+	ri.rep.Scanned.RailPayments++
+	ri.unmatched[p.ClientRef] = append(ri.unmatched[p.ClientRef], p)
+}
+
+// drain reads the rest of the report: payments after the last payout.
+func (ri *railIndex) drain() error {
+	if ri.stream == nil {
+		return nil
+	}
+	for {
+		p, ok, err := ri.stream.head()
+		if err != nil || !ok {
+			return err
+		}
+		ri.passed(p)
+		ri.stream.next()
+	}
+}
+
+// fresh asks the rail now, whatever the report held.
 func (ri *railIndex) fresh(ctx context.Context, clientRef string) ([]railclient.Payment, error) {
 	l, err := ri.rail.Find(ctx, clientRef)
 	if err != nil {
 		return nil, err
 	}
 	return l.Items, nil
+}
+
+// reportOrphans reports the rail payments whose reference belongs to no
+// payout. A reference the merge matched to none is read again: its payout
+// may have been created after the payout stream went past it (then the
+// next pass checks it).
+func (r *Reconciler) reportOrphans(ctx context.Context, rep *Report, ri *railIndex) error {
+	refs := make([]string, 0, len(ri.unmatched))
+	for ref := range ri.unmatched {
+		if !ri.elsewhere[ref] {
+			refs = append(refs, ref)
+		}
+	}
+	sort.Strings(refs)
+	for _, ref := range refs {
+		if id, ok := strings.CutPrefix(ref, pc.ClientRefPrefix); ok {
+			p, err := r.c.Payment.Payout(ctx, id)
+			switch {
+			case err == nil && p.ClientRef == ref:
+				continue
+			case err != nil && !isNotFound(err):
+				return cannotRun("read payout "+id, err)
+			}
+		}
+		pays := ri.unmatched[ref]
+		rep.add(CheckRailWithoutSubmission, map[string]any{"client_ref": ref, "rail_refs": railRefs(pays), "payments": len(pays)},
+			"the rail holds %d payment(s) with client reference %s, which belongs to no payout: money was sent around the system", len(pays), ref)
+	}
+	return nil
 }

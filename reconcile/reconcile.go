@@ -6,9 +6,9 @@
 //
 // It reads the other services only through their client packages, page by
 // page. What it keeps in memory grows with the number of accounts, grants,
-// in-flight payouts and findings, never with the number of payouts or
-// ledger entries (the rail's settlement report, which the rail serves in one
-// piece, is the one exception).
+// in-flight payouts and findings, never with the number of payouts, ledger
+// entries or rail payments: payouts, submissions and the settlement report
+// are streamed in payout-id order and merged (payouts.go).
 package reconcile
 
 import (
@@ -20,6 +20,7 @@ import (
 
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
@@ -29,6 +30,7 @@ import (
 // Defaults of Options.
 const (
 	DefaultPageSize         = 500
+	DefaultBulkPageSize     = 5000
 	DefaultMaxFindings      = 1000
 	DefaultSettlementWindow = 5 * time.Minute
 	DefaultAmbiguitySLA     = 24 * time.Hour
@@ -47,19 +49,22 @@ type Options struct {
 	AmbiguitySLA time.Duration
 	// Resolve turns ambiguity resolution on (the default in Run).
 	Resolve bool
-	// PageSize is the page size of every list read.
+	// PageSize is the page size of every list read but the payout,
+	// submission and settlement-report streams.
 	PageSize int
+	// BulkPageSize is the page size of the payout, submission and
+	// settlement-report streams (at most wire.MaxBulkLimit).
+	BulkPageSize int
 	// MaxFindings caps how many findings a report lists (all are counted).
 	MaxFindings int
 	// RailPerPayout asks the rail about each payout's client reference
-	// instead of reading its settlement report. The rail serves the report
-	// in one piece, so reading it costs memory in proportion to every
-	// payment ever made (and a response size limit); per payout, memory
-	// stays flat, but payments carrying a reference that belongs to no
-	// payout are not seen.
+	// instead of reading its settlement report (a round trip per payout;
+	// for a rail whose report this reconciler may not read). Payments
+	// carrying a reference that belongs to no payout are then not seen.
 	RailPerPayout bool
-	// Workers is how many payouts are checked at once (each check is a
-	// few round trips to the payment resource and the proxy).
+	// Workers is how many payouts are checked at once (a check is work on
+	// the streamed pages, plus round trips for suspects read again and,
+	// with RailPerPayout, the rail lookups).
 	Workers int
 	// Owner names the reconciler's lock session (logs, grant log).
 	Owner string
@@ -94,6 +99,10 @@ func (o *Options) defaults() {
 	if o.PageSize > 1000 {
 		o.PageSize = 1000
 	}
+	if o.BulkPageSize <= 0 {
+		o.BulkPageSize = DefaultBulkPageSize
+	}
+	o.BulkPageSize = min(o.BulkPageSize, wire.MaxBulkLimit)
 	if o.Workers <= 0 {
 		o.Workers = DefaultWorkers
 	}

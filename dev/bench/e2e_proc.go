@@ -36,9 +36,10 @@ func procCPU(pid int, withChildren bool) (time.Duration, error) {
 	if len(f) < 15 {
 		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
 	}
-	last := 13
+	// f[11] is utime (field 14), f[12] stime, f[13] cutime, f[14] cstime.
+	last := 12
 	if withChildren {
-		last = 15
+		last = 14
 	}
 	var ticks int64
 	for k := 11; k <= last; k++ {

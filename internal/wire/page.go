@@ -19,10 +19,13 @@ type Page[T any] struct {
 	Next  string `json:"next"`
 }
 
-// Page sizes of every list endpoint.
+// Page sizes of every list endpoint, and of the bulk reads the
+// reconciler streams (their items are small digests).
 const (
-	DefaultLimit = 100
-	MaxLimit     = 1000
+	DefaultLimit     = 100
+	MaxLimit         = 1000
+	DefaultBulkLimit = 1000
+	MaxBulkLimit     = 10000
 )
 
 // NewPage builds the page for items read with limit: a full page carries
@@ -61,14 +64,20 @@ func IDCursor(id int64) string {
 }
 
 // ParseLimit reads the limit query parameter (DefaultLimit when absent).
-func ParseLimit(q url.Values) (int, error) {
+func ParseLimit(q url.Values) (int, error) { return parseLimit(q, DefaultLimit, MaxLimit) }
+
+// ParseBulkLimit reads the limit of a bulk read (DefaultBulkLimit when
+// absent, at most MaxBulkLimit).
+func ParseBulkLimit(q url.Values) (int, error) { return parseLimit(q, DefaultBulkLimit, MaxBulkLimit) }
+
+func parseLimit(q url.Values, def, maxN int) (int, error) {
 	v := q.Get("limit")
 	if v == "" {
-		return DefaultLimit, nil
+		return def, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 || n > MaxLimit {
-		return 0, BadField("limit", "must be an integer from 1 to %d, got %q", MaxLimit, v)
+	if err != nil || n < 1 || n > maxN {
+		return 0, BadField("limit", "must be an integer from 1 to %d, got %q", maxN, v)
 	}
 	return n, nil
 }

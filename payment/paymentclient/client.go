@@ -109,6 +109,15 @@ func (c *Client) Payouts(ctx context.Context, f PayoutFilter) (List[Payout], err
 	return out, err
 }
 
+// PayoutDigests returns a page of up to limit payout digests (0: server
+// default; at most wire.MaxBulkLimit) in id order, after payout id after
+// ("" for the first page; then the previous page's Next).
+func (c *Client) PayoutDigests(ctx context.Context, after string, limit int) (List[PayoutDigest], error) {
+	var out List[PayoutDigest]
+	err := c.c.Get(ctx, "/v1/payout-digests", wire.PageQuery(after, limit), &out)
+	return out, err
+}
+
 // PayoutEvents returns a page of a payout's accepted state changes, oldest
 // first, after event id after (0: from the start).
 func (c *Client) PayoutEvents(ctx context.Context, payoutID string, after int64, limit int) (List[PayoutEvent], error) {

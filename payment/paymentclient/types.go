@@ -233,3 +233,28 @@ type List[T any] = wire.Page[T]
 type HighFence struct {
 	Token fencing.Token `json:"token"`
 }
+
+// PayoutDigest is one item of GET /payout-digests: what the reconciler
+// checks about a payout, its history included, without the fields it does
+// not read.
+type PayoutDigest struct {
+	ID          string     `json:"id"`
+	AccountID   string     `json:"account_id"`
+	Amount      int64      `json:"amount"`
+	Currency    string     `json:"currency"`
+	State       State      `json:"state"`
+	ClientRef   string     `json:"client_ref"`
+	CreatedAt   time.Time  `json:"created_at"`
+	ClaimedAt   *time.Time `json:"claimed_at,omitempty"`
+	SubmittedAt *time.Time `json:"submitted_at,omitempty"`
+	// EventTokens are the tokens of the payout's accepted changes in event
+	// order (0 for a change made under no token, such as its creation).
+	EventTokens []int64 `json:"event_tokens"`
+}
+
+// Payout is the digest as a payout (the fields a digest leaves out are
+// zero).
+func (d PayoutDigest) Payout() Payout {
+	return Payout{ID: d.ID, AccountID: d.AccountID, Amount: d.Amount, Currency: d.Currency, State: d.State, ClientRef: d.ClientRef,
+		CreatedAt: d.CreatedAt, ClaimedAt: d.ClaimedAt, SubmittedAt: d.SubmittedAt}
+}

@@ -12,6 +12,7 @@ import (
 	"net/url"
 
 	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/wire"
 )
 
 // Payment statuses.
@@ -97,8 +98,12 @@ func (f Faults) Full() FaultsUpdate {
 }
 
 // Report is the settlement report: every payment the rail ever accepted.
+// A page of it (GET /settlement-report?after=&limit=) holds the payments
+// of whole client references in client-reference order, and Next, the
+// cursor of the following page ("" on the last one).
 type Report struct {
 	Items []Payment `json:"items"`
+	Next  string    `json:"next,omitempty"`
 }
 
 // Client talks to the rail.
@@ -138,6 +143,22 @@ func (c *Client) SettlementReport(ctx context.Context) ([]Payment, error) {
 	var r Report
 	err := c.c.Get(ctx, "/v1/settlement-report", nil, &r)
 	return r.Items, err
+}
+
+// SettlementReportPage returns the payments of the client references
+// after after ("" for the first page; then the previous page's Next), in
+// client-reference order and, within one reference, in the order the rail
+// accepted them: about limit payments (0: server default, at most
+// wire.MaxBulkLimit), never splitting one reference's payments across
+// pages (operator only).
+func (c *Client) SettlementReportPage(ctx context.Context, after string, limit int) (Report, error) {
+	q := wire.PageQuery(after, limit)
+	if len(q) == 0 {
+		q.Set("after", "")
+	}
+	var r Report
+	err := c.c.Get(ctx, "/v1/settlement-report", q, &r)
+	return r, err
 }
 
 // SetFaults changes the fault settings (operator only) and returns them as

@@ -12,6 +12,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/payouts/payouts/internal/httpx"
@@ -133,6 +135,51 @@ type Record struct {
 // Forwarded reports whether the record is the payout's one forwarded
 // submission (anything but a FENCED attempt).
 func (r Record) Forwarded() bool { return r.Outcome != OutcomeFenced }
+
+// SubmissionDigest is one item of GET /v1/submission-digests: what the
+// reconciler checks about a submission attempt.
+type SubmissionDigest struct {
+	ID         int64          `json:"id"`
+	PayoutID   string         `json:"payout_id"`
+	AccountID  string         `json:"account_id"`
+	FenceToken fencing.Token  `json:"fence_token"`
+	Holder     fencing.Holder `json:"holder"`
+	Outcome    Outcome        `json:"outcome"`
+	Resolution Resolution     `json:"resolution"`
+}
+
+// Record is the digest as a record (the fields a digest leaves out are
+// zero).
+func (d SubmissionDigest) Record() Record {
+	return Record{ID: d.ID, PayoutID: d.PayoutID, AccountID: d.AccountID, FenceToken: d.FenceToken, Holder: d.Holder,
+		Outcome: d.Outcome, Resolution: d.Resolution}
+}
+
+// SubmissionDigestCursor is the cursor of GET /v1/submission-digests
+// after the given attempt: its payout id and its id.
+func SubmissionDigestCursor(d SubmissionDigest) string {
+	return d.PayoutID + ":" + strconv.FormatInt(d.ID, 10)
+}
+
+// ParseSubmissionDigestCursor reads a SubmissionDigestCursor ("": from
+// the start).
+func ParseSubmissionDigestCursor(v string) (payoutID string, id int64, err error) {
+	if v == "" {
+		return "", 0, nil
+	}
+	i := strings.LastIndexByte(v, ':')
+	if i < 0 {
+		return "", 0, wire.BadField("after", "is not a cursor this service issued: %q", v)
+	}
+	n, perr := strconv.ParseInt(v[i+1:], 10, 64)
+	if perr != nil || n < 0 || !wire.IDPattern.MatchString(v[:i]) {
+		return "", 0, wire.BadField("after", "is not a cursor this service issued: %q", v)
+	}
+	return v[:i], n, nil
+}
+
+// SubmissionDigestPage is a page of GET /v1/submission-digests.
+type SubmissionDigestPage = wire.Page[SubmissionDigest]
 
 // RecordPage is a page of GET /v1/submissions.
 type RecordPage = wire.Page[Record]
@@ -295,6 +342,15 @@ func (c *Client) GetAll(ctx context.Context, payoutID string) ([]Record, error) 
 func (c *Client) List(ctx context.Context, after string, limit int) (RecordPage, error) {
 	var p RecordPage
 	err := c.c.Get(ctx, "/v1/submissions", wire.PageQuery(after, limit), &p)
+	return p, err
+}
+
+// SubmissionDigests pages through every submission attempt ordered by
+// payout id, then id; pass the previous page's Next as after ("" for the
+// first page; limit 0: server default, at most wire.MaxBulkLimit).
+func (c *Client) SubmissionDigests(ctx context.Context, after string, limit int) (SubmissionDigestPage, error) {
+	var p SubmissionDigestPage
+	err := c.c.Get(ctx, "/v1/submission-digests", wire.PageQuery(after, limit), &p)
 	return p, err
 }
 

@@ -1,0 +1,74 @@
+package payment
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/internal/wire"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// payoutDigestsSQL reads one page of payouts in byte order of their ids
+// ($1: after, $2: limit) with the tokens of each one's history, in one
+// statement (one snapshot): a keyset scan of payout_id_bytes_idx, then one
+// index-only range scan of payout_event_payout_bytes_idx over the page's
+// ids, merged by payout id (migration 00004). Byte order, not the
+// database's collation: the reconciler merges this stream with the
+// proxy's and the rail's, which use it too.
+const payoutDigestsSQL = `
+WITH p AS (
+	SELECT id, account_id, amount, currency, state, client_ref, created_at, claimed_at, submitted_at
+	  FROM payout WHERE id COLLATE "C" > $1 ORDER BY id COLLATE "C" LIMIT $2
+), e AS (
+	SELECT payout_id COLLATE "C" AS payout_id, array_agg(COALESCE(token, 0) ORDER BY id) AS tokens
+	  FROM payout_event
+	 WHERE payout_id COLLATE "C" > $1 AND payout_id COLLATE "C" <= (SELECT max(id COLLATE "C") FROM p)
+	 GROUP BY 1
+)
+SELECT p.id, p.account_id, p.amount, p.currency, p.state, p.client_ref, p.created_at, p.claimed_at, p.submitted_at,
+       COALESCE(e.tokens, '{}')
+  FROM p LEFT JOIN e ON e.payout_id = p.id COLLATE "C"
+ ORDER BY p.id COLLATE "C"`
+
+// PayoutDigests lists up to limit payout digests after payout id after.
+func (s *Service) PayoutDigests(ctx context.Context, after string, limit int) ([]pc.PayoutDigest, error) {
+	rows, err := s.pool.Query(ctx, payoutDigestsSQL, after, limit)
+	return collect(rows, err, func(row pgx.Row) (pc.PayoutDigest, error) {
+		var d pc.PayoutDigest
+		var state string
+		err := row.Scan(&d.ID, &d.AccountID, &d.Amount, &d.Currency, &state, &d.ClientRef, &d.CreatedAt, &d.ClaimedAt, &d.SubmittedAt, &d.EventTokens)
+		d.State, d.CreatedAt = pc.State(state), d.CreatedAt.UTC()
+		for _, t := range []*time.Time{d.ClaimedAt, d.SubmittedAt} {
+			if t != nil {
+				*t = t.UTC()
+			}
+		}
+		return d, err
+	})
+}
+
+func (s *Service) handlePayoutDigests(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "after" && k != "limit" {
+			return badField(k, "unknown query parameter (only after and limit)")
+		}
+	}
+	limit, err := wire.ParseBulkLimit(q)
+	if err != nil {
+		return err
+	}
+	after, err := wire.ParseKeyCursor(q)
+	if err != nil {
+		return err
+	}
+	items, err := s.PayoutDigests(r.Context(), after, limit)
+	if err != nil {
+		return err
+	}
+	writeList(w, items, limit, func(d pc.PayoutDigest) string { return d.ID })
+	return nil
+}

@@ -1,0 +1,119 @@
+package payment
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// GET /payout-digests pages through every payout in byte order of its id,
+// each with the tokens of its history in event order, exactly once.
+func TestPayoutDigestsPageInByteOrderWithHistoryTokens(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	// Byte order: "-" < "." < digits < upper case < "_" < lower case.
+	ids := []string{"po_b", "po-2", "poA", "po.1", "po-10", "pa"}
+	for _, id := range ids {
+		e.payout(t, id, "acc-1", 10)
+	}
+	e.drive(t, "po-2", pc.RailSubmitted, 7, "holder-a")
+	want := slices.Clone(ids)
+	slices.Sort(want)
+
+	var got []string
+	tokens := map[string][]int64{}
+	after := ""
+	for pages := 0; ; pages++ {
+		if pages > len(ids) {
+			t.Fatalf("paging does not end: %v", got)
+		}
+		page, err := e.recon.PayoutDigests(tctx(t), after, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range page.Items {
+			got = append(got, d.ID)
+			tokens[d.ID] = d.EventTokens
+			if d.ClientRef != pc.ClientRef(d.ID) || d.AccountID != "acc-1" || d.Amount != 10 || d.Currency == "" || d.CreatedAt.IsZero() {
+				t.Errorf("digest %+v does not carry the payout", d)
+			}
+		}
+		if page.Next == "" {
+			break
+		}
+		after = page.Next
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("digests in order %v, want %v", got, want)
+	}
+	// Created (no token), then claimed and submitting under token 7.
+	if tk := tokens["po-2"]; !slices.Equal(tk, []int64{0, 7, 7}) {
+		t.Errorf("po-2 history tokens = %v, want [0 7 7]", tk)
+	}
+	if tk := tokens["pa"]; !slices.Equal(tk, []int64{0}) {
+		t.Errorf("pa history tokens = %v, want [0]", tk)
+	}
+}
+
+// Malformed paging input is a 4xx, never a 5xx.
+func TestPayoutDigestsRefuseBadQuery(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, q := range []string{"limit=0", "limit=10001", "limit=x", "after=%20bad", "after=a/b", "state=POSTED"} {
+		req, err := http.NewRequestWithContext(tctx(t), http.MethodGet, e.url+"/v1/payout-digests?"+q, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+reconcilerBearer)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("GET /v1/payout-digests?%s: %d, want 400", q, resp.StatusCode)
+		}
+	}
+}
+
+// The digest page reads payouts and their events through the byte-order
+// indexes (migration 00004), never by walking either table.
+func TestPayoutDigestsUseByteOrderIndexes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := tctx(t)
+	conn, err := e.svc.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for _, set := range []string{"SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off"} {
+		if _, err := conn.Exec(ctx, set); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := conn.Exec(ctx, "PREPARE digests AS "+payoutDigestsSQL); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := conn.Query(ctx, "EXPLAIN EXECUTE digests('', 5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(line + "\n")
+	}
+	plan := b.String()
+	if !strings.Contains(plan, "payout_id_bytes_idx") || !strings.Contains(plan, "payout_event_payout_bytes_idx") || strings.Contains(plan, "Seq Scan") {
+		t.Errorf("the digest page does not read through the byte-order indexes:\n%s", plan)
+	}
+}
