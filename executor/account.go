@@ -33,7 +33,10 @@ const maxStepsPerPayout = 200
 // in the order they are taken.
 var inFlight = []pc.State{pc.RailAcked, pc.RailSubmitted, pc.Claimed}
 
-// pendingPage is how many PENDING payouts one list call brings.
+// actionable are the states a grant lists: in flight, then PENDING.
+var actionable = append(slices.Clone(inFlight), pc.Pending)
+
+// pendingPage is how many actionable payouts one list call brings.
 const pendingPage = maxPayoutsPerGrant
 
 // run is one grant's work on one account.
@@ -48,16 +51,15 @@ type run struct {
 	// moved is set once a payout changed state under this grant.
 	moved bool
 
-	// queue holds in-flight payouts listed but not yet driven under this grant. The
-	// list is a hint, not a decision: each step's guard and transition
-	// table decide, and a payout that moved meanwhile is re-read (drive).
-	queue []pc.Payout
-	// listedInFlight is set once this grant has looked for in-flight
-	// payouts: while it holds the fence nobody else can put one there.
-	listedInFlight bool
-	// pendingDone is set when the last PENDING list came back short: the
-	// account had no more, and a payout created since waits for /work.
-	pendingDone bool
+	// queue holds the in-flight payouts listed but not yet driven under
+	// this grant, pending the PENDING ones. The list is a hint, not a
+	// decision: each step's guard and transition table decide, and a payout
+	// that moved meanwhile is re-read.
+	queue   []pc.Payout
+	pending []pc.Payout
+	// listedAll is set when the last list came back short: the account had
+	// no more actionable payouts, and one created since waits for /work.
+	listedAll bool
 }
 
 // workAccount takes the account's lock without waiting and drives its
@@ -108,12 +110,6 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 		if len(ps) == 0 {
 			return res
 		}
-		if pending {
-			if k := r.covered(ps); k < len(ps) {
-				// The rest waits for the next page, after these settle.
-				ps, r.pendingDone = ps[:k], false
-			}
-		}
 		n += len(ps)
 		if pending {
 			err = r.driveBatch(ps)
@@ -138,39 +134,43 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 }
 
 // next finds what to work on: an in-flight payout first, alone (the
-// recovery table, one payout at a time), then a page of at most room
-// PENDING ones, oldest first, to drive together (pending true).
-// RAIL_AMBIGUOUS payouts wait for evidence and do not block the account
-// (their money is held back from the funds check, D-7). One list call
-// brings every in-flight payout (once per grant) and one brings a page of
-// PENDING ones, instead of four calls per payout.
+// recovery table, one payout at a time), then PENDING ones, oldest first,
+// as many as room allows and the funds cover, to drive together (pending
+// true). RAIL_AMBIGUOUS payouts wait for evidence and do not block the
+// account (their money is held back from the funds check, D-7). One list
+// call brings a page of the account's actionable payouts, in-flight and
+// PENDING alike, instead of four calls per payout.
 func (r *run) next(room int) (ps []pc.Payout, pending bool, err error) {
-	if len(r.queue) == 0 && !r.listedInFlight {
-		items, err := r.list(pendingPage, inFlight...)
+	if len(r.queue) == 0 && len(r.pending) == 0 && !r.listedAll {
+		items, err := r.list(pendingPage, actionable...)
 		if err != nil {
 			return nil, false, err
 		}
 		// A full page may have left some out: look again when it is done.
-		r.listedInFlight = len(items) < pendingPage
-		slices.SortStableFunc(items, func(a, b pc.Payout) int {
+		r.listedAll = len(items) < pendingPage
+		for _, p := range items {
+			if p.State == pc.Pending {
+				r.pending = append(r.pending, p)
+			} else {
+				r.queue = append(r.queue, p)
+			}
+		}
+		slices.SortStableFunc(r.queue, func(a, b pc.Payout) int {
 			return slices.Index(inFlight, a.State) - slices.Index(inFlight, b.State)
 		})
-		r.queue = items
 	}
 	if len(r.queue) > 0 {
 		p := r.queue[0]
 		r.queue = r.queue[1:]
 		return []pc.Payout{p}, false, nil
 	}
-	if r.pendingDone || room <= 0 {
+	if len(r.pending) == 0 || room <= 0 {
 		return nil, false, nil
 	}
-	items, err := r.list(room, pc.Pending)
-	if err != nil {
-		return nil, false, err
-	}
-	r.pendingDone = len(items) < room
-	return items, true, nil
+	// The rest waits for the next batch, after these settle.
+	k := r.covered(r.pending[:min(room, len(r.pending))])
+	ps, r.pending = r.pending[:k], r.pending[k:]
+	return ps, true, nil
 }
 
 // covered is how many of the PENDING payouts ps, in order, the account's
