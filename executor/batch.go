@@ -184,7 +184,13 @@ func (b *batch) sendAll(ps []pc.Payout) ([]pc.Payout, []pc.StepItem) {
 		return p, errQueued
 	}
 	for i, p := range ps {
-		_, err := r.answered(p, answers[i].rec, answers[i].err, collect)
+		next, err := r.answered(p, answers[i].rec, answers[i].err, collect)
+		if err == nil && !next.State.Terminal() && next.State != pc.RailAmbiguous {
+			// Handled alone (a refusal, an unclear answer) and not done yet:
+			// finished alone too.
+			b.loose = append(b.loose, next)
+			continue
+		}
 		b.settle(p, err)
 	}
 	return reported, items
