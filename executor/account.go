@@ -33,7 +33,10 @@ const maxStepsPerPayout = 200
 // in the order they are taken.
 var inFlight = []pc.State{pc.RailAcked, pc.RailSubmitted, pc.Claimed}
 
-// pendingPage is how many PENDING payouts one list call brings.
+// actionable are the states a grant lists: in flight, then PENDING.
+var actionable = append(slices.Clone(inFlight), pc.Pending)
+
+// pendingPage is how many actionable payouts one list call brings.
 const pendingPage = maxPayoutsPerGrant
 
 // run is one grant's work on one account.
@@ -48,16 +51,15 @@ type run struct {
 	// moved is set once a payout changed state under this grant.
 	moved bool
 
-	// queue holds payouts listed but not yet driven under this grant. The
-	// list is a hint, not a decision: each step's guard and transition
-	// table decide, and a payout that moved meanwhile is re-read (drive).
-	queue []pc.Payout
-	// listedInFlight is set once this grant has looked for in-flight
-	// payouts: while it holds the fence nobody else can put one there.
-	listedInFlight bool
-	// pendingDone is set when the last PENDING list came back short: the
-	// account had no more, and a payout created since waits for /work.
-	pendingDone bool
+	// queue holds the in-flight payouts listed but not yet driven under
+	// this grant, pending the PENDING ones. The list is a hint, not a
+	// decision: each step's guard and transition table decide, and a payout
+	// that moved meanwhile is re-read.
+	queue   []pc.Payout
+	pending []pc.Payout
+	// listedAll is set when the last list came back short: the account had
+	// no more actionable payouts, and one created since waits for /work.
+	listedAll bool
 }
 
 // workAccount takes the account's lock without waiting and drives its
@@ -99,18 +101,23 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 		e.m.activeGrants.Dec()
 		e.release(r.log, account, g)
 	}()
-	for n := 0; n < maxPayoutsPerGrant; n++ {
-		p, ok, err := r.next()
+	for n := 0; n < maxPayoutsPerGrant; {
+		ps, pending, err := r.next(maxPayoutsPerGrant - n)
 		if err != nil {
 			r.log.Warn("could not list the account's payouts; leaving it for a later pass", obs.KeyError, err.Error())
 			return res
 		}
-		if !ok {
+		if len(ps) == 0 {
 			return res
 		}
-		err = r.drive(p)
+		n += len(ps)
+		if pending {
+			err = r.driveBatch(ps)
+		} else {
+			err = r.drive(ps[0])
+		}
 		if errors.Is(err, errFenced) {
-			r.log.Warn("stopping work on the account", obs.KeyPayoutID, p.ID, "reason", err.Error())
+			r.log.Warn("stopping work on the account", obs.KeyPayoutID, ps[0].ID, "reason", err.Error())
 			res.fenced = true
 			return res
 		}
@@ -119,52 +126,86 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 			if errors.Is(err, errStepBudget) {
 				lvl = slog.LevelWarn
 			}
-			r.log.Log(e.base, lvl, "stopping work on the account", obs.KeyPayoutID, p.ID, "reason", err.Error())
+			r.log.Log(e.base, lvl, "stopping work on the account", obs.KeyPayoutID, ps[0].ID, "reason", err.Error())
 			return res
 		}
 	}
 	return res
 }
 
-// next finds the payout to work on: an in-flight one first, then the
-// oldest PENDING one. RAIL_AMBIGUOUS payouts wait for evidence and do not
-// block the account (their money is held back from the funds check, D-7).
-// One list call brings every in-flight payout (once per grant) and one
-// brings a page of PENDING ones, instead of four calls per payout.
-func (r *run) next() (pc.Payout, bool, error) {
-	if len(r.queue) == 0 && !r.listedInFlight {
-		items, err := r.list(inFlight...)
+// next finds what to work on: an in-flight payout first, alone (the
+// recovery table, one payout at a time), then PENDING ones, oldest first,
+// as many as room allows and the funds cover, to drive together (pending
+// true). RAIL_AMBIGUOUS payouts wait for evidence and do not block the
+// account (their money is held back from the funds check, D-7). One list
+// call brings a page of the account's actionable payouts, in-flight and
+// PENDING alike, instead of four calls per payout.
+func (r *run) next(room int) (ps []pc.Payout, pending bool, err error) {
+	if len(r.queue) == 0 && len(r.pending) == 0 && !r.listedAll {
+		items, err := r.list(pendingPage, actionable...)
 		if err != nil {
-			return pc.Payout{}, false, err
+			return nil, false, err
 		}
 		// A full page may have left some out: look again when it is done.
-		r.listedInFlight = len(items) < pendingPage
-		slices.SortStableFunc(items, func(a, b pc.Payout) int {
+		r.listedAll = len(items) < pendingPage
+		for _, p := range items {
+			if p.State == pc.Pending {
+				r.pending = append(r.pending, p)
+			} else {
+				r.queue = append(r.queue, p)
+			}
+		}
+		slices.SortStableFunc(r.queue, func(a, b pc.Payout) int {
 			return slices.Index(inFlight, a.State) - slices.Index(inFlight, b.State)
 		})
-		r.queue = items
 	}
-	if len(r.queue) == 0 && !r.pendingDone {
-		items, err := r.list(pc.Pending)
-		if err != nil {
-			return pc.Payout{}, false, err
+	if len(r.queue) > 0 {
+		p := r.queue[0]
+		r.queue = r.queue[1:]
+		return []pc.Payout{p}, false, nil
+	}
+	if len(r.pending) == 0 || room <= 0 {
+		return nil, false, nil
+	}
+	// The rest waits for the next batch, after these settle.
+	k := r.covered(r.pending[:min(room, len(r.pending))])
+	ps, r.pending = r.pending[:k], r.pending[k:]
+	return ps, true, nil
+}
+
+// covered is how many of the PENDING payouts ps, in order, the account's
+// available funds cover (at least one). Claimed together, a payout that
+// later fails (declined, refused) would hold back money a later one of the
+// batch needs, and that one would fail on funds where claimed after it it
+// would be paid; so a batch takes only what the funds cover, and the rest
+// is claimed once these have settled — as when claimed one at a time. The
+// amount read is a hint: the claim's own funds check (D-7) decides.
+func (r *run) covered(ps []pc.Payout) int {
+	if len(ps) < 2 {
+		return len(ps)
+	}
+	ctx, cancel := r.e.callCtx()
+	defer cancel()
+	a, err := r.e.pay.Account(ctx, r.account)
+	if err != nil {
+		r.log.Warn("could not read the account's available funds; claiming one payout at a time", obs.KeyError, err.Error())
+		return 1
+	}
+	left := a.Available
+	for k, p := range ps {
+		if left < p.Amount {
+			return max(k, 1)
 		}
-		r.pendingDone = len(items) < pendingPage
-		r.queue = items
+		left -= p.Amount
 	}
-	if len(r.queue) == 0 {
-		return pc.Payout{}, false, nil
-	}
-	p := r.queue[0]
-	r.queue = r.queue[1:]
-	return p, true, nil
+	return len(ps)
 }
 
 // list returns a page of the account's payouts in the given states, by id.
-func (r *run) list(states ...pc.State) ([]pc.Payout, error) {
+func (r *run) list(limit int, states ...pc.State) ([]pc.Payout, error) {
 	ctx, cancel := r.e.callCtx()
 	defer cancel()
-	page, err := r.e.pay.Payouts(ctx, pc.PayoutFilter{States: states, AccountID: r.account, Limit: pendingPage})
+	page, err := r.e.pay.Payouts(ctx, pc.PayoutFilter{States: states, AccountID: r.account, Limit: limit})
 	return page.Items, err
 }
 

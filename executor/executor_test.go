@@ -144,6 +144,13 @@ func (s *testBundle) config(t *testing.T, owner string, w io.Writer) Config {
 // resource has served, from its /metrics.
 func (s *testBundle) listCalls(t *testing.T) int {
 	t.Helper()
+	return s.payCalls(t)[`GET /v1/payouts`]
+}
+
+// payCalls is how many requests the payment resource has served, by
+// "METHOD route", from its /metrics.
+func (s *testBundle) payCalls(t *testing.T) map[string]int {
+	t.Helper()
 	resp, err := http.Get(s.st.Ready.PaymentURL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -153,18 +160,24 @@ func (s *testBundle) listCalls(t *testing.T) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	total := 0
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "payouts_http_requests_total{") && strings.Contains(line, `method="GET"`) && strings.Contains(line, `route="/v1/payouts"`) {
-			f := strings.Fields(line)
-			v, err := strconv.ParseFloat(f[len(f)-1], 64)
-			if err != nil {
-				t.Fatalf("metric line %q: %v", line, err)
-			}
-			total += int(v)
-		}
+	out := map[string]int{}
+	label := func(line, name string) string {
+		_, rest, _ := strings.Cut(line, name+`="`)
+		v, _, _ := strings.Cut(rest, `"`)
+		return v
 	}
-	return total
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "payouts_http_requests_total{") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		out[label(line, "method")+" "+label(line, "route")] += int(v)
+	}
+	return out
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
@@ -270,7 +283,8 @@ func TestExecutorInProcess(t *testing.T) {
 		for i := range n {
 			mk(fmt.Sprintf("ip-many-%02d", i), "ip-many", 10, "BEN-MANY")
 		}
-		before := s.listCalls(t)
+		before := s.payCalls(t)
+		grants0 := s.grantsOf(t, "ip-many")
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- Run(rctx, s.config(t, "ip-exec-many", io.Discard)) }()
@@ -286,10 +300,24 @@ func TestExecutorInProcess(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatalf("Run: %v", err)
 		}
+		after := s.payCalls(t)
 		// One grant: its in-flight payouts, then one page of PENDING ones
 		// (a short page: no more). A second grant may look once more.
-		if calls := s.listCalls(t) - before; calls > 4 {
+		if calls := after[`GET /v1/payouts`] - before[`GET /v1/payouts`]; calls > 4 {
 			t.Errorf("%d list calls for %d payouts of one account, want at most 4", calls, n)
+		}
+		// The payouts are driven together: one batched call per step
+		// (claim, submitting, outcome, post) per grant that found them
+		// PENDING, and no call per payout.
+		grants := s.grantsOf(t, "ip-many") - grants0
+		if steps := after[`POST /v1/accounts/{id}/steps`] - before[`POST /v1/accounts/{id}/steps`]; steps < 4 || steps > 4*grants {
+			t.Errorf("%d batched step calls for %d payouts of one account in %d grants, want 4 per grant that had payouts", steps, n, grants)
+		}
+		for _, op := range []string{"claim", "submitting", "outcome", "post"} {
+			route := `POST /v1/payouts/{id}/` + op
+			if c := after[route] - before[route]; c != 0 {
+				t.Errorf("%d single %s calls for payouts that were all PENDING, want 0", c, op)
+			}
 		}
 	})
 

@@ -57,6 +57,13 @@ func (r *run) lookup(p pc.Payout) (proxyclient.Record, bool, error) {
 // submit makes the payout's one submission. It is never retried: an
 // unclear answer is settled from the proxy's record.
 func (r *run) submit(p pc.Payout) (pc.Payout, error) {
+	rec, err := r.send(p)
+	return r.answered(p, rec, err, r.apply)
+}
+
+// send is the proxy call of the payout's one submission; it only calls and
+// times, so several may run at once under one grant (sendAll).
+func (r *run) send(p pc.Payout) (proxyclient.Record, error) {
 	clientRef := p.ClientRef
 	if clientRef == "" {
 		clientRef = pc.ClientRef(p.ID)
@@ -67,17 +74,24 @@ func (r *run) submit(p pc.Payout) (pc.Payout, error) {
 	}
 	// The proxy waits for the rail; its client has its own, longer timeout.
 	ctx, cancel := context.WithTimeout(r.e.base, proxyclient.DefaultTimeout)
+	defer cancel()
 	start := time.Now()
 	rec, err := r.e.proxy.Submit(ctx, sub, r.g.Token(), r.g.Holder())
-	cancel()
 	r.e.m.stepLatency.WithLabelValues("submit").Observe(time.Since(start).Seconds())
+	return rec, err
+}
+
+// answered acts on the proxy's answer to the payout's submission (the
+// table of docs/executor.md). A record whose outcome is to be reported goes
+// to report: r.apply reports it at once, a batch collects it.
+func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report func(pc.Payout, proxyclient.Record) (pc.Payout, error)) (pc.Payout, error) {
 	log := r.log.With("step", "submit", obs.KeyPayoutID, p.ID)
 	switch {
 	case err == nil:
 		r.e.m.steps.WithLabelValues("submit", resultOK).Inc()
 		log.Debug("the proxy answered", "outcome", outcomeText(rec.Outcome), "rail_ref", rec.RailRef, "error_code", rec.ErrorCode)
 		r.hook(AfterSubmitted, p)
-		return r.apply(p, rec)
+		return report(p, rec)
 	case problem.Has(err, problem.SubmissionExists):
 		// Someone forwarded it already: resolve from that record, never resend.
 		r.e.m.steps.WithLabelValues("submit", resultExists).Inc()
@@ -95,7 +109,7 @@ func (r *run) submit(p pc.Payout) (pc.Payout, error) {
 		}
 		log.Warn("the proxy already forwarded this payout; resolving from the existing record",
 			"outcome", outcomeText(existing.Outcome), "submission_token", int64(existing.FenceToken))
-		return r.apply(p, existing)
+		return report(p, existing)
 	case problem.Has(err, problem.FencedOut):
 		return p, r.failed("submit", "proxy", p, err)
 	case proxyclient.RefusedUnforwarded(err):
@@ -190,6 +204,18 @@ func (r *run) apply(p pc.Payout, rec proxyclient.Record) (pc.Payout, error) {
 	if err := r.check(); err != nil {
 		return p, err
 	}
+	it := r.outcomeItem(p, rec)
+	return r.mutate("outcome", p, AfterOutcome, func() (pc.Payout, error) {
+		ctx, cancel := r.e.callCtx()
+		defer cancel()
+		return r.e.pay.ReportOutcome(ctx, p.ID, r.g.Token(), r.g.Holder(), it.Outcome, it.RailRef, it.ErrorCode)
+	})
+}
+
+// outcomeItem is what a forwarded submission's record reports for the
+// payout. A record that does not match the payout is never trusted either
+// way: it is reported as ambiguous, for a human.
+func (r *run) outcomeItem(p pc.Payout, rec proxyclient.Record) pc.StepItem {
 	outcome, railRef, code := pc.OutcomeTimeout, "", rec.ErrorCode
 	switch rec.Outcome {
 	case proxyclient.OutcomeAcked:
@@ -201,7 +227,6 @@ func (r *run) apply(p pc.Payout, rec proxyclient.Record) (pc.Payout, error) {
 	}
 	if rec.PayoutID != p.ID || rec.Amount != p.Amount || rec.Currency != p.Currency ||
 		(p.ClientRef != "" && rec.ClientRef != p.ClientRef) {
-		// Never seen in a healthy system: do not trust it either way.
 		r.log.Error("the proxy's submission does not match the payout; recording it as ambiguous for a human",
 			obs.KeyPayoutID, p.ID, "submission_payout", rec.PayoutID, "submission_amount", rec.Amount, "submission_client_ref", rec.ClientRef)
 		outcome, railRef, code = pc.OutcomeTimeout, "", "submission_mismatch"
@@ -209,11 +234,7 @@ func (r *run) apply(p pc.Payout, rec proxyclient.Record) (pc.Payout, error) {
 	if code == "" && outcome == pc.OutcomeTimeout {
 		code = "rail_timeout"
 	}
-	return r.mutate("outcome", p, AfterOutcome, func() (pc.Payout, error) {
-		ctx, cancel := r.e.callCtx()
-		defer cancel()
-		return r.e.pay.ReportOutcome(ctx, p.ID, r.g.Token(), r.g.Holder(), outcome, railRef, code)
-	})
+	return pc.StepItem{PayoutID: p.ID, Outcome: outcome, RailRef: railRef, ErrorCode: code}
 }
 
 func outcomeText(o proxyclient.Outcome) string {

@@ -111,17 +111,7 @@ func decodeCommand(r *http.Request, op Op) (Command, error) {
 	}
 	switch op {
 	case OpOutcome:
-		switch cmd.Outcome {
-		case pc.OutcomeAcked, pc.OutcomeRejected, pc.OutcomeTimeout:
-		case "":
-			return cmd, badField("outcome", "required: ACKED, REJECTED or TIMEOUT")
-		default:
-			return cmd, badField("outcome", "must be ACKED, REJECTED or TIMEOUT, got %q", cmd.Outcome)
-		}
-		if err := wire.ValidText("rail_ref", cmd.RailRef, wire.MaxRefLen, false, true); err != nil {
-			return cmd, err
-		}
-		if err := wire.ValidText("error_code", cmd.ErrorCode, wire.MaxRefLen, false, true); err != nil {
+		if err := validOutcome("", cmd.Outcome, cmd.RailRef, cmd.ErrorCode); err != nil {
 			return cmd, err
 		}
 	case OpResolve:
@@ -148,4 +138,20 @@ func decodeCommand(r *http.Request, op Op) (Command, error) {
 		}
 	}
 	return cmd, nil
+}
+
+// validOutcome checks the members of an outcome report; prefix names where
+// they are in the body ("" at the top level, "items[3]." in a batch).
+func validOutcome(prefix string, outcome pc.Outcome, railRef, errorCode string) error {
+	switch outcome {
+	case pc.OutcomeAcked, pc.OutcomeRejected, pc.OutcomeTimeout:
+	case "":
+		return badField(prefix+"outcome", "required: ACKED, REJECTED or TIMEOUT")
+	default:
+		return badField(prefix+"outcome", "must be ACKED, REJECTED or TIMEOUT, got %q", outcome)
+	}
+	if err := wire.ValidText(prefix+"rail_ref", railRef, wire.MaxRefLen, false, true); err != nil {
+		return err
+	}
+	return wire.ValidText(prefix+"error_code", errorCode, wire.MaxRefLen, false, true)
 }

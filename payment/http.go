@@ -36,6 +36,9 @@ func (s *Service) Mount(r chi.Router) {
 		for _, op := range Ops {
 			r.With(auth.Require(opRoles[op]...)).Post("/payouts/{id}/"+string(op), httpx.Handler(s.handleMutation(op)))
 		}
+		// One step for several payouts of one account: the roles of the
+		// single steps it batches (claim, submitting, outcome, post).
+		r.With(auth.Require(opRoles[OpClaim]...)).Post("/accounts/{id}/steps", httpx.Handler(s.handleSteps))
 		r.Group(func(r chi.Router) {
 			// Every caller role reads; the proxy role is a credential at the
 			// rail only.

@@ -108,9 +108,7 @@ func (s *Service) Apply(ctx context.Context, payoutID string, cmd Command) (pc.P
 		return pc.Payout{}, err
 	}
 	if rej != nil {
-		if hook := s.afterRefusal.Load(); hook != nil {
-			(*hook)()
-		}
+		s.afterRefusalHook()
 		return pc.Payout{}, s.reject(ctx, rej.fence.account, payoutID, cmd, rej)
 	}
 	return p, nil
@@ -123,137 +121,32 @@ func (s *Service) applyTx(ctx context.Context, payoutID string, cmd Command) (pc
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 
-	f, err := advanceFence(ctx, tx, payoutID, cmd.Token, cmd.Holder)
-	if errors.Is(err, pgx.ErrNoRows) {
+	o, err := open(ctx, tx, fenceOf{payoutID: payoutID}, cmd, []string{payoutID}, false)
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && o.fence.accepted && len(o.payouts) == 0) {
 		return pc.Payout{}, nil, problem.New(problem.NotFound, "no payout %q", payoutID)
 	}
 	if err != nil {
-		return pc.Payout{}, nil, fmt.Errorf("advance fence: %w", err)
-	}
-	accountID := f.account
-	if !f.accepted {
-		return pc.Payout{}, &rejection{fenced: true, fence: f}, nil
-	}
-	balance := f.balance
-	p, err := getPayout(ctx, tx, payoutID, true)
-	if err != nil {
 		return pc.Payout{}, nil, err
 	}
-	ev := cmd.event()
-	var available int64
-	if cmd.Op == OpClaim && p.State == pc.Pending {
-		held, err := heldAmount(ctx, tx, accountID)
-		if err != nil {
-			return pc.Payout{}, nil, err
-		}
-		available = balance - held
-		if available < p.Amount {
-			ev = EvInsufficientFunds
-		}
+	if !o.fence.accepted {
+		return pc.Payout{}, &rejection{fenced: true, fence: o.fence}, nil
 	}
-	to, ok := decide(p.State, ev)
-	if !ok {
-		return pc.Payout{}, &rejection{fence: f, state: p.State, event: ev, payout: p}, nil
+	ch, rej, err := s.decideOne(ctx, tx, o.payouts[0], cmd, o.funds)
+	if err != nil || rej != nil {
+		if rej != nil {
+			rej.fence = o.fence
+		}
+		return pc.Payout{}, rej, err
 	}
-	if ev == EvAbandon {
-		// Refused before the SLA: the transaction rolls back, the fence included.
-		if err := s.checkResolutionSLA(ctx, tx, p); err != nil {
-			return pc.Payout{}, nil, err
-		}
-	}
-
-	var (
-		claim, submitted, settled bool
-		failure, railRef, errCode *string
-		reason                    string
-	)
-	str := func(v string) *string {
-		if v == "" {
-			return nil
-		}
-		return &v
-	}
-	switch ev {
-	case EvClaim:
-		claim = true
-		reason = "claimed"
-		if p.State == pc.Claimed {
-			reason = fmt.Sprintf("re-claimed from %s (token %d)", p.ClaimedBy, p.Token)
-		}
-	case EvInsufficientFunds:
-		failure = str(pc.FailureInsufficientFunds)
-		reason = fmt.Sprintf("%s: available %d < amount %d", pc.FailureInsufficientFunds, available, p.Amount)
-	case EvSubmitting:
-		submitted = true
-		reason = "submitting to the rail proxy"
-	case EvRailAcked, EvRailDeclined, EvRailTimeout:
-		railRef, errCode = str(cmd.RailRef), str(cmd.ErrorCode)
-		reason = fmt.Sprintf("outcome %s", cmd.Outcome)
-		if cmd.RailRef != "" {
-			reason += " rail_ref=" + cmd.RailRef
-		}
-		if cmd.ErrorCode != "" {
-			reason += " error_code=" + cmd.ErrorCode
-		}
-		if ev == EvRailDeclined {
-			failure = str("rail_declined")
-		}
-	case EvRailRefused:
-		failure, errCode = str(pc.FailureRailRefused), str(cmd.ErrorCode)
-		reason = fmt.Sprintf("refused by the rail proxy without forwarding (%s): %s", cmd.ErrorCode, cmd.Text)
-	case EvPost:
-		settled = true
-		reason = "posted"
-		if err := postLedger(ctx, tx, p, cmd.Token); err != nil {
-			return pc.Payout{}, nil, err
-		}
-	case EvResolveSettled, EvResolveAbsent:
-		reason = fmt.Sprintf("resolution %s: %s", cmd.Resolution, cmd.Text)
-		if ev == EvResolveAbsent {
-			failure = str("rail_absent")
-		}
-	case EvCancel:
-		failure = str("cancelled")
-		reason = cmd.Text
-	case EvAbandon:
-		failure = str("abandoned")
-		reason = cmd.Text
-	}
-	from := p.State
-	// The payout's update and its event are one statement (one round trip).
-	p, err = scanPayout(tx.QueryRow(ctx, `WITH u AS (
-		UPDATE payout SET
-			state = $2, token = $3,
-			claimed_by = CASE WHEN $4 THEN $5 ELSE claimed_by END,
-			claimed_at = CASE WHEN $4 THEN now() ELSE claimed_at END,
-			submitted_at = CASE WHEN $6 THEN now() ELSE submitted_at END,
-			settled_at = CASE WHEN $7 THEN now() ELSE settled_at END,
-			failure_reason = COALESCE($8, failure_reason),
-			rail_ref = COALESCE($9, rail_ref),
-			rail_error_code = COALESCE($10, rail_error_code)
-		WHERE id = $1 RETURNING *
-	), e AS (
-		INSERT INTO payout_event (payout_id, from_state, to_state, token, holder, actor, reason)
-		SELECT u.id, $11, u.state, u.token, $5, $12, $13 FROM u
-	)
-	SELECT `+payoutCols+` FROM u`,
-		payoutID, string(to), int64(cmd.Token), claim, string(cmd.Holder), submitted, settled, failure, railRef, errCode,
-		string(from), cmd.Actor, reason))
+	out, err := writeChanges(ctx, tx, cmd, o.fence.account, []change{ch})
 	if err != nil {
-		return pc.Payout{}, nil, fmt.Errorf("update payout and record its event: %w", err)
-	}
-	if settled {
-		// Last before the commit: every posting of every account credits
-		// this one row, so its lock is held for as short a time as can be.
-		if err := creditClearing(ctx, tx, p.Amount); err != nil {
-			return pc.Payout{}, nil, err
-		}
+		return pc.Payout{}, nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return pc.Payout{}, nil, fmt.Errorf("commit %s: %w", cmd.Op, err)
 	}
-	s.m.transitions.WithLabelValues(string(from), string(to)).Inc()
-	return p, nil, nil
+	s.m.transitions.WithLabelValues(string(ch.from.State), string(ch.to)).Inc()
+	return out[0], nil, nil
 }
 
 // checkResolutionSLA refuses abandoning a payout that has been ambiguous
@@ -278,33 +171,6 @@ func (s *Service) checkResolutionSLA(ctx context.Context, tx pgx.Tx, p pc.Payout
 		p.ID, age.Round(time.Second), since.UTC().Format(time.RFC3339), s.sla, (s.sla-age).Round(time.Second)).
 		With("payout_id", p.ID).With("ambiguous_since", since.UTC()).
 		With("ambiguous_for_seconds", int64(age.Seconds())).With("resolution_sla_seconds", int64(s.sla.Seconds()))
-}
-
-// postLedger writes the payout's ledger group — debit the account, credit
-// payout-clearing, both under the token — and debits the account's
-// balance, in the caller's transaction (INV-03); creditClearing moves the
-// clearing balance at the end of the same transaction. The group sums to
-// zero by construction and the deferred trigger checks it at commit.
-func postLedger(ctx context.Context, tx pgx.Tx, p pc.Payout, token fencing.Token) error {
-	group := "post:" + p.ID
-	if _, err := tx.Exec(ctx, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id, payout_id, token)
-		VALUES ($1, $2, -$3::bigint, $4, $5, $6), ($1, $4, $3, $2, $5, $6)`,
-		group, p.AccountID, p.Amount, pc.ClearingAccount, p.ID, int64(token)); err != nil {
-		return fmt.Errorf("post ledger: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance - $2, updated_at = now() WHERE id = $1`, p.AccountID, p.Amount); err != nil {
-		return fmt.Errorf("update balance: %w", err)
-	}
-	return nil
-}
-
-// creditClearing credits payout-clearing with a posted amount. The row is
-// shared by every account, so callers run it last in their transaction.
-func creditClearing(ctx context.Context, tx pgx.Tx, amount int64) error {
-	if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance + $2, updated_at = now() WHERE id = $1`, pc.ClearingAccount, amount); err != nil {
-		return fmt.Errorf("update the clearing balance: %w", err)
-	}
-	return nil
 }
 
 // reject records a rejected request's evidence and builds its error.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,10 +62,14 @@ func getPayout(ctx context.Context, q querier, id string, forUpdate bool) (pc.Pa
 // or possibly gone (D-7).
 func heldAmount(ctx context.Context, q querier, accountID string) (int64, error) {
 	var held int64
-	err := q.QueryRow(ctx, `SELECT COALESCE(sum(amount), 0)::bigint FROM payout WHERE account_id = $1 AND state = ANY($2)`,
-		accountID, heldStates).Scan(&held)
+	err := q.QueryRow(ctx, heldSQL, accountID, heldStates).Scan(&held)
 	return held, err
 }
+
+const heldSQL = `SELECT COALESCE(sum(amount), 0)::bigint FROM payout WHERE account_id = $1 AND state = ANY($2)`
+
+// isHeld reports whether a payout in st holds its amount back (D-7).
+func isHeld(st pc.State) bool { return slices.Contains(heldStates, string(st)) }
 
 const accountCols = `a.id, a.currency, a.balance,
 	a.balance - COALESCE((SELECT sum(p.amount) FROM payout p WHERE p.account_id = a.id AND p.state = ANY($1)), 0)::bigint,

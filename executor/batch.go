@@ -1,0 +1,210 @@
+package executor
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/payouts/payouts/internal/obs"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+// maxSubmitsAtOnce bounds the proxy submissions one grant has in flight.
+const maxSubmitsAtOnce = 16
+
+// errQueued is how a batch's report function says "collected for the
+// outcome batch": not a failure.
+var errQueued = errors.New("outcome queued for the batch")
+
+// driveBatch drives a page of the account's PENDING payouts together under
+// this grant: one payment-resource call per step for all of them (claim,
+// submitting, outcome, post: POST /v1/accounts/{id}/steps, one transaction
+// each, guard 1 once), and the proxy submissions — one per payout, as
+// always — at most maxSubmitsAtOnce at a time. RAIL_SUBMITTED is recorded
+// for the whole batch before any of them is sent (D-4). A payout whose step
+// was refused as invalid_transition (it moved under us), or whose batch got
+// no usable answer, is re-read and finished alone by drive, as the recovery
+// table says. The test hooks fire after each batched step, with its first
+// payout.
+func (r *run) driveBatch(ps []pc.Payout) error {
+	b := &batch{r: r}
+	claimed := b.step(pc.StepClaim, AfterClaimed, ps, nil, pc.Claimed)
+	if b.fatal != nil {
+		return b.fatal
+	}
+	submitting := b.step(pc.StepSubmitting, AfterSubmitting, claimed, nil, pc.RailSubmitted)
+	if b.fatal != nil {
+		return b.fatal
+	}
+	reported, outcomes := b.sendAll(submitting)
+	if b.fatal != nil {
+		return b.fatal
+	}
+	acked := b.step(pc.StepOutcome, AfterOutcome, reported, outcomes, pc.RailAcked)
+	if b.fatal != nil {
+		return b.fatal
+	}
+	b.step(pc.StepPost, AfterPosted, acked, nil, pc.Posted)
+	if b.fatal != nil {
+		return b.fatal
+	}
+	for _, p := range b.loose {
+		if err := r.drive(r.reread(p)); err != nil {
+			return err
+		}
+	}
+	return b.leave
+}
+
+// batch is the state of one driveBatch.
+type batch struct {
+	r *run
+	// loose are payouts to finish one at a time, after the batch.
+	loose []pc.Payout
+	// fatal stops the account's work at once (fenced out, grant lost, stop).
+	fatal error
+	// leave is set when a payout was left (a refused request): the round
+	// ends once the others are done.
+	leave error
+}
+
+// settle files a payout whose own handling failed with err.
+func (b *batch) settle(p pc.Payout, err error) {
+	switch {
+	case err == nil || errors.Is(err, errQueued):
+	case errors.Is(err, errTransient):
+		b.loose = append(b.loose, p)
+	case errors.Is(err, errLeave), errors.Is(err, errStepBudget):
+		b.leave = err
+	default:
+		if b.fatal == nil {
+			b.fatal = err
+		}
+	}
+}
+
+// step runs one batched step on ps (items: their outcome members, for
+// StepOutcome) and returns those that reached want, in order. The others
+// end here (terminal, or RAIL_AMBIGUOUS), are left, or go loose.
+func (b *batch) step(op pc.StepOp, after Point, ps []pc.Payout, items []pc.StepItem, want pc.State) []pc.Payout {
+	r := b.r
+	if len(ps) == 0 {
+		return nil
+	}
+	if err := r.check(); err != nil {
+		b.fatal = err
+		return nil
+	}
+	if items == nil {
+		items = make([]pc.StepItem, len(ps))
+		for i, p := range ps {
+			items[i] = pc.StepItem{PayoutID: p.ID}
+		}
+	}
+	step := string(op)
+	ctx, cancel := r.e.callCtx()
+	start := time.Now()
+	res, err := r.e.pay.Steps(ctx, r.account, r.g.Token(), r.g.Holder(), op, items)
+	cancel()
+	r.e.m.stepLatency.WithLabelValues(step + "_batch").Observe(time.Since(start).Seconds())
+	if err == nil && len(res) != len(ps) {
+		r.log.Error("the payment resource answered a batch with the wrong number of items; re-reading them",
+			"step", step, "items", len(ps), "answers", len(res))
+		b.loose = append(b.loose, ps...)
+		return nil
+	}
+	if err != nil {
+		err = r.failed(step, "payment", ps[0], err)
+		if errors.Is(err, errTransient) {
+			// No usable answer: whatever landed is found by re-reading.
+			b.loose = append(b.loose, ps...)
+			return nil
+		}
+		b.settle(ps[0], err)
+		return nil
+	}
+	var out []pc.Payout
+	var first *pc.Payout
+	for i, p := range ps {
+		if res[i].Err != nil {
+			b.settle(p, r.failed(step, "payment", p, res[i].Err))
+			continue
+		}
+		next := res[i].Payout
+		r.e.m.steps.WithLabelValues(step, resultOK).Inc()
+		if next.State != p.State {
+			r.moved = true
+		}
+		r.transition(step, p, next)
+		if first == nil && next.State != p.State && (after != AfterClaimed || next.State == pc.Claimed) {
+			first = &next
+		}
+		if next.State == want {
+			out = append(out, next)
+		}
+	}
+	if first != nil {
+		r.hook(after, *first)
+	}
+	return out
+}
+
+// sendAll submits every payout this grant has just marked RAIL_SUBMITTED to
+// the proxy, at most maxSubmitsAtOnce at a time, then acts on each answer
+// in order: the records whose outcome is to be reported are returned for
+// the outcome batch; anything else is handled as for a single payout.
+func (b *batch) sendAll(ps []pc.Payout) ([]pc.Payout, []pc.StepItem) {
+	r := b.r
+	if len(ps) == 0 {
+		return nil, nil
+	}
+	type answer struct {
+		rec proxyclient.Record
+		err error
+	}
+	answers := make([]answer, len(ps))
+	sem := make(chan struct{}, maxSubmitsAtOnce)
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			rec, err := r.send(p)
+			answers[i] = answer{rec, err}
+		}()
+	}
+	wg.Wait()
+	var reported []pc.Payout
+	var items []pc.StepItem
+	collect := func(p pc.Payout, rec proxyclient.Record) (pc.Payout, error) {
+		reported, items = append(reported, p), append(items, r.outcomeItem(p, rec))
+		return p, errQueued
+	}
+	for i, p := range ps {
+		next, err := r.answered(p, answers[i].rec, answers[i].err, collect)
+		if err == nil && !next.State.Terminal() && next.State != pc.RailAmbiguous {
+			// Handled alone (a refusal, an unclear answer) and not done yet:
+			// finished alone too.
+			b.loose = append(b.loose, next)
+			continue
+		}
+		b.settle(p, err)
+	}
+	return reported, items
+}
+
+// reread is the payout as the payment resource now holds it (p itself when
+// it cannot be read: drive's own retries re-read it).
+func (r *run) reread(p pc.Payout) pc.Payout {
+	ctx, cancel := r.e.callCtx()
+	defer cancel()
+	fresh, err := r.e.pay.Payout(ctx, p.ID)
+	if err != nil {
+		r.log.Warn("could not re-read the payout; acting on the state last seen", obs.KeyPayoutID, p.ID, obs.KeyError, err.Error())
+		return p
+	}
+	return fresh
+}

@@ -1,0 +1,109 @@
+package paymentclient
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
+)
+
+// MaxStepItems bounds the items of one POST /accounts/{id}/steps.
+const MaxStepItems = 100
+
+// StepOp is a step that POST /accounts/{id}/steps applies to many payouts
+// of one account at once.
+type StepOp string
+
+// The batchable steps: the executor's four.
+const (
+	StepClaim      StepOp = "claim"
+	StepSubmitting StepOp = "submitting"
+	StepOutcome    StepOp = "outcome"
+	StepPost       StepOp = "post"
+)
+
+// StepItem is one payout of a batch; Outcome, RailRef and ErrorCode are
+// for StepOutcome only (as in OutcomeRequest).
+type StepItem struct {
+	PayoutID  string  `json:"payout_id"`
+	Outcome   Outcome `json:"outcome,omitempty"`
+	RailRef   string  `json:"rail_ref,omitempty"`
+	ErrorCode string  `json:"error_code,omitempty"`
+}
+
+// StepsRequest is the body of POST /accounts/{id}/steps: one step for up to
+// MaxStepItems payouts of the account, under one grant's token and holder.
+type StepsRequest struct {
+	Token  fencing.Token  `json:"token"`
+	Holder fencing.Holder `json:"holder"`
+	Op     StepOp         `json:"op"`
+	Items  []StepItem     `json:"items"`
+}
+
+// StepResult is one item's answer, in the order of the request: the payout
+// as it now stands, or (Err set) why this item was not applied — the
+// payout as sent on the wire, or {"payout_id", "error": <problem>}.
+type StepResult struct {
+	Payout   Payout
+	PayoutID string
+	Err      *problem.Error
+}
+
+// MarshalJSON renders the payout, or {"payout_id", "error"}.
+func (r StepResult) MarshalJSON() ([]byte, error) {
+	if r.Err != nil {
+		return json.Marshal(struct {
+			PayoutID string         `json:"payout_id"`
+			Error    *problem.Error `json:"error"`
+		}{r.PayoutID, r.Err})
+	}
+	return json.Marshal(r.Payout)
+}
+
+// UnmarshalJSON reads either form.
+func (r *StepResult) UnmarshalJSON(b []byte) error {
+	var e struct {
+		PayoutID string          `json:"payout_id"`
+		Error    json.RawMessage `json:"error"`
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		return err
+	}
+	if len(e.Error) > 0 && string(e.Error) != "null" {
+		var pe *problem.Error
+		if !errors.As(problem.DecodeBody(0, e.Error), &pe) {
+			return errors.New("paymentclient: an item's error is not a problem")
+		}
+		pe.HTTPStatus = 0
+		*r = StepResult{PayoutID: e.PayoutID, Err: pe}
+		return nil
+	}
+	*r = StepResult{}
+	if err := json.Unmarshal(b, &r.Payout); err != nil {
+		return err
+	}
+	r.PayoutID = r.Payout.ID
+	return nil
+}
+
+// StepsResponse is the answer of POST /accounts/{id}/steps.
+type StepsResponse struct {
+	Items []StepResult `json:"items"`
+}
+
+// Steps applies one step to several payouts of one account in one
+// transaction under one grant (DESIGN D-3: the fence is the account's).
+// Guard 1 judges the token once, first: fenced out, the whole request is
+// refused (a *problem.Error fenced_out) and nothing changes. Otherwise each
+// item is decided by the transition table on its own: the answer holds, in
+// the request's order, the payout as it now stands or the item's problem
+// (invalid_transition, not_found).
+func (c *Client) Steps(ctx context.Context, accountID string, token fencing.Token, holder fencing.Holder, op StepOp, items []StepItem) ([]StepResult, error) {
+	var out StepsResponse
+	err := c.c.Post(ctx, "/v1/accounts/"+httpx.PathEscape(accountID)+"/steps",
+		StepsRequest{Token: token, Holder: holder, Op: op, Items: items}, &out)
+	return out.Items, err
+}

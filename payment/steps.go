@@ -1,0 +1,196 @@
+package payment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// stepOps are the mutations POST /accounts/{id}/steps applies in a batch.
+var stepOps = map[pc.StepOp]Op{
+	pc.StepClaim: OpClaim, pc.StepSubmitting: OpSubmitting, pc.StepOutcome: OpOutcome, pc.StepPost: OpPost,
+}
+
+// Steps is one step applied to several payouts of one account.
+type Steps struct {
+	Account string
+	Cmd     Command // Op, Token, Holder, Actor: the same for every item
+	Items   []pc.StepItem
+}
+
+// itemCommand is the command of one item: the batch's, with the item's
+// outcome members.
+func (b Steps) itemCommand(i int) Command {
+	c := b.Cmd
+	c.Outcome, c.RailRef, c.ErrorCode = b.Items[i].Outcome, b.Items[i].RailRef, b.Items[i].ErrorCode
+	return c
+}
+
+// ApplySteps performs one fenced step on several payouts of one account in
+// one transaction. Guard 1 runs once, first, on the account (the fence is
+// per account, D-3): refused, nothing changes — the fence included — and
+// the answer is the fenced_out error a single mutation gets, with its
+// evidence recorded once (for the first item's payout). Accepted, each item
+// is decided on its own by the transition table, in order (the claims' funds
+// as a running total): a payout in the wrong state is left as it is, with
+// its rejected_transition evidence and an invalid_transition problem in its
+// slot; a payout of another account (or none) is not_found in its slot.
+// When no item is accepted the transaction is rolled back, the fence
+// included.
+func (s *Service) ApplySteps(ctx context.Context, b Steps) ([]pc.StepResult, error) {
+	if err := wire.ValidFence(b.Cmd.Token, b.Cmd.Holder); err != nil {
+		return nil, err
+	}
+	res, rejs, fenced, err := s.stepsTx(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	if fenced != nil {
+		s.afterRefusalHook()
+		return nil, s.reject(ctx, b.Account, b.Items[0].PayoutID, b.Cmd, fenced)
+	}
+	for i, rej := range rejs {
+		if rej != nil {
+			s.afterRefusalHook()
+			res[i].Err = problem.From(s.reject(ctx, b.Account, b.Items[i].PayoutID, b.itemCommand(i), rej))
+		}
+	}
+	return res, nil
+}
+
+func (s *Service) afterRefusalHook() {
+	if hook := s.afterRefusal.Load(); hook != nil {
+		(*hook)()
+	}
+}
+
+func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rejection, *rejection, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	ids := make([]string, len(b.Items))
+	for i, it := range b.Items {
+		ids[i] = it.PayoutID
+	}
+	o, err := open(ctx, tx, fenceOf{accountID: b.Account}, b.Cmd, ids, b.Cmd.Op == OpClaim)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, nil, problem.New(problem.NotFound, "no account %q", b.Account)
+	}
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if !o.fence.accepted {
+		return nil, nil, &rejection{fenced: true, fence: o.fence}, nil
+	}
+	found := make(map[string]pc.Payout, len(o.payouts))
+	for _, p := range o.payouts {
+		found[p.ID] = p
+	}
+	res := make([]pc.StepResult, len(b.Items))
+	rejs := make([]*rejection, len(b.Items))
+	var chs []change
+	var slots []int
+	for i, it := range b.Items {
+		p, ok := found[it.PayoutID]
+		if !ok {
+			res[i] = pc.StepResult{PayoutID: it.PayoutID, Err: problem.New(problem.NotFound, "no payout %q in account %q", it.PayoutID, b.Account)}
+			continue
+		}
+		ch, rej, err := s.decideOne(ctx, tx, p, b.itemCommand(i), o.funds)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if rej != nil {
+			rej.fence = o.fence
+			rejs[i] = rej
+			res[i] = pc.StepResult{PayoutID: it.PayoutID}
+			continue
+		}
+		chs, slots = append(chs, ch), append(slots, i)
+	}
+	if len(chs) == 0 {
+		// Nothing accepted: roll back, the fence included (D-1).
+		return res, rejs, nil, nil
+	}
+	out, err := writeChanges(ctx, tx, b.Cmd, o.fence.account, chs)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, nil, fmt.Errorf("commit %s of %d payouts: %w", b.Cmd.Op, len(chs), err)
+	}
+	for k, i := range slots {
+		res[i] = pc.StepResult{Payout: out[k], PayoutID: out[k].ID}
+		s.m.transitions.WithLabelValues(string(chs[k].from.State), string(chs[k].to)).Inc()
+	}
+	return res, rejs, nil, nil
+}
+
+// decodeSteps reads the body of POST /accounts/{id}/steps.
+func decodeSteps(r *http.Request, account string) (Steps, error) {
+	var req pc.StepsRequest
+	if err := httpx.DecodeJSON(r, &req); err != nil {
+		return Steps{}, err
+	}
+	op, ok := stepOps[req.Op]
+	if !ok {
+		return Steps{}, badField("op", "must be claim, submitting, outcome or post, got %q", req.Op)
+	}
+	if err := wire.ValidFence(req.Token, req.Holder); err != nil {
+		return Steps{}, err
+	}
+	if len(req.Items) == 0 || len(req.Items) > pc.MaxStepItems {
+		return Steps{}, badField("items", "between 1 and %d payouts, got %d", pc.MaxStepItems, len(req.Items))
+	}
+	seen := make(map[string]bool, len(req.Items))
+	for i, it := range req.Items {
+		prefix := fmt.Sprintf("items[%d].", i)
+		if err := wire.ValidID(prefix+"payout_id", it.PayoutID); err != nil {
+			return Steps{}, err
+		}
+		if seen[it.PayoutID] {
+			return Steps{}, badField(prefix+"payout_id", "payout %q is listed twice", it.PayoutID)
+		}
+		seen[it.PayoutID] = true
+		if op == OpOutcome {
+			if err := validOutcome(prefix, it.Outcome, it.RailRef, it.ErrorCode); err != nil {
+				return Steps{}, err
+			}
+		} else if it.Outcome != "" || it.RailRef != "" || it.ErrorCode != "" {
+			return Steps{}, badField(prefix+"outcome", "outcome, rail_ref and error_code belong to op outcome only")
+		}
+	}
+	return Steps{Account: account, Cmd: Command{Op: op, Token: req.Token, Holder: req.Holder}, Items: req.Items}, nil
+}
+
+func (s *Service) handleSteps(w http.ResponseWriter, r *http.Request) error {
+	account, err := pathID(r, "account")
+	if err != nil {
+		return err
+	}
+	if reservedAccount(account) {
+		return problem.New(problem.NotFound, "%q is a system account: it has no payouts", account)
+	}
+	b, err := decodeSteps(r, account)
+	if err != nil {
+		return err
+	}
+	b.Cmd.Actor = actor(r)
+	res, err := s.ApplySteps(r.Context(), b)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, pc.StepsResponse{Items: res})
+	return nil
+}
