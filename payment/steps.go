@@ -191,6 +191,33 @@ func (s *Service) handleSteps(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	httpx.WriteJSON(w, http.StatusOK, pc.StepsResponse{Items: res})
+	httpx.WriteJSON(w, http.StatusOK, stepsAnswer(res))
 	return nil
+}
+
+// stepAnswer is one item of the answer of POST /accounts/{id}/steps as the
+// encoder writes it directly (no MarshalJSON of its own, whose bytes the
+// encoder would scan again): the payout's members, or (Payout nil)
+// {"payout_id", "error"} — the JSON of pc.StepResult.
+type stepAnswer struct {
+	*pc.Payout
+	PayoutID string         `json:"payout_id,omitempty"`
+	Error    *problem.Error `json:"error,omitempty"`
+}
+
+type stepsAnswerBody struct {
+	Items []stepAnswer `json:"items"`
+}
+
+// stepsAnswer is the body answering res.
+func stepsAnswer(res []pc.StepResult) stepsAnswerBody {
+	out := make([]stepAnswer, len(res))
+	for i := range res {
+		if res[i].Err != nil {
+			out[i] = stepAnswer{PayoutID: res[i].PayoutID, Error: res[i].Err}
+		} else {
+			out[i] = stepAnswer{Payout: &res[i].Payout}
+		}
+	}
+	return stepsAnswerBody{Items: out}
 }
