@@ -105,19 +105,10 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	log.Info("submission intent recorded", "submission_id", rec.ID, "client_ref", rec.ClientRef)
 	s.crash(log, CrashAfterIntent)
 
-	done := make(chan forwardResult, 1)
-	s.forwards.Add(1)
-	s.inflight.Store(rec.PayoutID, struct{}{})
-	go func() {
-		defer s.forwards.Done()
-		defer s.inflight.Delete(rec.PayoutID)
-		done <- s.forward(detached, log, rec)
-	}()
 	select {
-	case fr := <-done:
+	case fr := <-s.startForward(detached, log, rec, nil):
 		if fr.err != nil {
-			return problem.Wrap(problem.Unavailable, fr.err,
-				"the submission was forwarded to the rail but its outcome could not be recorded; treat it as ambiguous")
+			return forwardFailed(fr.err)
 		}
 		httpx.WriteJSON(w, http.StatusOK, fr.rec)
 		return nil
@@ -125,6 +116,32 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 		return problem.New(problem.Unavailable,
 			"the rail has not answered yet; the proxy will record the outcome of payout %s (GET /v1/submissions/%s)", rec.PayoutID, rec.PayoutID)
 	}
+}
+
+// startForward runs forward for a committed intent in a goroutine of its
+// own, detached from the caller (the server's shutdown waits for it); with
+// sem, at most cap(sem) such calls run at once.
+func (s *Server) startForward(ctx context.Context, log *slog.Logger, rec proxyclient.Record, sem chan struct{}) <-chan forwardResult {
+	done := make(chan forwardResult, 1)
+	s.forwards.Add(1)
+	s.inflight.Store(rec.PayoutID, struct{}{})
+	go func() {
+		defer s.forwards.Done()
+		defer s.inflight.Delete(rec.PayoutID)
+		if sem != nil {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+		}
+		done <- s.forward(ctx, log, rec)
+	}()
+	return done
+}
+
+// forwardFailed is the answer for a submission forwarded to the rail whose
+// outcome could not be recorded.
+func forwardFailed(err error) error {
+	return problem.Wrap(problem.Unavailable, err,
+		"the submission was forwarded to the rail but its outcome could not be recorded; treat it as ambiguous")
 }
 
 func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, req proxyclient.SubmitRequest, refusedBy mark) error {

@@ -178,6 +178,7 @@ func (s *Server) routes(r chi.Router) {
 		// role could pay through the proxy or push an account's high-water
 		// mark out of every executor's reach.
 		r.With(auth.Require(auth.Executor)).Post("/submissions", httpx.Handler(s.submit))
+		r.With(auth.Require(auth.Executor)).Post("/accounts/{id}/submissions", httpx.Handler(s.submitBatch))
 		r.With(auth.Require(auth.Reconciler, auth.Operator)).Post("/submissions/{payout_id}/lookup", httpx.Handler(s.lookup))
 		r.Group(func(r chi.Router) {
 			r.Use(readers)

@@ -90,21 +90,14 @@ func (st *store) writeIntent(ctx context.Context, req proxyclient.SubmitRequest)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	var (
-		token    int64
-		holder   string
-		accepted bool
-	)
-	err = tx.QueryRow(ctx, highWaterSQL, req.AccountID, int64(req.Token), string(req.Holder)).Scan(&token, &holder, &accepted)
+	m, accepted, err := guard(ctx, tx, req.AccountID, req.Token, req.Holder)
 	if err != nil {
-		return proxyclient.Record{}, m, 0, fmt.Errorf("advance high-water: %w", err)
+		return proxyclient.Record{}, m, 0, err
 	}
-	m = mark{token: fencing.Token(token), holder: fencing.Holder(holder)}
 	if !accepted {
 		return proxyclient.Record{}, m, intentFenced, nil
 	}
-	rec, err := scanRecord(tx.QueryRow(ctx, intentSQL+recordCols,
-		req.PayoutID, req.AccountID, int64(req.Token), string(req.Holder), req.ClientRef, req.Amount, req.Currency, req.BeneficiaryRef))
+	rec, err := scanRecord(tx.QueryRow(ctx, intentSQL+recordCols, intentArgs(req)...))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return proxyclient.Record{}, m, intentExists, nil
 	}
@@ -115,6 +108,26 @@ func (st *store) writeIntent(ctx context.Context, req proxyclient.SubmitRequest)
 		return proxyclient.Record{}, m, 0, fmt.Errorf("commit intent: %w", err)
 	}
 	return rec, m, intentWritten, nil
+}
+
+// guard runs guard 2 (highWaterSQL), which must be the first statement of
+// tx: accepted reports whether the account's fence admits (token, holder);
+// m is the mark the statement judged against.
+func guard(ctx context.Context, tx pgx.Tx, account string, token fencing.Token, holder fencing.Holder) (m mark, accepted bool, err error) {
+	var (
+		t int64
+		h string
+	)
+	err = tx.QueryRow(ctx, highWaterSQL, account, int64(token), string(holder)).Scan(&t, &h, &accepted)
+	if err != nil {
+		return m, false, fmt.Errorf("advance high-water: %w", err)
+	}
+	return mark{token: fencing.Token(t), holder: fencing.Holder(h)}, accepted, nil
+}
+
+// intentArgs are the parameters of intentSQL for req.
+func intentArgs(req proxyclient.SubmitRequest) []any {
+	return []any{req.PayoutID, req.AccountID, int64(req.Token), string(req.Holder), req.ClientRef, req.Amount, req.Currency, req.BeneficiaryRef}
 }
 
 // fencedEvidence is what recordFenced wrote.

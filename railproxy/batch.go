@@ -1,0 +1,186 @@
+package railproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
+	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+// maxBatchForwards bounds the rail calls one batch submission has in flight.
+const maxBatchForwards = 16
+
+// writeIntents runs a batch submission's one transaction: guard 2 once,
+// first (the same statement as a single submission's), then every item's
+// intent row (intentSQL, pipelined). fenced: the guard refused the token,
+// nothing is written and m is the mark that refused it. Otherwise res[i] is
+// intentWritten (recs[i] the intent) or intentExists (the payout already
+// has a forwarded submission: nothing written for it). When no intent is
+// written the transaction is rolled back, the high-water mark included.
+func (st *store) writeIntents(ctx context.Context, reqs []proxyclient.SubmitRequest) (recs []proxyclient.Record, res []intentResult, m mark, fenced bool, err error) {
+	tx, err := st.pool.Begin(ctx)
+	if err != nil {
+		return nil, nil, m, false, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	first := reqs[0]
+	m, accepted, err := guard(ctx, tx, first.AccountID, first.Token, first.Holder)
+	if err != nil || !accepted {
+		return nil, nil, m, err == nil, err
+	}
+	b := &pgx.Batch{}
+	for _, req := range reqs {
+		b.Queue(intentSQL+recordCols, intentArgs(req)...)
+	}
+	br := tx.SendBatch(ctx, b)
+	recs, res = make([]proxyclient.Record, len(reqs)), make([]intentResult, len(reqs))
+	written := 0
+	for i := range reqs {
+		recs[i], err = scanRecord(br.QueryRow())
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			res[i] = intentExists
+		case err != nil:
+			br.Close()
+			return nil, nil, m, false, fmt.Errorf("insert intent of payout %s: %w", reqs[i].PayoutID, err)
+		default:
+			res[i] = intentWritten
+			written++
+		}
+	}
+	if err := br.Close(); err != nil {
+		return nil, nil, m, false, fmt.Errorf("insert intents: %w", err)
+	}
+	if written == 0 {
+		return recs, res, m, false, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, m, false, fmt.Errorf("commit intents: %w", err)
+	}
+	return recs, res, m, false, nil
+}
+
+// batchRequests validates a batch submission of account and returns its
+// items as single submissions.
+func batchRequests(account string, req proxyclient.BatchSubmitRequest) ([]proxyclient.SubmitRequest, error) {
+	if err := wire.ValidFence(req.Token, req.Holder); err != nil {
+		return nil, err
+	}
+	if len(req.Items) == 0 || len(req.Items) > proxyclient.MaxBatchItems {
+		return nil, wire.BadField("items", "between 1 and %d payouts, got %d", proxyclient.MaxBatchItems, len(req.Items))
+	}
+	out := make([]proxyclient.SubmitRequest, len(req.Items))
+	seen := make(map[string]bool, len(req.Items))
+	for i, it := range req.Items {
+		out[i] = proxyclient.SubmitRequest{
+			PayoutID: it.PayoutID, AccountID: account, Token: req.Token, Holder: req.Holder,
+			ClientRef: it.ClientRef, Amount: it.Amount, Currency: it.Currency, BeneficiaryRef: it.BeneficiaryRef,
+		}
+		if err := validateSubmit(out[i]); err != nil {
+			e := problem.From(err)
+			var field string
+			e.Extension("field", &field)
+			return nil, wire.BadField(fmt.Sprintf("items[%d].%s", i, field), "%s", strings.TrimPrefix(e.Message, field+": "))
+		}
+		if seen[it.PayoutID] {
+			return nil, wire.BadField(fmt.Sprintf("items[%d].payout_id", i), "payout %q is listed twice", it.PayoutID)
+		}
+		seen[it.PayoutID] = true
+	}
+	return out, nil
+}
+
+// batchItemError is an item of a batch answer that was not forwarded, or
+// whose outcome could not be recorded.
+type batchItemError struct {
+	PayoutID string         `json:"payout_id"`
+	Error    *problem.Error `json:"error"`
+}
+
+type batchAnswer struct {
+	Items []any `json:"items"`
+}
+
+// submitBatch serves POST /v1/accounts/{id}/submissions: one transaction
+// for the guard and every intent, then each written intent forwarded as a
+// single submission's is (forward), detached from the caller, at most
+// maxBatchForwards at once; the answer comes when all are done.
+func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
+	account := chi.URLParam(r, "id")
+	if err := wire.ValidID("account_id", account); err != nil {
+		return refusedUnforwarded(err, "")
+	}
+	var body proxyclient.BatchSubmitRequest
+	if err := httpx.DecodeJSON(r, &body); err != nil {
+		return refusedUnforwarded(err, "")
+	}
+	reqs, err := batchRequests(account, body)
+	if err != nil {
+		httpx.Log(r.Context()).Warn("batch submission refused without forwarding: it can never be accepted",
+			obs.KeyAccountID, account, obs.KeyError, err.Error())
+		return refusedUnforwarded(err, "")
+	}
+	log := httpx.Log(r.Context()).With(obs.KeyAccountID, account, obs.KeyKey, fencing.Key(account),
+		obs.KeyToken, int64(body.Token), obs.KeyHolder, string(body.Holder))
+
+	// As for a single submission: from here on the caller going away
+	// changes nothing.
+	detached := context.WithoutCancel(r.Context())
+	ctx, cancel := context.WithTimeout(detached, dbTimeout)
+	recs, res, hw, fenced, err := s.st.writeIntents(ctx, reqs)
+	cancel()
+	if err != nil {
+		return problem.Wrap(problem.Unavailable, err, "the batch submission could not be recorded; none of it was forwarded")
+	}
+	if fenced {
+		if hook := s.afterRefusal.Load(); hook != nil {
+			(*hook)()
+		}
+		// One refusal, one piece of evidence: for the first item's payout.
+		return s.fencedOut(detached, log.With(obs.KeyPayoutID, reqs[0].PayoutID, "items", len(reqs)), reqs[0], hw)
+	}
+	s.crash(log, CrashAfterIntent)
+
+	out := make([]any, len(reqs))
+	done := make([]<-chan forwardResult, len(reqs))
+	sem := make(chan struct{}, maxBatchForwards)
+	for i, req := range reqs {
+		ilog := log.With(obs.KeyPayoutID, req.PayoutID)
+		if res[i] == intentExists {
+			out[i] = batchItemError{PayoutID: req.PayoutID, Error: problem.From(s.duplicate(detached, ilog, req))}
+			continue
+		}
+		ilog.Info("submission intent recorded", "submission_id", recs[i].ID, "client_ref", recs[i].ClientRef)
+		done[i] = s.startForward(detached, ilog, recs[i], sem)
+	}
+	for i, ch := range done {
+		if ch == nil {
+			continue
+		}
+		select {
+		case fr := <-ch:
+			if fr.err != nil {
+				out[i] = batchItemError{PayoutID: reqs[i].PayoutID, Error: problem.From(forwardFailed(fr.err))}
+				continue
+			}
+			out[i] = &fr.rec
+		case <-r.Context().Done():
+			return problem.New(problem.Unavailable,
+				"the rail has not answered every item yet; the proxy will record each outcome (GET /v1/submissions/{payout_id})")
+		}
+	}
+	httpx.WriteJSON(w, http.StatusOK, batchAnswer{Items: out})
+	return nil
+}
