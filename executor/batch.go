@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
@@ -20,8 +21,8 @@ var errQueued = errors.New("outcome queued for the batch")
 // driveBatch drives a page of the account's PENDING payouts together under
 // this grant: one payment-resource call per step for all of them (claim,
 // submitting, outcome, post: POST /v1/accounts/{id}/steps, one transaction
-// each, guard 1 once), and the proxy submissions — one per payout, as
-// always — at most maxSubmitsAtOnce at a time. RAIL_SUBMITTED is recorded
+// each, guard 1 once), and one proxy call for all their submissions
+// (sendAll). RAIL_SUBMITTED is recorded
 // for the whole batch before any of them is sent (D-4). A payout whose step
 // was refused as invalid_transition (it moved under us), or whose batch got
 // no usable answer, is re-read and finished alone by drive, as the recovery
@@ -150,33 +151,52 @@ func (b *batch) step(op pc.StepOp, after Point, ps []pc.Payout, items []pc.StepI
 	return out
 }
 
+// submitAnswer is the proxy's answer to one payout's submission.
+type submitAnswer struct {
+	rec proxyclient.Record
+	err error
+}
+
 // sendAll submits every payout this grant has just marked RAIL_SUBMITTED to
-// the proxy, at most maxSubmitsAtOnce at a time, then acts on each answer
-// in order: the records whose outcome is to be reported are returned for
-// the outcome batch; anything else is handled as for a single payout.
+// the proxy in one batch submission (POST /v1/accounts/{id}/submissions:
+// guard 2 once, every intent in one transaction), then acts on each item's
+// answer in order as on a single submission's: the records whose outcome is
+// to be reported are returned for the outcome batch; anything else is
+// handled as for a single payout. A batch fenced out stops the account's
+// work; a batch refused for its input is sent again one payout at a time,
+// so that each payout gets its own answer; any other failure of the call
+// leaves unknown which were forwarded, and each payout is settled by asking
+// the proxy first (D-4), never by sending it again.
 func (b *batch) sendAll(ps []pc.Payout) ([]pc.Payout, []pc.StepItem) {
 	r := b.r
 	if len(ps) == 0 {
 		return nil, nil
 	}
-	type answer struct {
-		rec proxyclient.Record
-		err error
+	var answers []submitAnswer
+	res, err := r.sendBatch(ps)
+	switch {
+	case err == nil:
+		answers = make([]submitAnswer, len(ps))
+		for i, it := range res {
+			answers[i].rec = it.Record
+			if it.Err != nil {
+				answers[i].err = it.Err
+			}
+		}
+	case problem.Has(err, problem.FencedOut):
+		_, err = r.answered(ps[0], proxyclient.Record{}, err, r.apply)
+		b.settle(ps[0], err)
+		return nil, nil
+	case proxyclient.RefusedUnforwarded(err):
+		r.log.Warn("the proxy refused the batch submission for its input; sending its payouts one at a time",
+			"items", len(ps), obs.KeyError, err.Error())
+		answers = b.sendEach(ps)
+	default:
+		answers = make([]submitAnswer, len(ps))
+		for i := range answers {
+			answers[i].err = err
+		}
 	}
-	answers := make([]answer, len(ps))
-	sem := make(chan struct{}, maxSubmitsAtOnce)
-	var wg sync.WaitGroup
-	for i, p := range ps {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			rec, err := r.send(p)
-			answers[i] = answer{rec, err}
-		}()
-	}
-	wg.Wait()
 	var reported []pc.Payout
 	var items []pc.StepItem
 	collect := func(p pc.Payout, rec proxyclient.Record) (pc.Payout, error) {
@@ -194,6 +214,26 @@ func (b *batch) sendAll(ps []pc.Payout) ([]pc.Payout, []pc.StepItem) {
 		b.settle(p, err)
 	}
 	return reported, items
+}
+
+// sendEach submits each payout on its own, at most maxSubmitsAtOnce at a
+// time.
+func (b *batch) sendEach(ps []pc.Payout) []submitAnswer {
+	answers := make([]submitAnswer, len(ps))
+	sem := make(chan struct{}, maxSubmitsAtOnce)
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			rec, err := b.r.send(p)
+			answers[i] = submitAnswer{rec, err}
+		}()
+	}
+	wg.Wait()
+	return answers
 }
 
 // reread is the payout as the payment resource now holds it (p itself when

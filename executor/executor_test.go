@@ -151,7 +151,18 @@ func (s *testBundle) listCalls(t *testing.T) int {
 // "METHOD route", from its /metrics.
 func (s *testBundle) payCalls(t *testing.T) map[string]int {
 	t.Helper()
-	resp, err := http.Get(s.st.Ready.PaymentURL + "/metrics")
+	return httpCalls(t, s.st.Ready.PaymentURL)
+}
+
+// proxyCalls is payCalls for the rail proxy.
+func (s *testBundle) proxyCalls(t *testing.T) map[string]int {
+	t.Helper()
+	return httpCalls(t, s.st.Ready.ProxyURL)
+}
+
+func httpCalls(t *testing.T, baseURL string) map[string]int {
+	t.Helper()
+	resp, err := http.Get(baseURL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +294,7 @@ func TestExecutorInProcess(t *testing.T) {
 		for i := range n {
 			mk(fmt.Sprintf("ip-many-%02d", i), "ip-many", 10, "BEN-MANY")
 		}
-		before := s.payCalls(t)
+		before, proxyBefore := s.payCalls(t), s.proxyCalls(t)
 		grants0 := s.grantsOf(t, "ip-many")
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
@@ -300,7 +311,7 @@ func TestExecutorInProcess(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatalf("Run: %v", err)
 		}
-		after := s.payCalls(t)
+		after, proxyAfter := s.payCalls(t), s.proxyCalls(t)
 		// One grant: its in-flight payouts, then one page of PENDING ones
 		// (a short page: no more). A second grant may look once more.
 		if calls := after[`GET /v1/payouts`] - before[`GET /v1/payouts`]; calls > 4 {
@@ -312,6 +323,14 @@ func TestExecutorInProcess(t *testing.T) {
 		grants := s.grantsOf(t, "ip-many") - grants0
 		if steps := after[`POST /v1/accounts/{id}/steps`] - before[`POST /v1/accounts/{id}/steps`]; steps < 4 || steps > 4*grants {
 			t.Errorf("%d batched step calls for %d payouts of one account in %d grants, want 4 per grant that had payouts", steps, n, grants)
+		}
+		// One proxy call per grant's page: the batch submission, never a
+		// submission per payout.
+		if c := proxyAfter[`POST /v1/accounts/{id}/submissions`] - proxyBefore[`POST /v1/accounts/{id}/submissions`]; c < 1 || c > grants {
+			t.Errorf("%d batch submissions for %d payouts of one account in %d grants, want 1 per grant that had payouts", c, n, grants)
+		}
+		if c := proxyAfter[`POST /v1/submissions`] - proxyBefore[`POST /v1/submissions`]; c != 0 {
+			t.Errorf("%d single submissions for payouts that were all PENDING, want 0", c)
 		}
 		for _, op := range []string{"claim", "submitting", "outcome", "post"} {
 			route := `POST /v1/payouts/{id}/` + op

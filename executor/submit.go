@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -61,17 +62,22 @@ func (r *run) submit(p pc.Payout) (pc.Payout, error) {
 	return r.answered(p, rec, err, r.apply)
 }
 
-// send is the proxy call of the payout's one submission; it only calls and
-// times, so several may run at once under one grant (sendAll).
-func (r *run) send(p pc.Payout) (proxyclient.Record, error) {
+// submission is what the proxy is asked to forward for p.
+func submission(p pc.Payout) proxyclient.Submission {
 	clientRef := p.ClientRef
 	if clientRef == "" {
 		clientRef = pc.ClientRef(p.ID)
 	}
-	sub := proxyclient.Submission{
+	return proxyclient.Submission{
 		PayoutID: p.ID, AccountID: p.AccountID, ClientRef: clientRef,
 		Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef,
 	}
+}
+
+// send is the proxy call of the payout's one submission; it only calls and
+// times, so several may run at once under one grant (sendAll).
+func (r *run) send(p pc.Payout) (proxyclient.Record, error) {
+	sub := submission(p)
 	// The proxy waits for the rail; its client has its own, longer timeout.
 	ctx, cancel := context.WithTimeout(r.e.base, proxyclient.DefaultTimeout)
 	defer cancel()
@@ -79,6 +85,29 @@ func (r *run) send(p pc.Payout) (proxyclient.Record, error) {
 	rec, err := r.e.proxy.Submit(ctx, sub, r.g.Token(), r.g.Holder())
 	r.e.m.stepLatency.WithLabelValues("submit").Observe(time.Since(start).Seconds())
 	return rec, err
+}
+
+// sendBatch is the proxy call submitting ps together (sendAll). An answer
+// with another number of items than ps is an error of the call: which were
+// forwarded is unknown.
+func (r *run) sendBatch(ps []pc.Payout) ([]proxyclient.BatchResult, error) {
+	items := make([]proxyclient.BatchItem, len(ps))
+	for i, p := range ps {
+		sub := submission(p)
+		items[i] = proxyclient.BatchItem{PayoutID: sub.PayoutID, ClientRef: sub.ClientRef,
+			Amount: sub.Amount, Currency: sub.Currency, BeneficiaryRef: sub.BeneficiaryRef}
+	}
+	ctx, cancel := context.WithTimeout(r.e.base, proxyclient.DefaultTimeout)
+	defer cancel()
+	start := time.Now()
+	res, err := r.e.proxy.SubmitBatch(ctx, r.account, r.g.Token(), r.g.Holder(), items)
+	r.e.m.stepLatency.WithLabelValues("submit_batch").Observe(time.Since(start).Seconds())
+	if err == nil && len(res) != len(ps) {
+		r.log.Error("the proxy answered a batch submission with the wrong number of items; asking it about each payout",
+			"items", len(ps), "answers", len(res))
+		return nil, fmt.Errorf("the proxy answered %d items for %d payouts", len(res), len(ps))
+	}
+	return res, err
 }
 
 // answered acts on the proxy's answer to the payout's submission (the
