@@ -1,11 +1,15 @@
 package railproxy
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/rail/railclient"
@@ -186,5 +190,32 @@ func TestOnlyExecutorsSubmitBatches(t *testing.T) {
 	}
 	if res, err := b.pc.SubmitBatch(ctx, "acc-r", 9, holder(1), batchItems("acc-r", "p-ok")); err != nil || len(res) != 1 || res[0].Err != nil {
 		t.Fatalf("the executor submitting a batch: %+v %v", res, err)
+	}
+}
+
+// As for a single submission, once a batch's intents are committed the
+// caller going away does not stop their forwarding: the proxy finishes
+// each rail call and records its outcome.
+func TestBatchForwardingIsDetachedFromTheCaller(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	b.setFaults(t, railclient.Faults{LatencyMS: 1500})
+	ctx, cancel := context.WithTimeout(ctxFor(t), 300*time.Millisecond)
+	defer cancel()
+	_, err := b.pc.SubmitBatch(ctx, "acc-bd", 3, holder(3), batchItems("acc-bd", "p-d1", "p-d2"))
+	if !errors.Is(err, httpx.ErrTransport) {
+		t.Fatalf("impatient caller: %v, want no answer", err)
+	}
+	for _, id := range []string{"p-d1", "p-d2"} {
+		eventually(t, "the outcome of "+id+" is recorded", func() (bool, error) {
+			rec, err := b.pc.Get(ctxFor(t), id)
+			if problem.Has(err, problem.NotFound) {
+				return false, nil
+			}
+			return rec.Outcome == proxyclient.OutcomeAcked, err
+		})
+		if got := b.atRail(t, "po-"+id); len(got) != 1 {
+			t.Fatalf("rail holds %d payments for %s, want 1", len(got), id)
+		}
 	}
 }
