@@ -140,13 +140,6 @@ func (s *testBundle) config(t *testing.T, owner string, w io.Writer) Config {
 		Logger: obs.NewLogger(w, slog.LevelDebug, Role), Registry: obs.NewRegistry()}
 }
 
-// listCalls is how many GET /v1/payouts (list) requests the payment
-// resource has served, from its /metrics.
-func (s *testBundle) listCalls(t *testing.T) int {
-	t.Helper()
-	return s.payCalls(t)[`GET /v1/payouts`]
-}
-
 // payCalls is how many requests the payment resource has served, by
 // "METHOD route", from its /metrics.
 func (s *testBundle) payCalls(t *testing.T) map[string]int {
