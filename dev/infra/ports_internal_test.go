@@ -9,25 +9,32 @@ import (
 	"time"
 )
 
-// A port picked free can be bound by another process before etcd listens
-// on it (tests running in parallel do exactly that): a new cluster is then
-// started again on fresh ports instead of failing.
-func TestEtcdStartsAgainWhenAPickedPortIsTaken(t *testing.T) {
+// takeFirstPick holds a port bound for the test and makes it the first
+// port picked; later picks are free ports. picks counts them.
+func takeFirstPick(t *testing.T) (port int, picks *int) {
+	t.Helper()
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer taken.Close()
-	port := taken.Addr().(*net.TCPAddr).Port
-	picks := 0
+	t.Cleanup(func() { taken.Close() })
+	port, picks = taken.Addr().(*net.TCPAddr).Port, new(int)
 	pickPort = func() (int, error) {
-		picks++
-		if picks == 1 {
+		*picks++
+		if *picks == 1 {
 			return port, nil
 		}
 		return FreePort()
 	}
-	defer func() { pickPort = FreePort }()
+	t.Cleanup(func() { pickPort = FreePort })
+	return port, picks
+}
+
+// A port picked free can be bound by another process before etcd listens
+// on it (tests running in parallel do exactly that): a new cluster is then
+// started again on fresh ports instead of failing.
+func TestEtcdStartsAgainWhenAPickedPortIsTaken(t *testing.T) {
+	port, picks := takeFirstPick(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := StartEtcd(ctx, t.TempDir(), 1)
@@ -38,28 +45,14 @@ func TestEtcdStartsAgainWhenAPickedPortIsTaken(t *testing.T) {
 	if strings.HasSuffix(c.Nodes[0].ClientURL, ":"+strconv.Itoa(port)) {
 		t.Fatalf("member listens on the taken port %d", port)
 	}
-	if picks < 4 {
-		t.Fatalf("ports picked %d times: the start was not retried", picks)
+	if *picks < 4 {
+		t.Fatalf("ports picked %d times: the start was not retried", *picks)
 	}
 }
 
 // The same for a PostgreSQL cluster whose port was picked free.
 func TestPostgresStartsAgainWhenAPickedPortIsTaken(t *testing.T) {
-	taken, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer taken.Close()
-	port := taken.Addr().(*net.TCPAddr).Port
-	picks := 0
-	pickPort = func() (int, error) {
-		picks++
-		if picks == 1 {
-			return port, nil
-		}
-		return FreePort()
-	}
-	defer func() { pickPort = FreePort }()
+	port, picks := takeFirstPick(t)
 	c, err := NewPGCluster(PGOptions{Dir: t.TempDir() + "/pg"})
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +63,7 @@ func TestPostgresStartsAgainWhenAPickedPortIsTaken(t *testing.T) {
 		t.Fatalf("start with the first picked port taken: %v", err)
 	}
 	defer c.Stop()
-	if c.Port == port || picks < 2 {
-		t.Fatalf("server on port %d after %d picks (taken: %d)", c.Port, picks, port)
+	if c.Port == port || *picks < 2 {
+		t.Fatalf("server on port %d after %d picks (taken: %d)", c.Port, *picks, port)
 	}
 }

@@ -81,15 +81,22 @@ var errRollback error = rollback{}
 // fresh). Before, the acquire's update of a lapsed holder scanned every
 // ACTIVE session and evaluated the (not inlinable) liveness function on
 // each: O(live sessions) on every acquire.
-func TestHotPathCostIndependentOfLiveSessions(t *testing.T) {
-	t.Parallel()
+// openFresh opens a backend on a new migrated lockdb, closed with the test.
+func openFresh(t *testing.T) (context.Context, *Backend) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
 	b, err := Open(ctx, Config{DatabaseURL: pgtest.NewDB(t, migrations.LockDB), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
+	t.Cleanup(func() { _ = b.Close() })
+	return ctx, b
+}
+
+func TestHotPathCostIndependentOfLiveSessions(t *testing.T) {
+	t.Parallel()
+	ctx, b := openFresh(t)
 	// Statistics taken while most sessions had ended, then thousands of
 	// live sessions: the planner believes few sessions are ACTIVE.
 	const others = 3000
@@ -171,13 +178,7 @@ func TestHotPathCostIndependentOfLiveSessions(t *testing.T) {
 // of lock_grant rows however long the log is.
 func TestReapEndsGrantsByToken(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	b, err := Open(ctx, Config{DatabaseURL: pgtest.NewDB(t, migrations.LockDB), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	ctx, b := openFresh(t)
 	if _, err := b.pool.Exec(ctx, `ANALYZE lock_session, lock_entry, lock_grant`); err != nil {
 		t.Fatal(err)
 	}
