@@ -227,9 +227,10 @@ const updatePayoutsSQL = `WITH d AS (
 
 // writeChanges writes the accepted changes of one account's payouts in one
 // round trip: the ledger groups of the posted ones and the account's debit
-// (their total), every payout's update and event, and last — every posting
-// of every account credits this one row, so its lock is held as briefly as
-// can be — one credit of payout-clearing for the total. It returns the
+// (their total), every payout's update and event, and last — so its row
+// lock is held as briefly as can be — one credit of payout-clearing for the
+// total, to the part of its balance this account hashes to (balance.go). It
+// returns the
 // payouts as they now stand, in the order of chs.
 func writeChanges(ctx context.Context, tx pgx.Tx, cmd Command, account string, chs []change) ([]pc.Payout, error) {
 	n := len(chs)
@@ -256,7 +257,7 @@ func writeChanges(ctx context.Context, tx pgx.Tx, cmd Command, account string, c
 	b.Queue(updatePayoutsSQL, ids, states, claim, submitted, settled, failure, railRef, errCode, from, reasons,
 		int64(cmd.Token), string(cmd.Holder), cmd.Actor)
 	if len(postedIDs) > 0 {
-		b.Queue(`UPDATE account SET balance = balance + $2, updated_at = now() WHERE id = $1`, pc.ClearingAccount, total)
+		b.Queue(creditPartSQL, pc.ClearingAccount, balancePart(account), total)
 	}
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()

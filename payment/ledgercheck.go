@@ -42,11 +42,13 @@ func (s *Service) CheckLedger(ctx context.Context, since time.Time, extraAccount
 	var rep LedgerReport
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
-			SELECT a.id, a.balance, s.total::bigint
+			SELECT a.id, b.balance, s.total::bigint
 			  FROM account a
+			  CROSS JOIN LATERAL (SELECT `+balanceSQL+` AS balance) b
 			  CROSS JOIN LATERAL (SELECT COALESCE(sum(e.amount), 0) AS total FROM ledger_entry e WHERE e.account_id = a.id) s
-			 WHERE (a.updated_at >= $1 OR a.id = ANY($2))
-			   AND a.balance <> s.total
+			 WHERE (a.updated_at >= $1 OR a.id = ANY($2)
+			        OR a.id IN (SELECT bp.account_id FROM account_balance_part bp WHERE bp.updated_at >= $1))
+			   AND b.balance <> s.total
 			 ORDER BY a.id`, since, extraAccounts)
 		rep.Accounts, err = collect(rows, err, func(row pgx.Row) (AccountDrift, error) {
 			var d AccountDrift

@@ -71,8 +71,8 @@ const heldSQL = `SELECT COALESCE(sum(amount), 0)::bigint FROM payout WHERE accou
 // isHeld reports whether a payout in st holds its amount back (D-7).
 func isHeld(st pc.State) bool { return slices.Contains(heldStates, string(st)) }
 
-const accountCols = `a.id, a.currency, a.balance,
-	a.balance - COALESCE((SELECT sum(p.amount) FROM payout p WHERE p.account_id = a.id AND p.state = ANY($1)), 0)::bigint,
+const accountCols = `a.id, a.currency, ` + balanceSQL + `,
+	` + balanceSQL + ` - COALESCE((SELECT sum(p.amount) FROM payout p WHERE p.account_id = a.id AND p.state = ANY($1)), 0)::bigint,
 	a.fence_token, a.fence_holder`
 
 func scanAccount(row pgx.Row) (pc.Account, error) {
