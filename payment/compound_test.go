@@ -1,7 +1,9 @@
 package payment
 
 import (
+	"bytes"
 	"fmt"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -262,4 +264,34 @@ func TestCompoundBadThen(t *testing.T) {
 	if a, _ := e.exec.Account(bg, "acc-1"); a.FenceToken != 0 {
 		t.Fatalf("fence moved: %+v", a)
 	}
+}
+
+// FuzzDecodeSteps: the steps decoder accepts a request or answers a 4xx;
+// what it accepts has a valid fence, 1..MaxStepItems items and, when
+// compound, one of the two allowed pairs.
+func FuzzDecodeSteps(f *testing.F) {
+	for _, s := range []string{
+		`{"token":1,"holder":"h","op":"claim","items":[{"payout_id":"po-1"}]}`,
+		`{"token":1,"holder":"h","op":"claim","then":"submitting","items":[{"payout_id":"po-1"},{"payout_id":"po-2"}]}`,
+		`{"token":1,"holder":"h","op":"outcome","then":"post","items":[{"payout_id":"po-1","outcome":"ACKED","rail_ref":"r"}]}`,
+		`{"token":1,"holder":"h","op":"outcome","then":"submitting","items":[{"payout_id":"po-1","outcome":"TIMEOUT"}]}`,
+		`{"token":1,"holder":"h","op":"post","then":"post","items":[{"payout_id":"po-1"}]}`,
+		`{"token":1,"holder":"h","op":"claim","then":"","items":[{"payout_id":"po-1"}]}`,
+		`{"token":1,"holder":"h","op":"claim","then":null,"items":[]}`, `{"then":1}`, `null`, ``,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		b, err := decodeSteps(httptest.NewRequest("POST", "/", bytes.NewReader(body)), "acc-1")
+		checkDecodeErr(t, err)
+		if err != nil {
+			return
+		}
+		if !b.Cmd.Token.Valid() || b.Cmd.Holder == "" || len(b.Items) == 0 || len(b.Items) > pc.MaxStepItems {
+			t.Fatalf("accepted an invalid steps request: %+v", b)
+		}
+		if f, ok := thenFrom[b.Then]; b.Then != "" && (!ok || f.after != b.Cmd.Op) {
+			t.Fatalf("accepted %s then %s", b.Cmd.Op, b.Then)
+		}
+	})
 }
