@@ -2,6 +2,7 @@ package executor
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,22 +20,19 @@ const maxSubmitsAtOnce = 16
 var errQueued = errors.New("outcome queued for the batch")
 
 // driveBatch drives a page of the account's PENDING payouts together under
-// this grant: one payment-resource call per step for all of them (claim,
-// submitting, outcome, post: POST /v1/accounts/{id}/steps, one transaction
-// each, guard 1 once), and one proxy call for all their submissions
-// (sendAll). RAIL_SUBMITTED is recorded
-// for the whole batch before any of them is sent (D-4). A payout whose step
-// was refused as invalid_transition (it moved under us), or whose batch got
-// no usable answer, is re-read and finished alone by drive, as the recovery
+// this grant: two payment-resource calls for all of them — claim then
+// submitting, and outcome then post, each a compound POST
+// /v1/accounts/{id}/steps (one transaction, guard 1 once) — and one proxy
+// call for all their submissions (sendAll). RAIL_SUBMITTED is committed for
+// the whole batch before any of them is sent (D-4). A payout whose step was
+// refused as invalid_transition (it moved under us), or whose batch got no
+// usable answer, is re-read and finished alone by drive, as the recovery
 // table says. The test hooks fire after each batched step, with its first
-// payout.
+// payout; a hook armed between the two steps of a pair splits that pair
+// into two calls, so that it fires where it says.
 func (r *run) driveBatch(ps []pc.Payout) error {
 	b := &batch{r: r}
-	claimed := b.step(pc.StepClaim, AfterClaimed, ps, nil, pc.Claimed)
-	if b.fatal != nil {
-		return b.fatal
-	}
-	submitting := b.step(pc.StepSubmitting, AfterSubmitting, claimed, nil, pc.RailSubmitted)
+	submitting := b.pair(claimSubmitting, ps, nil)
 	if b.fatal != nil {
 		return b.fatal
 	}
@@ -42,11 +40,7 @@ func (r *run) driveBatch(ps []pc.Payout) error {
 	if b.fatal != nil {
 		return b.fatal
 	}
-	acked := b.step(pc.StepOutcome, AfterOutcome, reported, outcomes, pc.RailAcked)
-	if b.fatal != nil {
-		return b.fatal
-	}
-	b.step(pc.StepPost, AfterPosted, acked, nil, pc.Posted)
+	b.pair(outcomePost, reported, outcomes)
 	if b.fatal != nil {
 		return b.fatal
 	}
@@ -85,10 +79,44 @@ func (b *batch) settle(p pc.Payout, err error) {
 	}
 }
 
-// step runs one batched step on ps (items: their outcome members, for
-// StepOutcome) and returns those that reached want, in order. The others
-// end here (terminal, or RAIL_AMBIGUOUS), are left, or go loose.
-func (b *batch) step(op pc.StepOp, after Point, ps []pc.Payout, items []pc.StepItem, want pc.State) []pc.Payout {
+// stepDef is one batched step: its op, the hook point after it, and the
+// state it brings a payout to when all goes well.
+type stepDef struct {
+	op    pc.StepOp
+	after Point
+	want  pc.State
+}
+
+// stepPair is two steps with nothing outside between them, which one
+// compound call applies in one transaction.
+type stepPair struct{ first, then stepDef }
+
+var (
+	claimSubmitting = stepPair{stepDef{pc.StepClaim, AfterClaimed, pc.Claimed}, stepDef{pc.StepSubmitting, AfterSubmitting, pc.RailSubmitted}}
+	outcomePost     = stepPair{stepDef{pc.StepOutcome, AfterOutcome, pc.RailAcked}, stepDef{pc.StepPost, AfterPosted, pc.Posted}}
+)
+
+// pair runs both steps of sp on ps (items: their outcome members, for
+// StepOutcome) and returns those that reached the second's state, in order:
+// in one compound call, or — when a test hook is armed after the first
+// step, so that it fires between the two — in two.
+func (b *batch) pair(sp stepPair, ps []pc.Payout, items []pc.StepItem) []pc.Payout {
+	if h := b.r.e.cfg.Hooks; h.HoldAfter != sp.first.after && h.CrashAfter != sp.first.after {
+		return b.step(sp.first, &sp.then, ps, items)
+	}
+	mid := b.step(sp.first, nil, ps, items)
+	if b.fatal != nil {
+		return nil
+	}
+	return b.step(sp.then, nil, mid, nil)
+}
+
+// step runs one batched step s on ps (then: a second step in the same
+// call, a compound step) and returns those that reached the state the call
+// leads to, in order. The others end here (terminal, or RAIL_AMBIGUOUS),
+// are left, or go loose — as does one a compound call left between its two
+// steps, to be finished alone in the state it is in.
+func (b *batch) step(s stepDef, then *stepDef, ps []pc.Payout, items []pc.StepItem) []pc.Payout {
 	r := b.r
 	if len(ps) == 0 {
 		return nil
@@ -103,15 +131,19 @@ func (b *batch) step(op pc.StepOp, after Point, ps []pc.Payout, items []pc.StepI
 			items[i] = pc.StepItem{PayoutID: p.ID}
 		}
 	}
-	step := string(op)
+	step, name, last := string(s.op), string(s.op), s
+	var thenOp pc.StepOp
+	if then != nil {
+		thenOp, name, last = then.op, step+"+"+string(then.op), *then
+	}
 	ctx, cancel := r.e.callCtx()
 	start := time.Now()
-	res, err := r.e.pay.Steps(ctx, r.account, r.g.Token(), r.g.Holder(), op, items)
+	res, err := r.e.pay.StepsThen(ctx, r.account, r.g.Token(), r.g.Holder(), s.op, thenOp, items)
 	cancel()
-	r.e.m.stepLatency.WithLabelValues(step + "_batch").Observe(time.Since(start).Seconds())
+	r.e.m.stepLatency.WithLabelValues(strings.ReplaceAll(name, "+", "_") + "_batch").Observe(time.Since(start).Seconds())
 	if err == nil && len(res) != len(ps) {
 		r.log.Error("the payment resource answered a batch with the wrong number of items; re-reading them",
-			"step", step, "items", len(ps), "answers", len(res))
+			"step", name, "items", len(ps), "answers", len(res))
 		b.loose = append(b.loose, ps...)
 		return nil
 	}
@@ -134,19 +166,25 @@ func (b *batch) step(op pc.StepOp, after Point, ps []pc.Payout, items []pc.StepI
 		}
 		next := res[i].Payout
 		r.e.m.steps.WithLabelValues(step, resultOK).Inc()
+		if then != nil && next.State == then.want {
+			r.e.m.steps.WithLabelValues(string(then.op), resultOK).Inc()
+		}
 		if next.State != p.State {
 			r.moved = true
 		}
-		r.transition(step, p, next)
-		if first == nil && next.State != p.State && (after != AfterClaimed || next.State == pc.Claimed) {
+		r.transition(name, p, next)
+		if first == nil && next.State != p.State && (next.State == last.want || (then == nil && s.after != AfterClaimed)) {
 			first = &next
 		}
-		if next.State == want {
+		switch {
+		case next.State == last.want:
 			out = append(out, next)
+		case then != nil && next.State == s.want:
+			b.loose = append(b.loose, next)
 		}
 	}
 	if first != nil {
-		r.hook(after, *first)
+		r.hook(last.after, *first)
 	}
 	return out
 }

@@ -101,13 +101,16 @@ func (f *funds) move(p pc.Payout, to pc.State) {
 	}
 }
 
-// change is one accepted transition, to be written by writeChanges.
+// change is one accepted transition, to be written by writeChanges; the
+// second transition of a compound step's item carries its first as prior
+// (compound.go).
 type change struct {
 	from                      pc.Payout
 	to                        pc.State
 	claim, submitted, settled bool
 	failure, railRef, errCode *string
 	reason                    string
+	prior                     *change
 }
 
 // decideOne is the per-payout decision of every fenced mutation: the funds
@@ -203,15 +206,16 @@ const postLedgerSQL = `INSERT INTO ledger_entry (group_id, account_id, amount, c
 	 CROSS JOIN (VALUES (true), (false)) AS s(debit)
 	 ORDER BY d.n, s.debit DESC`
 
-// updatePayoutsSQL updates every changed payout and records its event, in
-// one statement.
+// updatePayoutsSQL updates every changed payout to its final state ($1..$8)
+// and records the events of its transitions ($9..$12: one per transition,
+// in order — two for a compound step's item), in one statement.
 const updatePayoutsSQL = `WITH d AS (
-		SELECT * FROM unnest($1::text[], $2::text[], $3::bool[], $4::bool[], $5::bool[], $6::text[], $7::text[], $8::text[], $9::text[], $10::text[])
-			AS d(id, state, claim, submitted, settled, failure, rail_ref, error_code, from_state, reason)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::bool[], $4::bool[], $5::bool[], $6::text[], $7::text[], $8::text[])
+			AS d(id, state, claim, submitted, settled, failure, rail_ref, error_code)
 	), u AS (
 		UPDATE payout p SET
-			state = d.state, token = $11,
-			claimed_by = CASE WHEN d.claim THEN $12 ELSE p.claimed_by END,
+			state = d.state, token = $13,
+			claimed_by = CASE WHEN d.claim THEN $14 ELSE p.claimed_by END,
 			claimed_at = CASE WHEN d.claim THEN now() ELSE p.claimed_at END,
 			submitted_at = CASE WHEN d.submitted THEN now() ELSE p.submitted_at END,
 			settled_at = CASE WHEN d.settled THEN now() ELSE p.settled_at END,
@@ -221,7 +225,10 @@ const updatePayoutsSQL = `WITH d AS (
 		FROM d WHERE p.id = d.id RETURNING p.*
 	), e AS (
 		INSERT INTO payout_event (payout_id, from_state, to_state, token, holder, actor, reason)
-		SELECT u.id, d.from_state, u.state, u.token, $12, $13, d.reason FROM u JOIN d ON d.id = u.id
+		SELECT ev.id, ev.from_state, ev.to_state, $13, $14, $15, ev.reason
+		  FROM unnest($9::text[], $10::text[], $11::text[], $12::text[]) WITH ORDINALITY AS ev(id, from_state, to_state, reason, n)
+		 WHERE ev.id IN (SELECT id FROM u)
+		 ORDER BY ev.n
 	)
 	SELECT ` + payoutCols + ` FROM u`
 
@@ -234,14 +241,20 @@ const updatePayoutsSQL = `WITH d AS (
 // payouts as they now stand, in the order of chs.
 func writeChanges(ctx context.Context, tx pgx.Tx, cmd Command, account string, chs []change) ([]pc.Payout, error) {
 	n := len(chs)
-	ids, states, from, reasons := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	ids, states := make([]string, n), make([]string, n)
 	claim, submitted, settled := make([]bool, n), make([]bool, n), make([]bool, n)
 	failure, railRef, errCode := make([]*string, n), make([]*string, n), make([]*string, n)
+	var evIDs, evFrom, evTo, evReasons []string
 	var postedIDs []string
 	var postedAmounts []int64
 	var total int64
 	for i, ch := range chs {
-		ids[i], states[i], from[i], reasons[i] = ch.from.ID, string(ch.to), string(ch.from.State), ch.reason
+		for _, t := range ch.transitions() {
+			evIDs, evFrom = append(evIDs, t.from.ID), append(evFrom, string(t.from.State))
+			evTo, evReasons = append(evTo, string(t.to)), append(evReasons, t.reason)
+		}
+		ch = ch.columns()
+		ids[i], states[i] = ch.from.ID, string(ch.to)
 		claim[i], submitted[i], settled[i] = ch.claim, ch.submitted, ch.settled
 		failure[i], railRef[i], errCode[i] = ch.failure, ch.railRef, ch.errCode
 		if ch.settled {
@@ -254,8 +267,8 @@ func writeChanges(ctx context.Context, tx pgx.Tx, cmd Command, account string, c
 		b.Queue(postLedgerSQL, postedIDs, postedAmounts, account, pc.ClearingAccount, int64(cmd.Token))
 		b.Queue(`UPDATE account SET balance = balance - $2, updated_at = now() WHERE id = $1`, account, total)
 	}
-	b.Queue(updatePayoutsSQL, ids, states, claim, submitted, settled, failure, railRef, errCode, from, reasons,
-		int64(cmd.Token), string(cmd.Holder), cmd.Actor)
+	b.Queue(updatePayoutsSQL, ids, states, claim, submitted, settled, failure, railRef, errCode,
+		evIDs, evFrom, evTo, evReasons, int64(cmd.Token), string(cmd.Holder), cmd.Actor)
 	if len(postedIDs) > 0 {
 		b.Queue(creditPartSQL, pc.ClearingAccount, balancePart(account), total)
 	}

@@ -19,10 +19,12 @@ var stepOps = map[pc.StepOp]Op{
 	pc.StepClaim: OpClaim, pc.StepSubmitting: OpSubmitting, pc.StepOutcome: OpOutcome, pc.StepPost: OpPost,
 }
 
-// Steps is one step applied to several payouts of one account.
+// Steps is one step (or a compound step: Cmd.Op, then Then) applied to
+// several payouts of one account.
 type Steps struct {
 	Account string
 	Cmd     Command // Op, Token, Holder, Actor: the same for every item
+	Then    Op      // "" or the op that may follow Cmd.Op (compound.go)
 	Items   []pc.StepItem
 }
 
@@ -43,10 +45,15 @@ func (b Steps) itemCommand(i int) Command {
 // as a running total): a payout in the wrong state is left as it is, with
 // its rejected_transition evidence and an invalid_transition problem in its
 // slot; a payout of another account (or none) is not_found in its slot.
-// When no item is accepted the transaction is rolled back, the fence
-// included.
+// A compound request then decides its second op, in the same transaction,
+// for every item the first brought to the state the second starts from
+// (decideThen). When no item is accepted the transaction is rolled back,
+// the fence included.
 func (s *Service) ApplySteps(ctx context.Context, b Steps) ([]pc.StepResult, error) {
 	if err := wire.ValidFence(b.Cmd.Token, b.Cmd.Holder); err != nil {
+		return nil, err
+	}
+	if err := checkThen(b.Cmd.Op, b.Then); err != nil {
 		return nil, err
 	}
 	res, rejs, fenced, err := s.stepsTx(ctx, b)
@@ -55,7 +62,9 @@ func (s *Service) ApplySteps(ctx context.Context, b Steps) ([]pc.StepResult, err
 	}
 	if fenced != nil {
 		s.afterRefusalHook()
-		return nil, s.reject(ctx, b.Account, b.Items[0].PayoutID, b.Cmd, fenced)
+		cmd := b.Cmd
+		cmd.Op = b.label()
+		return nil, s.reject(ctx, b.Account, b.Items[0].PayoutID, cmd, fenced)
 	}
 	for i, rej := range rejs {
 		if rej != nil {
@@ -117,6 +126,9 @@ func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rej
 			res[i] = pc.StepResult{PayoutID: it.PayoutID}
 			continue
 		}
+		if ch, err = s.decideThen(ctx, tx, b, ch, o.funds); err != nil {
+			return nil, nil, nil, err
+		}
 		chs, slots = append(chs, ch), append(slots, i)
 	}
 	if len(chs) == 0 {
@@ -128,12 +140,12 @@ func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rej
 		return nil, nil, nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, nil, nil, fmt.Errorf("commit %s of %d payouts: %w", b.Cmd.Op, len(chs), err)
+		return nil, nil, nil, fmt.Errorf("commit %s of %d payouts: %w", b.label(), len(chs), err)
 	}
 	for k, i := range slots {
 		res[i] = pc.StepResult{Payout: out[k], PayoutID: out[k].ID}
-		s.m.transitions.WithLabelValues(string(chs[k].from.State), string(chs[k].to)).Inc()
 	}
+	s.countTransitions(chs)
 	return res, rejs, nil, nil
 }
 
@@ -146,6 +158,10 @@ func decodeSteps(r *http.Request, account string) (Steps, error) {
 	op, ok := stepOps[req.Op]
 	if !ok {
 		return Steps{}, badField("op", "must be claim, submitting, outcome or post, got %q", req.Op)
+	}
+	then := Op(req.Then)
+	if err := checkThen(op, then); err != nil {
+		return Steps{}, err
 	}
 	if err := wire.ValidFence(req.Token, req.Holder); err != nil {
 		return Steps{}, err
@@ -171,7 +187,7 @@ func decodeSteps(r *http.Request, account string) (Steps, error) {
 			return Steps{}, badField(prefix+"outcome", "outcome, rail_ref and error_code belong to op outcome only")
 		}
 	}
-	return Steps{Account: account, Cmd: Command{Op: op, Token: req.Token, Holder: req.Holder}, Items: req.Items}, nil
+	return Steps{Account: account, Cmd: Command{Op: op, Token: req.Token, Holder: req.Holder}, Then: then, Items: req.Items}, nil
 }
 
 func (s *Service) handleSteps(w http.ResponseWriter, r *http.Request) error {

@@ -36,10 +36,14 @@ type StepItem struct {
 
 // StepsRequest is the body of POST /accounts/{id}/steps: one step for up to
 // MaxStepItems payouts of the account, under one grant's token and holder.
+// Then, when set, is a second step applied in the same transaction to every
+// item the first one brought to the state it starts from: StepSubmitting
+// after StepClaim, or StepPost after StepOutcome (a compound step).
 type StepsRequest struct {
 	Token  fencing.Token  `json:"token"`
 	Holder fencing.Holder `json:"holder"`
 	Op     StepOp         `json:"op"`
+	Then   StepOp         `json:"then,omitempty"`
 	Items  []StepItem     `json:"items"`
 }
 
@@ -102,8 +106,19 @@ type StepsResponse struct {
 // the request's order, the payout as it now stands or the item's problem
 // (invalid_transition, not_found).
 func (c *Client) Steps(ctx context.Context, accountID string, token fencing.Token, holder fencing.Holder, op StepOp, items []StepItem) ([]StepResult, error) {
+	return c.StepsThen(ctx, accountID, token, holder, op, "", items)
+}
+
+// StepsThen is Steps with a compound step: op, then (when not empty) the
+// step then for every item op brought to the state then starts from
+// (StepClaim then StepSubmitting: CLAIMED; StepOutcome then StepPost:
+// RAIL_ACKED), all in one transaction, guard 1 once, first. Each item's
+// answer is the payout in its final state: an item op left elsewhere
+// (FAILED, RAIL_AMBIGUOUS) ends there, and an item op refused has its
+// problem, as for Steps.
+func (c *Client) StepsThen(ctx context.Context, accountID string, token fencing.Token, holder fencing.Holder, op, then StepOp, items []StepItem) ([]StepResult, error) {
 	var out StepsResponse
 	err := c.c.Post(ctx, "/v1/accounts/"+httpx.PathEscape(accountID)+"/steps",
-		StepsRequest{Token: token, Holder: holder, Op: op, Items: items}, &out)
+		StepsRequest{Token: token, Holder: holder, Op: op, Then: then, Items: items}, &out)
 	return out.Items, err
 }
