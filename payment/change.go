@@ -237,8 +237,7 @@ const updatePayoutsSQL = `WITH d AS (
 // (their total), every payout's update and event, and last — so its row
 // lock is held as briefly as can be — one credit of payout-clearing for the
 // total, to the part of its balance this account hashes to (balance.go). It
-// returns the
-// payouts as they now stand, in the order of chs.
+// returns the payouts as they now stand, in the order of chs.
 func writeChanges(ctx context.Context, tx pgx.Tx, cmd Command, account string, chs []change) ([]pc.Payout, error) {
 	n := len(chs)
 	ids, states := make([]string, n), make([]string, n)
