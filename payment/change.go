@@ -43,7 +43,7 @@ func open(ctx context.Context, tx *pgpool.Tx, of fenceOf, cmd Command, ids []str
 	_, account := of.args()
 	b.Queue(lockPayoutsSQL, ids, account)
 	if readHeld {
-		b.Queue(heldSQL, of.accountID, heldStates)
+		of.queueHeld(b)
 	}
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()

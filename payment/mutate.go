@@ -122,7 +122,8 @@ func (s *Service) applyTx(ctx context.Context, payoutID string, cmd Command) (pc
 	}
 	defer tx.Rollback(ctx)
 
-	o, err := open(ctx, tx, fenceOf{payoutID: payoutID}, cmd, []string{payoutID}, false)
+	// A claim reads the held amount (D-7) in the guard's round trip.
+	o, err := open(ctx, tx, fenceOf{payoutID: payoutID}, cmd, []string{payoutID}, cmd.Op == OpClaim)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && o.fence.accepted && len(o.payouts) == 0) {
 		return pc.Payout{}, nil, problem.New(problem.NotFound, "no payout %q", payoutID)
 	}

@@ -166,13 +166,13 @@ func TestFencedTransactionRoundTrips(t *testing.T) {
 		t.Fatalf("submitting: %d round trips, want 2", n)
 	}
 
-	// A single claim reads the held amount in between (D-7): one more.
+	// A single claim reads the held amount (D-7) in the guard batch too.
 	rt.Reset()
 	if p, err := e.svc.Apply(ctx, "po-3", cmd(OpClaim)); err != nil || p.State != pc.Claimed {
 		t.Fatalf("claim: %+v %v", p, err)
 	}
-	if n := rt.Count(); n != 3 {
-		t.Fatalf("claim: %d round trips, want 3", n)
+	if n := rt.Count(); n != 2 {
+		t.Fatalf("claim: %d round trips, want 2", n)
 	}
 
 	// Refused by guard 1: the guard batch, then ROLLBACK; the evidence is
