@@ -2,6 +2,7 @@ package payment
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -193,4 +194,56 @@ func TestFencedTransactionRoundTrips(t *testing.T) {
 		t.Fatalf("fence after refusal: %d %s, want 5 h-1", a.FenceToken, a.FenceHolder)
 	}
 	e.assertLedger(t)
+}
+
+// Concurrent creations of one payout: exactly one creates it; every other
+// answers with that very payout, including those whose statement ran
+// before the creator committed and so could not see it.
+func TestCreatePayoutConcurrentReplays(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	ctx := tctx(t)
+	for round := range 5 {
+		req := pc.CreatePayoutRequest{ID: fmt.Sprintf("po-%d", round), AccountID: "acc-1", Amount: 10, Currency: "EUR", BeneficiaryRef: "b"}
+		const n = 8
+		type answer struct {
+			p       pc.Payout
+			created bool
+			err     error
+		}
+		answers := make(chan answer, n)
+		start := make(chan struct{})
+		for range n {
+			go func() {
+				<-start
+				p, created, err := e.svc.CreatePayout(ctx, req, "operator:alice")
+				answers <- answer{p, created, err}
+			}()
+		}
+		close(start)
+		var got []answer
+		for range n {
+			got = append(got, <-answers)
+		}
+		stored, err := e.svc.Payout(ctx, req.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		creators := 0
+		for _, a := range got {
+			if a.err != nil || a.p != stored {
+				t.Fatalf("round %d: %+v %v, want the stored payout %+v", round, a.p, a.err, stored)
+			}
+			if a.created {
+				creators++
+			}
+		}
+		if creators != 1 {
+			t.Fatalf("round %d: %d callers created the payout, want 1", round, creators)
+		}
+		if c := e.eventCount(t, req.ID); c != 1 {
+			t.Fatalf("round %d: %d creation events, want 1", round, c)
+		}
+	}
 }

@@ -65,7 +65,7 @@ func (t *Tx) CommitAfterNextBatch() { t.commitArmed = true }
 // sent, followed by COMMIT if CommitAfterNextBatch asked for it. The results
 // read are b's own, in order; Close drains what is unread and, when the
 // batch carried COMMIT, reads its answer and returns an error unless it
-// committed.
+// committed. BEGIN and COMMIT are queued in b itself: send b once.
 func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.conn == nil || t.commitSent {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
