@@ -27,10 +27,11 @@ type opened struct {
 const lockPayoutsSQL = `SELECT ` + payoutCols + ` FROM payout
 	WHERE id = ANY($1::text[]) AND account_id = COALESCE($2::text, account_id) ORDER BY id FOR UPDATE`
 
-// open runs guard 1 as the first statement of tx — BEGIN rides in front of
-// this batch (pgpool.Tx) — and, in the same round trip, locks the payouts ids (and, when readHeld, reads the account's held
-// amount, D-7). A refused guard leaves the rest unread: the caller rolls
-// back. pgx.ErrNoRows: no such payout (or account).
+// open runs guard 1 as the first statement of tx (pgpool.Tx sends BEGIN
+// in front of this batch) and, in the same round trip, locks the payouts
+// ids (and, when readHeld, reads the account's held amount, D-7). A refused
+// guard leaves the rest unread: the caller rolls back. pgx.ErrNoRows: no
+// such payout (or account).
 func open(ctx context.Context, tx *pgpool.Tx, of fenceOf, cmd Command, ids []string, readHeld bool) (opened, error) {
 	var o opened
 	b := &pgx.Batch{}
