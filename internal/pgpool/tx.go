@@ -28,6 +28,9 @@ import (
 // transaction had failed), or whose answer is lost is an error, exactly as
 // pgx.Tx's Commit reports it: an outcome that is not known to be a commit is
 // never reported as one.
+//
+// Its tests, against real PostgreSQL, are in dev/pgtest (plumbing's own
+// tests may not import dev tooling).
 type Tx struct {
 	conn        *pgxpool.Conn
 	begun       bool  // BEGIN has been sent
@@ -172,8 +175,10 @@ func commitOutcome(tag pgconn.CommandTag, err error) error {
 
 // Rollback ends the transaction unless it has been committed, and gives the
 // connection back to the pool. It is a no-op once the connection is back, so
-// it can always be deferred.
-func (t *Tx) Rollback(ctx context.Context) error {
+// it can always be deferred. Its ROLLBACK runs under a deadline of its own,
+// not ctx's, so a caller whose context is done still leaves no transaction
+// open.
+func (t *Tx) Rollback(_ context.Context) error {
 	if t.conn == nil {
 		return nil
 	}
