@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/payouts/payouts/internal/pgpool"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
@@ -33,7 +34,7 @@ func TestPostingsOfDifferentAccountsDoNotWaitForEachOther(t *testing.T) {
 	e.drive(t, "po-b", pc.RailAcked, 1, "h")
 
 	// acc-a's posting, written as every posting is and left uncommitted.
-	tx, err := e.svc.pool.Begin(ctx)
+	tx, err := pgpool.Begin(ctx, e.svc.pool)
 	if err != nil {
 		t.Fatal(err)
 	}

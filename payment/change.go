@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/payouts/payouts/internal/pgpool"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
@@ -26,11 +27,12 @@ type opened struct {
 const lockPayoutsSQL = `SELECT ` + payoutCols + ` FROM payout
 	WHERE id = ANY($1::text[]) AND account_id = COALESCE($2::text, account_id) ORDER BY id FOR UPDATE`
 
-// open runs guard 1 as the first statement of tx and, in the same round
-// trip, locks the payouts ids (and, when readHeld, reads the account's held
-// amount, D-7). A refused guard leaves the rest unread: the caller rolls
-// back. pgx.ErrNoRows: no such payout (or account).
-func open(ctx context.Context, tx pgx.Tx, of fenceOf, cmd Command, ids []string, readHeld bool) (opened, error) {
+// open runs guard 1 as the first statement of tx (pgpool.Tx sends BEGIN
+// in front of this batch) and, in the same round trip, locks the payouts
+// ids (and, when readHeld, reads the account's held amount, D-7). A refused
+// guard leaves the rest unread: the caller rolls back. pgx.ErrNoRows: no
+// such payout (or account).
+func open(ctx context.Context, tx *pgpool.Tx, of fenceOf, cmd Command, ids []string, readHeld bool) (opened, error) {
 	var o opened
 	b := &pgx.Batch{}
 	queueGuard(b, of, cmd.Token, cmd.Holder)
@@ -42,7 +44,7 @@ func open(ctx context.Context, tx pgx.Tx, of fenceOf, cmd Command, ids []string,
 	_, account := of.args()
 	b.Queue(lockPayoutsSQL, ids, account)
 	if readHeld {
-		b.Queue(heldSQL, of.accountID, heldStates)
+		of.queueHeld(b)
 	}
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
@@ -81,7 +83,7 @@ type funds struct {
 	read    bool
 }
 
-func (f *funds) available(ctx context.Context, tx pgx.Tx) (int64, error) {
+func (f *funds) available(ctx context.Context, tx *pgpool.Tx) (int64, error) {
 	if !f.read {
 		held, err := heldAmount(ctx, tx, f.account)
 		if err != nil {
@@ -116,7 +118,7 @@ type change struct {
 // decideOne is the per-payout decision of every fenced mutation: the funds
 // for a claim of a PENDING payout, then the transition table (decide). A
 // pair the table refuses is a rejection, nothing else.
-func (s *Service) decideOne(ctx context.Context, tx pgx.Tx, p pc.Payout, cmd Command, fu *funds) (change, *rejection, error) {
+func (s *Service) decideOne(ctx context.Context, tx *pgpool.Tx, p pc.Payout, cmd Command, fu *funds) (change, *rejection, error) {
 	ev := cmd.event()
 	var available int64
 	if cmd.Op == OpClaim && p.State == pc.Pending {
@@ -238,7 +240,7 @@ const updatePayoutsSQL = `WITH d AS (
 // lock is held as briefly as can be — one credit of payout-clearing for the
 // total, to the part of its balance this account hashes to (balance.go). It
 // returns the payouts as they now stand, in the order of chs.
-func writeChanges(ctx context.Context, tx pgx.Tx, cmd Command, account string, chs []change) ([]pc.Payout, error) {
+func writeChanges(ctx context.Context, tx *pgpool.Tx, cmd Command, account string, chs []change) ([]pc.Payout, error) {
 	n := len(chs)
 	ids, states := make([]string, n), make([]string, n)
 	claim, submitted, settled := make([]bool, n), make([]bool, n), make([]bool, n)

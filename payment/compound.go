@@ -5,7 +5,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/payouts/payouts/internal/pgpool"
 
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
@@ -54,7 +54,7 @@ func (b Steps) label() Op {
 // otherwise (FAILED on funds, declined, RAIL_AMBIGUOUS, ...) the item ends
 // at first, with no evidence about the second op, which was never asked of
 // it.
-func (s *Service) decideThen(ctx context.Context, tx pgx.Tx, b Steps, first change, fu *funds) (change, error) {
+func (s *Service) decideThen(ctx context.Context, tx *pgpool.Tx, b Steps, first change, fu *funds) (change, error) {
 	if b.Then == "" || first.to != thenFrom[b.Then].state {
 		return first, nil
 	}

@@ -44,6 +44,20 @@ func (o fenceOf) args() (payout, account any) {
 	return o.payoutID, nil
 }
 
+// heldOfPayoutSQL is heldSQL for the account of payout $1.
+const heldOfPayoutSQL = `SELECT COALESCE(sum(p.amount), 0)::bigint FROM payout p
+	WHERE p.account_id = (SELECT account_id FROM payout WHERE id = $1) AND p.state = ANY($2)`
+
+// queueHeld queues the read of the account's held amount (D-7) on b: of
+// the account itself, or of the payout's account.
+func (o fenceOf) queueHeld(b *pgx.Batch) {
+	if o.accountID != "" {
+		b.Queue(heldSQL, o.accountID, heldStates)
+		return
+	}
+	b.Queue(heldOfPayoutSQL, o.payoutID, heldStates)
+}
+
 // queueGuard queues guard 1 (guardSQL, guard.go) on b; the caller sends b
 // as the transaction's first statements, so the guard runs first. Its
 // answer is read with scanGuard.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/pgpool"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/safetylog"
 	"github.com/payouts/payouts/lock/fencing"
@@ -115,13 +116,14 @@ func (s *Service) Apply(ctx context.Context, payoutID string, cmd Command) (pc.P
 }
 
 func (s *Service) applyTx(ctx context.Context, payoutID string, cmd Command) (pc.Payout, *rejection, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgpool.Begin(ctx, s.pool)
 	if err != nil {
 		return pc.Payout{}, nil, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer tx.Rollback(ctx)
 
-	o, err := open(ctx, tx, fenceOf{payoutID: payoutID}, cmd, []string{payoutID}, false)
+	// A claim reads the held amount (D-7) in the guard's round trip.
+	o, err := open(ctx, tx, fenceOf{payoutID: payoutID}, cmd, []string{payoutID}, cmd.Op == OpClaim)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && o.fence.accepted && len(o.payouts) == 0) {
 		return pc.Payout{}, nil, problem.New(problem.NotFound, "no payout %q", payoutID)
 	}
@@ -138,6 +140,7 @@ func (s *Service) applyTx(ctx context.Context, payoutID string, cmd Command) (pc
 		}
 		return pc.Payout{}, rej, err
 	}
+	tx.CommitAfterNextBatch() // COMMIT rides behind the write batch
 	out, err := writeChanges(ctx, tx, cmd, o.fence.account, []change{ch})
 	if err != nil {
 		return pc.Payout{}, nil, err
@@ -154,7 +157,7 @@ func (s *Service) applyTx(ctx context.Context, payoutID string, cmd Command) (pc
 // while the rail may still pay, and time short of the SLA is no evidence.
 // The age is measured by the database clock from the payout's entry into
 // RAIL_AMBIGUOUS.
-func (s *Service) checkResolutionSLA(ctx context.Context, tx pgx.Tx, p pc.Payout) error {
+func (s *Service) checkResolutionSLA(ctx context.Context, tx *pgpool.Tx, p pc.Payout) error {
 	var since time.Time
 	var ageSeconds float64
 	err := tx.QueryRow(ctx, `SELECT max(at), EXTRACT(EPOCH FROM now() - max(at))::float8

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/pgpool"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/wire"
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -82,11 +83,11 @@ func (s *Service) afterRefusalHook() {
 }
 
 func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rejection, *rejection, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := pgpool.Begin(ctx, s.pool)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer tx.Rollback(ctx)
 
 	ids := make([]string, len(b.Items))
 	for i, it := range b.Items {
@@ -135,6 +136,7 @@ func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rej
 		// Nothing accepted: roll back, the fence included (D-1).
 		return res, rejs, nil, nil
 	}
+	tx.CommitAfterNextBatch() // COMMIT rides behind the write batch
 	out, err := writeChanges(ctx, tx, b.Cmd, o.fence.account, chs)
 	if err != nil {
 		return nil, nil, nil, err

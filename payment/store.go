@@ -301,50 +301,70 @@ func (s *Service) existingAccount(ctx context.Context, req pc.CreateAccountReque
 	return a, false, err
 }
 
+// createPayoutSQL creates a PENDING payout and its creation event in one
+// statement (one round trip, its own transaction), only when account $2
+// exists and holds the payout's currency. It answers with one row: what
+// happened — 'created'; 'exists' (a payout already has this id: the row is
+// that payout); 'none' (nothing written, nothing under this id in the
+// statement's snapshot: the row is the request itself, a stand-in) — then
+// the account's currency (NULL: no such account), then the payout.
+const createPayoutSQL = `WITH acct AS (
+		SELECT currency FROM account WHERE id = $2
+	), ins AS (
+		INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref)
+		SELECT $1, $2, $3, $4, $5, $6 FROM acct WHERE acct.currency = $4
+		ON CONFLICT (id) DO NOTHING
+		RETURNING *
+	), ev AS (
+		INSERT INTO payout_event (payout_id, from_state, to_state, actor, reason)
+		SELECT id, NULL, state, $7, 'created' FROM ins
+	), found AS (
+		SELECT 'created' AS outcome, * FROM ins
+		UNION ALL
+		SELECT 'exists', * FROM payout WHERE id = $1 AND NOT EXISTS (SELECT FROM ins)
+	)
+	SELECT outcome, (SELECT currency FROM acct), ` + payoutCols + ` FROM found
+	UNION ALL
+	SELECT 'none', (SELECT currency FROM acct), $1, $2, $3, $4, $5, 'PENDING', $6, '', 0, '', '', '', now(), NULL, NULL, NULL
+	 WHERE NOT EXISTS (SELECT FROM found)`
+
+// prefixedRow scans its first columns into dest, the rest into Scan's.
+type prefixedRow struct {
+	row  pgx.Row
+	dest []any
+}
+
+func (r prefixedRow) Scan(dest ...any) error { return r.row.Scan(append(r.dest, dest...)...) }
+
 // CreatePayout creates a PENDING payout with its creation event. Idempotent
 // on id: the same body returns the payout as it stands, a different one is
-// a conflict. created reports whether this call created it.
+// a conflict. created reports whether this call created it. The account
+// must exist and hold the payout's currency (checked first, as for a new
+// payout).
 func (s *Service) CreatePayout(ctx context.Context, req pc.CreatePayoutRequest, actor string) (p pc.Payout, created bool, err error) {
-	var cur string
-	err = s.pool.QueryRow(ctx, `SELECT currency FROM account WHERE id = $1`, req.AccountID).Scan(&cur)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return p, false, problem.New(problem.InvalidRequest, "account_id: no account %q", req.AccountID).With("field", "account_id")
-	}
-	if err != nil {
-		return p, false, err
-	}
-	if cur != req.Currency {
-		return p, false, problem.New(problem.InvalidRequest, "currency: account %q holds %s, not %s", req.AccountID, cur, req.Currency).With("field", "currency")
-	}
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return p, false, err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	p, err = scanPayout(tx.QueryRow(ctx, `INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref)
-		VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING RETURNING `+payoutCols,
-		req.ID, req.AccountID, req.Amount, req.Currency, req.BeneficiaryRef, pc.ClientRef(req.ID)))
-	if errors.Is(err, pgx.ErrNoRows) {
-		_ = tx.Rollback(ctx)
-		existing, err := getPayout(ctx, s.pool, req.ID, false)
-		if err != nil {
-			return p, false, err
+	var outcome string
+	var cur *string
+	p, err = scanPayout(prefixedRow{s.pool.QueryRow(ctx, createPayoutSQL,
+		req.ID, req.AccountID, req.Amount, req.Currency, req.BeneficiaryRef, pc.ClientRef(req.ID), actor), []any{&outcome, &cur}})
+	switch {
+	case err != nil:
+		return pc.Payout{}, false, fmt.Errorf("create payout: %w", err)
+	case cur == nil:
+		return pc.Payout{}, false, problem.New(problem.InvalidRequest, "account_id: no account %q", req.AccountID).With("field", "account_id")
+	case *cur != req.Currency:
+		return pc.Payout{}, false, problem.New(problem.InvalidRequest, "currency: account %q holds %s, not %s", req.AccountID, *cur, req.Currency).With("field", "currency")
+	case outcome == "created":
+		s.m.transitions.WithLabelValues("", string(pc.Pending)).Inc()
+		return p, true, nil
+	case outcome == "none":
+		// Created by a concurrent request that committed after this
+		// statement's snapshot was taken: read it as it now stands.
+		if p, err = getPayout(ctx, s.pool, req.ID, false); err != nil {
+			return pc.Payout{}, false, err
 		}
-		if existing.AccountID != req.AccountID || existing.Amount != req.Amount || existing.Currency != req.Currency || existing.BeneficiaryRef != req.BeneficiaryRef {
-			return p, false, problem.New(problem.Conflict, "payout %q already exists with a different body", req.ID).With("payout", existing)
-		}
-		return existing, false, nil
 	}
-	if err != nil {
-		return p, false, err
+	if p.AccountID != req.AccountID || p.Amount != req.Amount || p.Currency != req.Currency || p.BeneficiaryRef != req.BeneficiaryRef {
+		return pc.Payout{}, false, problem.New(problem.Conflict, "payout %q already exists with a different body", req.ID).With("payout", p)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO payout_event (payout_id, from_state, to_state, actor, reason) VALUES ($1, NULL, $2, $3, 'created')`,
-		req.ID, string(pc.Pending), actor); err != nil {
-		return p, false, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return p, false, fmt.Errorf("commit payout: %w", err)
-	}
-	s.m.transitions.WithLabelValues("", string(pc.Pending)).Inc()
-	return p, true, nil
+	return p, false, nil
 }

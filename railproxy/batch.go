@@ -12,6 +12,7 @@ import (
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/pgpool"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
@@ -21,30 +22,35 @@ import (
 // maxBatchForwards bounds the rail calls one batch submission has in flight.
 const maxBatchForwards = 16
 
-// writeIntents runs a batch submission's one transaction: guard 2 once,
-// first (the same statement as a single submission's), then every item's
-// intent row (intentSQL, pipelined). fenced: the guard refused the token,
-// nothing is written and m is the mark that refused it. Otherwise res[i] is
-// intentWritten (recs[i] the intent) or intentExists (the payout already
-// has a forwarded submission: nothing written for it). When no intent is
+// writeIntents runs a submission's one transaction in two round trips:
+// BEGIN, guard 2 (the same statement for a single submission and a batch)
+// and every item's intent row (intentSQL) in one pipelined batch, then
+// COMMIT or ROLLBACK. The intents ride behind the guard in its round trip
+// and are kept only if the guard accepted the token: fenced (the guard
+// refused it) rolls everything back — the intents with the rest, nothing is
+// forwarded — and m is the mark that refused it. Otherwise res[i] is
+// intentWritten (recs[i] the intent) or intentExists (the payout already has
+// a forwarded submission: nothing written for it). When no intent is
 // written the transaction is rolled back, the high-water mark included.
 func (st *store) writeIntents(ctx context.Context, reqs []proxyclient.SubmitRequest) (recs []proxyclient.Record, res []intentResult, m mark, fenced bool, err error) {
-	tx, err := st.pool.Begin(ctx)
+	tx, err := pgpool.Begin(ctx, st.pool)
 	if err != nil {
 		return nil, nil, m, false, fmt.Errorf("begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
 
 	first := reqs[0]
-	m, accepted, err := guard(ctx, tx, first.AccountID, first.Token, first.Holder)
-	if err != nil || !accepted {
-		return nil, nil, m, err == nil, err
-	}
 	b := &pgx.Batch{}
+	queueGuard(b, first.AccountID, first.Token, first.Holder)
 	for _, req := range reqs {
 		b.Queue(intentSQL+recordCols, intentArgs(req)...)
 	}
 	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	m, accepted, err := scanGuard(br.QueryRow())
+	if err != nil || !accepted {
+		return nil, nil, m, err == nil, err
+	}
 	recs, res = make([]proxyclient.Record, len(reqs)), make([]intentResult, len(reqs))
 	written := 0
 	for i := range reqs {
@@ -53,7 +59,6 @@ func (st *store) writeIntents(ctx context.Context, reqs []proxyclient.SubmitRequ
 		case errors.Is(err, pgx.ErrNoRows):
 			res[i] = intentExists
 		case err != nil:
-			br.Close()
 			return nil, nil, m, false, fmt.Errorf("insert intent of payout %s: %w", reqs[i].PayoutID, err)
 		default:
 			res[i] = intentWritten

@@ -78,48 +78,35 @@ type mark struct {
 	holder fencing.Holder
 }
 
-// writeIntent runs the submission's one transaction: the guard first, then
-// the intent row (FR-19: written before the rail is contacted). A refusal
-// rolls everything back, the high-water mark included; for intentFenced it
-// returns the mark that refused the token.
+// writeIntent runs a single submission's one transaction (writeIntents
+// with one item): for intentFenced it returns the mark that refused the
+// token; intentExists wrote nothing.
 func (st *store) writeIntent(ctx context.Context, req proxyclient.SubmitRequest) (proxyclient.Record, mark, intentResult, error) {
-	var m mark
-	tx, err := st.pool.Begin(ctx)
-	if err != nil {
-		return proxyclient.Record{}, m, 0, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-
-	m, accepted, err := guard(ctx, tx, req.AccountID, req.Token, req.Holder)
-	if err != nil {
+	recs, res, m, fenced, err := st.writeIntents(ctx, []proxyclient.SubmitRequest{req})
+	switch {
+	case err != nil:
 		return proxyclient.Record{}, m, 0, err
-	}
-	if !accepted {
+	case fenced:
 		return proxyclient.Record{}, m, intentFenced, nil
 	}
-	rec, err := scanRecord(tx.QueryRow(ctx, intentSQL+recordCols, intentArgs(req)...))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return proxyclient.Record{}, m, intentExists, nil
-	}
-	if err != nil {
-		return proxyclient.Record{}, m, 0, fmt.Errorf("insert intent: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return proxyclient.Record{}, m, 0, fmt.Errorf("commit intent: %w", err)
-	}
-	return rec, m, intentWritten, nil
+	return recs[0], m, res[0], nil
 }
 
-// guard runs guard 2 (highWaterSQL), which must be the first statement of
-// tx: accepted reports whether the account's fence admits (token, holder);
-// m is the mark the statement judged against.
-func guard(ctx context.Context, tx pgx.Tx, account string, token fencing.Token, holder fencing.Holder) (m mark, accepted bool, err error) {
+// queueGuard queues guard 2 (highWaterSQL, guard.go) on b; the caller sends
+// b as the transaction's first statements, so the guard runs first. Its
+// answer is read with scanGuard.
+func queueGuard(b *pgx.Batch, account string, token fencing.Token, holder fencing.Holder) {
+	b.Queue(highWaterSQL, account, int64(token), string(holder))
+}
+
+// scanGuard reads guard 2's answer: accepted reports whether the account's
+// fence admits the token; m is the mark the statement judged against.
+func scanGuard(row pgx.Row) (m mark, accepted bool, err error) {
 	var (
 		t int64
 		h string
 	)
-	err = tx.QueryRow(ctx, highWaterSQL, account, int64(token), string(holder)).Scan(&t, &h, &accepted)
-	if err != nil {
+	if err := row.Scan(&t, &h, &accepted); err != nil {
 		return m, false, fmt.Errorf("advance high-water: %w", err)
 	}
 	return mark{token: fencing.Token(t), holder: fencing.Holder(h)}, accepted, nil
