@@ -184,20 +184,21 @@ func (s *Service) PayoutEvents(ctx context.Context, payoutID string, after int64
 const actionableSQL = `state IN ('PENDING', 'CLAIMED', 'RAIL_SUBMITTED', 'RAIL_ACKED')`
 
 // workSQL finds the accounts with actionable payouts by skipping from one
-// account to the next in payout_actionable_idx (one index probe per
-// account with work, however many payouts wait), leaves out the accounts
-// in skip ($2), orders the rest by their oldest waiting payout, and counts
-// the payouts only of those returned.
+// account to the next in payout_actionable_idx, (account_id, created_at):
+// one index probe per account with work, however many payouts wait, lands
+// on the account's oldest waiting payout, so the same probe gives the
+// account and how long it has waited. It leaves out the accounts in skip
+// ($2), orders the rest by their oldest waiting payout, and counts the
+// payouts only of those returned.
 var workSQL = `
-WITH RECURSIVE accts(id) AS (
-	(SELECT account_id FROM payout WHERE ` + actionableSQL + ` ORDER BY account_id LIMIT 1)
+WITH RECURSIVE accts(id, oldest_at) AS (
+	(SELECT account_id, created_at FROM payout WHERE ` + actionableSQL + ` ORDER BY account_id, created_at LIMIT 1)
 	UNION ALL
-	SELECT (SELECT p.account_id FROM payout p WHERE p.` + actionableSQL + ` AND p.account_id > accts.id
-	        ORDER BY p.account_id LIMIT 1)
-	  FROM accts WHERE accts.id IS NOT NULL
+	SELECT n.account_id, n.created_at FROM accts CROSS JOIN LATERAL (
+		SELECT p.account_id, p.created_at FROM payout p WHERE p.` + actionableSQL + ` AND p.account_id > accts.id
+		 ORDER BY p.account_id, p.created_at LIMIT 1) n
 ), oldest AS (
-	SELECT accts.id, (SELECT min(p.created_at) FROM payout p WHERE p.account_id = accts.id AND p.` + actionableSQL + `) AS oldest_at
-	  FROM accts WHERE accts.id IS NOT NULL AND NOT (accts.id = ANY($2))
+	SELECT id, oldest_at FROM accts WHERE NOT (id = ANY($2))
 	 ORDER BY 2, 1 LIMIT $1
 )
 SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL + `),
