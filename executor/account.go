@@ -62,43 +62,35 @@ type run struct {
 	listedAll bool
 }
 
-// workAccount takes the account's lock without waiting and drives its
-// payouts; it reports whether it held the lock, whether any payout changed
-// state, and whether a guard fenced the grant out.
+// workAccount drives the account's payouts under its lock: the grant kept
+// from its previous round if there is one still valid, else one taken
+// without waiting. It reports whether it held the lock, whether any payout
+// changed state, and whether a guard fenced the grant out. A round that
+// moved payouts and left the account with nothing more to do keeps its
+// grant for the next one (linger.go); any other round releases it.
 func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (res roundResult) {
 	key := fencing.Key(account)
-	ctx, cancel := e.callCtx()
-	g, err := sess.TryAcquire(ctx, key)
-	cancel()
-	if err != nil {
-		switch {
-		case problem.Has(err, problem.LockHeld):
-			// Another executor is on it: normal.
-			e.m.acquires.WithLabelValues("held").Inc()
-			log.Debug("account locked by another holder; skipping", obs.KeyKey, key, obs.KeyAccountID, account)
-		case refusedToken(err):
-			e.m.acquires.WithLabelValues("error").Inc()
-			e.refuse("lock service", e.cfg.LockURL, err)
-		default:
-			e.m.acquires.WithLabelValues("error").Inc()
-			log.Warn("could not take the account's lock; skipping it (fail closed)", obs.KeyKey, key, obs.KeyAccountID, account, obs.KeyError, err.Error())
+	g, how := e.takeKept(account), "kept lock reused"
+	if g == nil {
+		if g, how = e.acquire(sess, log, account, key), "lock acquired"; g == nil {
+			return res
 		}
-		return res
+	} else {
+		e.m.acquires.WithLabelValues("kept").Inc()
 	}
 	res.acquired = true
-	e.m.acquires.WithLabelValues("acquired").Inc()
-	// A re-acquire by this session returns the same grant, released below
-	// like any other: an earlier failed release of it is superseded.
-	e.mu.Lock()
-	delete(e.unreleased, account)
-	e.mu.Unlock()
 	e.m.activeGrants.Inc()
 	r := &run{e: e, g: g, account: account, log: e.log.With(obs.KeyKey, key, obs.KeyAccountID, account,
 		obs.KeyToken, int64(g.Token()), obs.KeyHolder, string(g.Holder()))}
-	r.log.Debug("lock acquired")
+	r.log.Debug(how)
+	idle := false // the round ended with nothing more to do
 	defer func() {
 		res.moved = r.moved
 		e.m.activeGrants.Dec()
+		if idle && r.moved && e.keep(account, g, time.Now()) {
+			r.log.Debug("lock kept for the account's next round", "linger", e.cfg.GrantLinger.String())
+			return
+		}
 		e.release(r.log, account, g)
 	}()
 	for n := 0; n < maxPayoutsPerGrant; {
@@ -108,6 +100,7 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 			return res
 		}
 		if len(ps) == 0 {
+			idle = true
 			return res
 		}
 		n += len(ps)
@@ -131,6 +124,36 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 		}
 	}
 	return res
+}
+
+// acquire takes the account's lock without waiting; nil when it is not
+// had (held by another session: normal; or the lock service failing).
+func (e *Executor) acquire(sess session, log *slog.Logger, account, key string) grant {
+	ctx, cancel := e.callCtx()
+	g, err := sess.TryAcquire(ctx, key)
+	cancel()
+	if err != nil {
+		switch {
+		case problem.Has(err, problem.LockHeld):
+			// Another executor is on it: normal.
+			e.m.acquires.WithLabelValues("held").Inc()
+			log.Debug("account locked by another holder; skipping", obs.KeyKey, key, obs.KeyAccountID, account)
+		case refusedToken(err):
+			e.m.acquires.WithLabelValues("error").Inc()
+			e.refuse("lock service", e.cfg.LockURL, err)
+		default:
+			e.m.acquires.WithLabelValues("error").Inc()
+			log.Warn("could not take the account's lock; skipping it (fail closed)", obs.KeyKey, key, obs.KeyAccountID, account, obs.KeyError, err.Error())
+		}
+		return nil
+	}
+	e.m.acquires.WithLabelValues("acquired").Inc()
+	// A re-acquire by this session returns the same grant, released or
+	// kept like any other: an earlier queued release of it is superseded.
+	e.mu.Lock()
+	delete(e.unreleased, account)
+	e.mu.Unlock()
+	return g
 }
 
 // next finds what to work on: an in-flight payout first, alone (the

@@ -27,9 +27,7 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 	defer func() {
 		wg.Wait()
 		// Whatever this session still holds ends with it.
-		e.mu.Lock()
-		clear(e.unreleased)
-		e.mu.Unlock()
+		e.dropKept()
 	}()
 	slots := make(chan struct{}, e.cfg.Concurrency)
 	progress := make(chan struct{}, 1)
@@ -41,8 +39,11 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 		if sess.Lost() {
 			return true
 		}
+		wait := e.cfg.PollInterval
 		if !sess.Healthy() {
-			// JEOPARDY: a keepalive failed; start nothing new.
+			// JEOPARDY: a keepalive failed; start nothing new, and never use
+			// a grant kept from before (released once healthy again).
+			e.expireKept(time.Now(), true)
 			if !jeopardy {
 				log.Warn("lock session in jeopardy (a keepalive failed): starting no new work")
 				jeopardy = true
@@ -52,10 +53,15 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 				log.Info("lock session healthy again")
 				jeopardy = false
 			}
-			e.retryReleases(log)
 			e.dispatch(sess, log, slots, progress, &wg)
+			// After dispatching, so an account listed again is worked on
+			// under its kept grant rather than released and re-acquired.
+			if next := e.expireKept(time.Now(), false); !next.IsZero() {
+				wait = min(wait, max(time.Until(next), time.Millisecond))
+			}
+			e.retryReleases(log)
 		}
-		t := time.NewTimer(e.cfg.PollInterval)
+		t := time.NewTimer(wait)
 		select {
 		case <-e.stopCh:
 		case <-progress:

@@ -30,16 +30,25 @@ func (e *Executor) release(log *slog.Logger, account string, g grant) {
 	}
 }
 
+// toRelease is a grant waiting in unreleased to be given back.
+type toRelease struct {
+	g grant
+	// failed: a release of it already got no verdict (logged at WARN once).
+	failed bool
+}
+
 // releaseLater records a grant whose release failed for a reason that may
 // pass (no answer from the lock service).
 func (e *Executor) releaseLater(account string, g grant) {
 	e.mu.Lock()
-	e.unreleased[account] = g
+	e.unreleased[account] = toRelease{g: g, failed: true}
 	e.mu.Unlock()
 }
 
-// retryReleases retries every failed release once; a release refused as
-// not held (the key already moved on) or for a gone session is done too.
+// retryReleases releases every grant in unreleased once: those whose
+// release failed before, and kept grants past their linger. A release
+// refused as not held (the key already moved on) or for a gone session is
+// done too.
 //
 // A release is never retried for an account a worker is on: that worker
 // may have re-acquired the key, and since a re-acquire by the same session
@@ -49,32 +58,40 @@ func (e *Executor) releaseLater(account string, g grant) {
 func (e *Executor) retryReleases(log *slog.Logger) {
 	type pending struct {
 		account string
-		g       grant
+		toRelease
 	}
 	var todo []pending
 	e.mu.Lock()
-	for account, g := range e.unreleased {
+	for account, p := range e.unreleased {
 		if e.active[account] {
 			continue // its worker owns the key now; the worker releases it
 		}
 		e.active[account] = true
-		todo = append(todo, pending{account, g})
+		todo = append(todo, pending{account, p})
 	}
 	e.mu.Unlock()
 	for _, p := range todo {
 		ctx, cancel := e.callCtx()
 		err := p.g.Release(ctx)
 		cancel()
+		settled := err == nil || !releaseRetryable(err)
 		e.mu.Lock()
-		if err == nil || !releaseRetryable(err) {
+		if settled {
 			delete(e.unreleased, p.account)
+		} else {
+			e.unreleased[p.account] = toRelease{g: p.g, failed: true}
 		}
 		delete(e.active, p.account)
 		e.mu.Unlock()
-		if err != nil && releaseRetryable(err) {
-			continue
+		keyLog := log.With(obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()))
+		switch {
+		case !settled && !p.failed:
+			keyLog.Warn("lock release failed; retrying on the next poll", obs.KeyError, err.Error())
+		case settled && p.failed:
+			keyLog.Info("earlier failed lock release settled", "result", releaseResult(err))
+		case settled:
+			keyLog.Debug("kept lock released", "result", releaseResult(err))
 		}
-		log.Info("earlier failed lock release settled", obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()), "result", releaseResult(err))
 	}
 }
 

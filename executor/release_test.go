@@ -87,7 +87,7 @@ func TestFailedReleaseIsRetriedUntilItLands(t *testing.T) {
 // tests below.
 func newBareExecutor() *Executor {
 	return &Executor{base: context.Background(), cfg: Config{CallTimeout: DefaultCallTimeout}, m: newMetrics(prometheus.NewRegistry()),
-		active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]grant{}}
+		active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]toRelease{}, kept: map[string]keptGrant{}}
 }
 
 // TestReleaseRetrySkipsAnAccountWithAWorker: a worker on the account may
