@@ -60,17 +60,22 @@ type run struct {
 	// listedAll is set when the last list came back short: the account had
 	// no more actionable payouts, and one created since waits for /work.
 	listedAll bool
+	// listed counts the payouts the grant's lists brought.
+	listed int
 }
 
 // workAccount drives the account's payouts under its lock: the grant kept
 // from its previous round if there is one still valid, else one taken
 // without waiting. It reports whether it held the lock, whether any payout
-// changed state, and whether a guard fenced the grant out. A round that
-// moved payouts and left the account with nothing more to do keeps its
-// grant for the next one (linger.go); any other round releases it.
+// changed state, whether a guard fenced the grant out, and whether there
+// was nothing to do. A round that moved payouts and left the account with
+// nothing more to do keeps its grant for the next one (linger.go); so does
+// a round under a kept grant that found nothing to do (its linger runs
+// on); any other round releases it.
 func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (res roundResult) {
 	key := fencing.Key(account)
-	g, how := e.takeKept(account), "kept lock reused"
+	g, since := e.takeKept(account)
+	how := "kept lock reused"
 	if g == nil {
 		if g, how = e.acquire(sess, log, account, key), "lock acquired"; g == nil {
 			return res
@@ -85,9 +90,17 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 	r.log.Debug(how)
 	idle := false // the round ended with nothing more to do
 	defer func() {
-		res.moved = r.moved
+		res.moved, res.empty = r.moved, idle && r.listed == 0
 		e.m.activeGrants.Dec()
-		if idle && r.moved && e.keep(account, g, time.Now()) {
+		switch {
+		case idle && r.moved:
+			since = time.Now()
+		case res.empty:
+			// since: the kept grant's linger, if any, runs on.
+		default:
+			since = time.Time{}
+		}
+		if !since.IsZero() && e.keep(account, g, since) {
 			r.log.Debug("lock kept for the account's next round", "linger", e.cfg.GrantLinger.String())
 			return
 		}
@@ -171,6 +184,7 @@ func (r *run) next(room int) (ps []pc.Payout, pending bool, err error) {
 		}
 		// A full page may have left some out: look again when it is done.
 		r.listedAll = len(items) < pendingPage
+		r.listed += len(items)
 		for _, p := range items {
 			if p.State == pc.Pending {
 				r.pending = append(r.pending, p)

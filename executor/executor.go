@@ -166,6 +166,8 @@ type Executor struct {
 	// Kept grants whose linger has passed join it too, so every release
 	// after a round goes through retryReleases.
 	unreleased map[string]toRelease
+	// releasing is set while startReleases' passes run.
+	releasing bool
 	// kept holds grants kept after a round for the account's next one
 	// (linger.go). An account is in at most one of kept and unreleased.
 	kept map[string]keptGrant

@@ -32,40 +32,41 @@ type keptGrant struct {
 // holder, and past a few rounds' worth they stop paying for themselves.
 func (e *Executor) maxKept() int { return 4 * e.cfg.Concurrency }
 
-// takeKept hands the account's kept grant to the worker that reserved the
-// account; nil when none is kept or the kept one is no longer valid (the
-// session is in jeopardy or lost), which is queued for release instead and
-// never used.
-func (e *Executor) takeKept(account string) grant {
+// takeKept hands the account's kept grant, and when it was kept, to the
+// worker that reserved the account; nil when none is kept or the kept one
+// is no longer valid (the session is in jeopardy or lost), which is queued
+// for release instead and never used.
+func (e *Executor) takeKept(account string) (grant, time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	k, ok := e.kept[account]
 	if !ok {
-		return nil
+		return nil, time.Time{}
 	}
 	delete(e.kept, account)
 	e.m.keptGrants.Set(float64(len(e.kept)))
 	if !k.g.Valid() {
 		e.unreleased[account] = toRelease{g: k.g}
-		return nil
+		return nil, time.Time{}
 	}
-	return k.g
+	return k.g, k.since
 }
 
-// keep parks g, the grant of a round that moved payouts and left account
-// with nothing more to do, for the account's next round. It reports false
+// keep parks g, the grant of a round that left account with nothing more
+// to do, for the account's next round, its linger counted from since. It
+// reports false
 // when g is not to be kept (lingering off, a stop requested, g no longer
 // valid): the caller releases it. The caller is the account's worker, so
 // the account is reserved until it has returned. Beyond the cap the
 // oldest kept grant is queued for release; the round's progress wakes the
 // poll loop, which releases it at once.
-func (e *Executor) keep(account string, g grant, now time.Time) bool {
+func (e *Executor) keep(account string, g grant, since time.Time) bool {
 	if e.cfg.GrantLinger <= 0 || e.stopping.Load() || !g.Valid() {
 		return false
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.kept[account] = keptGrant{g: g, since: now}
+	e.kept[account] = keptGrant{g: g, since: since}
 	for len(e.kept) > e.maxKept() {
 		oldest := ""
 		for a, k := range e.kept {

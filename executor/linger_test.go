@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
@@ -77,10 +79,10 @@ func TestKeptGrantIsReusedThenReleasedAfterItsLinger(t *testing.T) {
 	}
 	// The next round takes it.
 	e.reserve("a", t0)
-	if got := e.takeKept("a"); got != g {
-		t.Fatalf("the next round got %v, want the kept grant", got)
+	if got, since := e.takeKept("a"); got != g || !since.Equal(t0) {
+		t.Fatalf("the next round got %v kept at %v, want the kept grant, kept at %v", got, since, t0)
 	}
-	if got := e.takeKept("a"); got != nil {
+	if got, _ := e.takeKept("a"); got != nil {
 		t.Fatal("a kept grant was handed out twice")
 	}
 	e.unreserve("a")
@@ -146,7 +148,7 @@ func TestKeptGrantUnderAWorkerIsLeftToIt(t *testing.T) {
 		t.Fatal("a kept grant was released while a worker was about to use it")
 	}
 	g.invalid.Store(true)
-	if got := e.takeKept("a"); got != nil {
+	if got, _ := e.takeKept("a"); got != nil {
 		t.Fatal("a kept grant that is no longer valid was handed to a worker")
 	}
 	e.retryReleases(log)
@@ -396,6 +398,70 @@ func TestGrantLingerInProcess(t *testing.T) {
 		}
 	})
 
+	// GET /v1/work can list an account as its last payout settles. The
+	// round that finds nothing to do is no fault of the account: it does
+	// not cool it down; a kept grant stays kept (its linger running on),
+	// a freshly acquired one is released.
+	t.Run("a round that finds nothing to do", func(t *testing.T) {
+		account("lg-empty")
+		key := fencing.Key("lg-empty")
+		cfg := lingering("lg-exec-empty", 30*time.Second)
+		e, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.base = ctx
+		log := slog.New(slog.DiscardHandler)
+		sess, err := e.lock.Open(ctx, cfg.Owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = sess.Close(ctx) }()
+		g, err := sess.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		since := time.Now().Add(-time.Second)
+		endRound(t, e, "lg-empty", g, since)
+		round := func() roundResult {
+			t.Helper()
+			now := time.Now()
+			if !e.reserve("lg-empty", now) {
+				t.Fatal("the account could not be reserved: cooling down?")
+			}
+			res := e.workAccount(sess, log, "lg-empty")
+			if e.finishRound(log, "lg-empty", res, now) {
+				t.Fatal("a round with nothing to do reported progress")
+			}
+			return res
+		}
+		if res := round(); !res.acquired || !res.empty {
+			t.Fatalf("round under the kept grant: %+v, want acquired and empty", res)
+		}
+		if k, ok := e.kept["lg-empty"]; !ok || !k.since.Equal(since) {
+			t.Fatalf("kept after the empty round: %+v (%v); want the grant, kept since %v", k, ok, since)
+		}
+		if l, err := s.lock.Lock(ctx, key); err != nil || !l.Held || l.SessionID != sess.ID() {
+			t.Fatalf("%s after the empty round: %+v, %v; want held by %s", key, l, err, sess.ID())
+		}
+		e.expireKept(since.Add(time.Hour), false)
+		e.retryReleases(log)
+		if res := round(); !res.acquired || !res.empty {
+			t.Fatalf("round under a new grant: %+v, want acquired and empty", res)
+		}
+		if l, err := s.lock.Lock(ctx, key); err != nil || l.Held || len(e.kept) != 0 {
+			t.Fatalf("%s after an empty round under a new grant: %+v, %v, kept %v; want free, nothing kept", key, l, err, e.kept)
+		}
+		if c := e.cooling["lg-empty"]; c != nil {
+			t.Fatalf("the account cools down until %v after rounds with nothing to do", c.until)
+		}
+		acquired := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "acquired")
+		kept := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "kept")
+		if acquired != 1 || kept != 1 {
+			t.Fatalf("lock acquires: acquired %v, kept %v; want 1 and 1", acquired, kept)
+		}
+	})
+
 	// A stop releases what is kept: the session's close gives back every
 	// lock, and nothing of it is left in the executor.
 	t.Run("kept grants are released on stop", func(t *testing.T) {
@@ -424,4 +490,42 @@ func TestGrantLingerInProcess(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestReleasePassesRunInTheBackground: the dispatch loop does not wait on
+// the lock service for releases. A grant queued while a pass runs is
+// released by that pass; a release with no verdict waits for the next
+// poll instead of being retried at once.
+func TestReleasePassesRunInTheBackground(t *testing.T) {
+	e := lingerExecutor(time.Second, 2)
+	log := slog.New(slog.DiscardHandler)
+	calls := 0
+	ga := &blockingGrant{flakyGrant: flakyGrant{key: "payout:a", calls: &calls}, entered: make(chan struct{}), proceed: make(chan struct{})}
+	e.mu.Lock()
+	e.unreleased["a"] = toRelease{g: ga}
+	e.mu.Unlock()
+	var wg sync.WaitGroup
+	e.startReleases(log, &wg) // returns while a's release hangs
+	<-ga.entered
+	gb := &keptTestGrant{key: "payout:b"}
+	noAnswer := fmt.Errorf("%w: connection refused", httpx.ErrTransport)
+	gc := &flakyGrant{key: "payout:c", errs: []error{noAnswer}, calls: new(int)}
+	e.mu.Lock()
+	e.unreleased["b"] = toRelease{g: gb}
+	e.unreleased["c"] = toRelease{g: gc}
+	e.mu.Unlock()
+	e.startReleases(log, &wg) // a pass is running: it takes b and c too
+	close(ga.proceed)
+	wg.Wait()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if calls != 1 || gb.releases.Load() != 1 || *gc.calls != 1 {
+		t.Fatalf("releases a=%d b=%d c=%d, want one each", calls, gb.releases.Load(), *gc.calls)
+	}
+	if p, queued := e.unreleased["c"]; len(e.unreleased) != 1 || !queued || !p.failed {
+		t.Fatalf("queued after the pass: %v; want only c, marked failed", e.unreleased)
+	}
+	if e.releasing || len(e.active) != 0 {
+		t.Fatalf("after the pass: releasing %v, reserved %v", e.releasing, e.active)
+	}
 }

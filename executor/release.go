@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/payouts/payouts/internal/obs"
@@ -45,10 +46,42 @@ func (e *Executor) releaseLater(account string, g grant) {
 	e.mu.Unlock()
 }
 
-// retryReleases releases every grant in unreleased once: those whose
-// release failed before, and kept grants past their linger. A release
-// refused as not held (the key already moved on) or for a gone session is
-// done too.
+// startReleases runs release passes (retryReleases) in the background
+// until no queued grant is left untried, unless a pass is running already
+// or nothing is queued. A pass waits on the lock service; the dispatch
+// loop must not, since on a busy executor a kept grant's linger ends every
+// few milliseconds. A release that got no verdict is tried again by the
+// pass the next poll starts, not at once.
+func (e *Executor) startReleases(log *slog.Logger, wg *sync.WaitGroup) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.releasing || len(e.unreleased) == 0 {
+		return
+	}
+	e.releasing = true
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			e.retryReleases(log)
+			e.mu.Lock()
+			again := false
+			for account, p := range e.unreleased {
+				again = again || (!p.failed && !e.active[account])
+			}
+			e.releasing = again
+			e.mu.Unlock()
+			if !again {
+				return
+			}
+		}
+	}()
+}
+
+// retryReleases releases every grant in unreleased once, up to
+// --concurrency at a time: those whose release failed before, and kept
+// grants past their linger. A release refused as not held (the key already
+// moved on) or for a gone session is done too.
 //
 // A release is never retried for an account a worker is on: that worker
 // may have re-acquired the key, and since a re-acquire by the same session
@@ -70,28 +103,41 @@ func (e *Executor) retryReleases(log *slog.Logger) {
 		todo = append(todo, pending{account, p})
 	}
 	e.mu.Unlock()
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, max(e.cfg.Concurrency, 1))
 	for _, p := range todo {
-		ctx, cancel := e.callCtx()
-		err := p.g.Release(ctx)
-		cancel()
-		settled := err == nil || !releaseRetryable(err)
-		e.mu.Lock()
-		if settled {
-			delete(e.unreleased, p.account)
-		} else {
-			e.unreleased[p.account] = toRelease{g: p.g, failed: true}
-		}
-		delete(e.active, p.account)
-		e.mu.Unlock()
-		keyLog := log.With(obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()))
-		switch {
-		case !settled && !p.failed:
-			keyLog.Warn("lock release failed; retrying on the next poll", obs.KeyError, err.Error())
-		case settled && p.failed:
-			keyLog.Info("earlier failed lock release settled", "result", releaseResult(err))
-		case settled:
-			keyLog.Debug("kept lock released", "result", releaseResult(err))
-		}
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			e.releaseQueued(log, p.account, p.toRelease)
+		}()
+	}
+	wg.Wait()
+}
+
+// releaseQueued releases one queued grant whose account retryReleases has
+// reserved, and ends the reservation.
+func (e *Executor) releaseQueued(log *slog.Logger, account string, p toRelease) {
+	ctx, cancel := e.callCtx()
+	err := p.g.Release(ctx)
+	cancel()
+	settled := err == nil || !releaseRetryable(err)
+	e.mu.Lock()
+	if settled {
+		delete(e.unreleased, account)
+	} else {
+		e.unreleased[account] = toRelease{g: p.g, failed: true}
+	}
+	delete(e.active, account)
+	e.mu.Unlock()
+	switch {
+	case !settled && !p.failed:
+		log.Warn("lock release failed; retrying on the next poll", obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()), obs.KeyError, err.Error())
+	case settled && p.failed:
+		log.Info("earlier failed lock release settled", obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()), "result", releaseResult(err))
+	case settled:
+		log.Debug("kept lock released", obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()), "result", releaseResult(err))
 	}
 }
 
