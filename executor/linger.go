@@ -15,7 +15,8 @@ import "time"
 //   - takeKept: the worker that reserved the account takes it (or finds it
 //     no longer valid and queues it for release);
 //   - expireKept: its linger passed, or the session is in jeopardy: it is
-//     queued in unreleased, which retryReleases works through;
+//     queued in unreleased, which the release passes (startReleases, in the
+//     background) work through;
 //   - keep, past the cap: the oldest is queued in unreleased likewise.
 //
 // Queuing in unreleased keeps the rule retryReleases enforces: a release
@@ -54,12 +55,11 @@ func (e *Executor) takeKept(account string) (grant, time.Time) {
 
 // keep parks g, the grant of a round that left account with nothing more
 // to do, for the account's next round, its linger counted from since. It
-// reports false
-// when g is not to be kept (lingering off, a stop requested, g no longer
-// valid): the caller releases it. The caller is the account's worker, so
-// the account is reserved until it has returned. Beyond the cap the
-// oldest kept grant is queued for release; the round's progress wakes the
-// poll loop, which releases it at once.
+// reports false when g is not to be kept (lingering off, a stop requested,
+// g no longer valid): the caller releases it. The caller is the account's
+// worker, so the account is reserved until it has returned. Beyond the cap
+// the oldest kept grant is queued for release, which the poll loop's next
+// pass starts (a round that moved payouts wakes it at once).
 func (e *Executor) keep(account string, g grant, since time.Time) bool {
 	if e.cfg.GrantLinger <= 0 || e.stopping.Load() || !g.Valid() {
 		return false
