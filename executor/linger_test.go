@@ -398,6 +398,37 @@ func TestGrantLingerInProcess(t *testing.T) {
 		}
 	})
 
+	// A grant that drove the per-grant budget is given back even with
+	// work left, so other executors get a turn; the next round takes a new
+	// grant, and that one, ending with nothing left, is kept.
+	t.Run("a grant that reached the per-grant budget is given back", func(t *testing.T) {
+		account("lg-budget")
+		const n = maxPayoutsPerGrant + 10
+		for i := range n {
+			payout(fmt.Sprintf("lg-budget-%02d", i), "lg-budget")
+		}
+		cfg := lingering("lg-exec-budget", 30*time.Second)
+		_, stop := startExecutor(t, cfg)
+		defer stop()
+		for i := range n {
+			posted(fmt.Sprintf("lg-budget-%02d", i))
+		}
+		grants := s.grantsOfKey(t, "lg-budget")
+		if len(grants) != 2 {
+			t.Fatalf("%d grants of payout:lg-budget for %d payouts, want 2 (the budget, then the rest): %+v", len(grants), n, grants)
+		}
+		first, second := grants[0], grants[1]
+		if first.Token > second.Token {
+			first, second = second, first
+		}
+		if first.EndReason == nil || *first.EndReason != "released" {
+			t.Errorf("the grant that drove the budget ended %v, want released while the executor runs", first.EndReason)
+		}
+		if second.EndedAt != nil {
+			t.Errorf("the grant that drove the rest ended (%v); want it kept", *second.EndReason)
+		}
+	})
+
 	// GET /v1/work can list an account as its last payout settles. The
 	// round that finds nothing to do is no fault of the account: it does
 	// not cool it down; a kept grant stays kept (its linger running on),
