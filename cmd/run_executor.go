@@ -19,6 +19,7 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 		ttl         time.Duration
 		poll        time.Duration
 		callTimeout time.Duration
+		linger      time.Duration
 		metrics     string
 		pprof       pprofFlag
 	)
@@ -40,7 +41,7 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 				owner = fmt.Sprintf("executor@%s/%d", host, os.Getpid())
 			}
 			cfg := executor.Config{
-				Owner: owner, Concurrency: concurrency, SessionTTL: ttl, PollInterval: poll, CallTimeout: callTimeout,
+				Owner: owner, Concurrency: concurrency, SessionTTL: ttl, PollInterval: poll, CallTimeout: callTimeout, GrantLinger: linger,
 				LockURL: cf.lockURL, PaymentURL: cf.paymentURL, ProxyURL: cf.proxyURL, Token: token, HTTPClient: hc,
 				MetricsAddr: metrics, Logger: logger, Registry: a.registry, Hooks: executor.HooksFromEnv(),
 			}
@@ -57,6 +58,7 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 	fl.DurationVar(&ttl, "session-ttl", executor.DefaultSessionTTL, "lock session TTL (keepalive every TTL/3)")
 	fl.DurationVar(&poll, "poll-interval", executor.DefaultPollInterval, "how often to ask for work when there was none")
 	fl.DurationVar(&callTimeout, "call-timeout", executor.DefaultCallTimeout, "timeout of each call to the lock service and the payment resource")
+	fl.DurationVar(&linger, "grant-linger", executor.DefaultGrantLinger, "keep an account's lock this long after its work ran out, for its next payouts (0: release at once; at most 30s)")
 	pprof.register(c)
 	fl.StringVar(&metrics, "metrics-listen", "", "serve /metrics and /healthz on this address (e.g. 127.0.0.1:9101); empty: off")
 	return c

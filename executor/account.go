@@ -60,45 +60,50 @@ type run struct {
 	// listedAll is set when the last list came back short: the account had
 	// no more actionable payouts, and one created since waits for /work.
 	listedAll bool
+	// listed counts the payouts the grant's lists brought.
+	listed int
 }
 
-// workAccount takes the account's lock without waiting and drives its
-// payouts; it reports whether it held the lock, whether any payout changed
-// state, and whether a guard fenced the grant out.
+// workAccount drives the account's payouts under its lock: the grant kept
+// from its previous round if there is one still valid, else one taken
+// without waiting. It reports whether it held the lock, whether any payout
+// changed state, whether a guard fenced the grant out, and whether there
+// was nothing to do. A round that moved payouts and left the account with
+// nothing more to do keeps its grant for the next one (linger.go); so does
+// a round under a kept grant that found nothing to do (its linger runs
+// on); any other round releases it.
 func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (res roundResult) {
 	key := fencing.Key(account)
-	ctx, cancel := e.callCtx()
-	g, err := sess.TryAcquire(ctx, key)
-	cancel()
-	if err != nil {
-		switch {
-		case problem.Has(err, problem.LockHeld):
-			// Another executor is on it: normal.
-			e.m.acquires.WithLabelValues("held").Inc()
-			log.Debug("account locked by another holder; skipping", obs.KeyKey, key, obs.KeyAccountID, account)
-		case refusedToken(err):
-			e.m.acquires.WithLabelValues("error").Inc()
-			e.refuse("lock service", e.cfg.LockURL, err)
-		default:
-			e.m.acquires.WithLabelValues("error").Inc()
-			log.Warn("could not take the account's lock; skipping it (fail closed)", obs.KeyKey, key, obs.KeyAccountID, account, obs.KeyError, err.Error())
+	g, since := e.takeKept(account)
+	how := "kept lock reused"
+	if g == nil {
+		if g, how = e.acquire(sess, log, account, key), "lock acquired"; g == nil {
+			return res
 		}
-		return res
+	} else {
+		e.m.acquires.WithLabelValues("kept").Inc()
 	}
 	res.acquired = true
-	e.m.acquires.WithLabelValues("acquired").Inc()
-	// A re-acquire by this session returns the same grant, released below
-	// like any other: an earlier failed release of it is superseded.
-	e.mu.Lock()
-	delete(e.unreleased, account)
-	e.mu.Unlock()
 	e.m.activeGrants.Inc()
 	r := &run{e: e, g: g, account: account, log: e.log.With(obs.KeyKey, key, obs.KeyAccountID, account,
 		obs.KeyToken, int64(g.Token()), obs.KeyHolder, string(g.Holder()))}
-	r.log.Debug("lock acquired")
+	r.log.Debug(how)
+	idle := false // the round ended with nothing more to do
 	defer func() {
-		res.moved = r.moved
+		res.moved, res.empty = r.moved, idle && r.listed == 0
 		e.m.activeGrants.Dec()
+		switch {
+		case idle && r.moved:
+			since = time.Now()
+		case res.empty:
+			// since: the kept grant's linger, if any, runs on.
+		default:
+			since = time.Time{}
+		}
+		if !since.IsZero() && e.keep(account, g, since) {
+			r.log.Debug("lock kept for the account's next round", "linger", e.cfg.GrantLinger.String())
+			return
+		}
 		e.release(r.log, account, g)
 	}()
 	for n := 0; n < maxPayoutsPerGrant; {
@@ -108,6 +113,7 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 			return res
 		}
 		if len(ps) == 0 {
+			idle = true
 			return res
 		}
 		n += len(ps)
@@ -133,6 +139,36 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 	return res
 }
 
+// acquire takes the account's lock without waiting; nil when it is not
+// had (held by another session: normal; or the lock service failing).
+func (e *Executor) acquire(sess session, log *slog.Logger, account, key string) grant {
+	ctx, cancel := e.callCtx()
+	g, err := sess.TryAcquire(ctx, key)
+	cancel()
+	if err != nil {
+		switch {
+		case problem.Has(err, problem.LockHeld):
+			// Another executor is on it: normal.
+			e.m.acquires.WithLabelValues("held").Inc()
+			log.Debug("account locked by another holder; skipping", obs.KeyKey, key, obs.KeyAccountID, account)
+		case refusedToken(err):
+			e.m.acquires.WithLabelValues("error").Inc()
+			e.refuse("lock service", e.cfg.LockURL, err)
+		default:
+			e.m.acquires.WithLabelValues("error").Inc()
+			log.Warn("could not take the account's lock; skipping it (fail closed)", obs.KeyKey, key, obs.KeyAccountID, account, obs.KeyError, err.Error())
+		}
+		return nil
+	}
+	e.m.acquires.WithLabelValues("acquired").Inc()
+	// A re-acquire by this session returns the same grant, released or
+	// kept like any other: an earlier queued release of it is superseded.
+	e.mu.Lock()
+	delete(e.unreleased, account)
+	e.mu.Unlock()
+	return g
+}
+
 // next finds what to work on: an in-flight payout first, alone (the
 // recovery table, one payout at a time), then PENDING ones, oldest first,
 // as many as room allows and the funds cover, to drive together (pending
@@ -148,6 +184,7 @@ func (r *run) next(room int) (ps []pc.Payout, pending bool, err error) {
 		}
 		// A full page may have left some out: look again when it is done.
 		r.listedAll = len(items) < pendingPage
+		r.listed += len(items)
 		for _, p := range items {
 			if p.State == pc.Pending {
 				r.pending = append(r.pending, p)

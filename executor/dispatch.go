@@ -27,13 +27,16 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 	defer func() {
 		wg.Wait()
 		// Whatever this session still holds ends with it.
-		e.mu.Lock()
-		clear(e.unreleased)
-		e.mu.Unlock()
+		e.dropKept()
 	}()
 	slots := make(chan struct{}, e.cfg.Concurrency)
 	progress := make(chan struct{}, 1)
 	jeopardy := false
+	// due: ask for work on this pass (the first one, a round made
+	// progress, or the poll interval has passed since the last ask). A pass
+	// woken only because a kept grant's linger ended just releases it.
+	due := true
+	var nextPoll time.Time
 	for {
 		if e.stopping.Load() {
 			return false
@@ -41,8 +44,14 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 		if sess.Lost() {
 			return true
 		}
+		now := time.Now()
+		due = due || !now.Before(nextPoll)
+		var wake time.Time
 		if !sess.Healthy() {
-			// JEOPARDY: a keepalive failed; start nothing new.
+			// JEOPARDY: a keepalive failed; start nothing new, and never use
+			// a grant kept from before (released once healthy again).
+			e.expireKept(now, true)
+			nextPoll = now.Add(e.cfg.PollInterval)
 			if !jeopardy {
 				log.Warn("lock session in jeopardy (a keepalive failed): starting no new work")
 				jeopardy = true
@@ -52,13 +61,23 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 				log.Info("lock session healthy again")
 				jeopardy = false
 			}
-			e.retryReleases(log)
-			e.dispatch(sess, log, slots, progress, &wg)
+			if due {
+				e.dispatch(sess, log, slots, progress, &wg)
+				due, nextPoll = false, time.Now().Add(e.cfg.PollInterval)
+			}
+			// After dispatching, so an account listed again is worked on
+			// under its kept grant rather than released and re-acquired.
+			wake = e.expireKept(time.Now(), false)
+			e.startReleases(log, &wg)
 		}
-		t := time.NewTimer(e.cfg.PollInterval)
+		if wake.IsZero() || nextPoll.Before(wake) {
+			wake = nextPoll
+		}
+		t := time.NewTimer(max(time.Until(wake), time.Millisecond))
 		select {
 		case <-e.stopCh:
 		case <-progress:
+			due = true
 		case <-t.C:
 		}
 		t.Stop()
@@ -170,13 +189,18 @@ type roundResult struct {
 	moved bool
 	// fenced: a guard refused the grant's token.
 	fenced bool
+	// empty: the grant's list found nothing to do. GET /v1/work listed
+	// the account as its last payout was settling; nothing is wrong there.
+	empty bool
 }
 
 // finishRound ends a round on account and reports whether it moved a
 // payout. A round that took the lock and moved nothing — fenced out, a
 // payout the proxy refuses, a payout that cannot be settled yet — cools
 // the account down: dispatching it again at once would only mint a token
-// (and perhaps a fenced_out event or an ERROR line) per poll.
+// (and perhaps a fenced_out event or an ERROR line) per poll. A round that
+// found nothing to do does not: GET /v1/work will not list the account
+// again until it has work.
 func (e *Executor) finishRound(log *slog.Logger, account string, res roundResult, now time.Time) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -184,7 +208,7 @@ func (e *Executor) finishRound(log *slog.Logger, account string, res roundResult
 	switch {
 	case res.moved:
 		delete(e.cooling, account)
-	case res.acquired:
+	case res.acquired && !res.empty:
 		c := e.cooling[account]
 		if c == nil {
 			c = &cooldown{b: backoff{min: cooldownMin, max: cooldownMax}}

@@ -36,7 +36,14 @@ const (
 	DefaultSessionTTL   = 10 * time.Second
 	DefaultPollInterval = time.Second
 	DefaultCallTimeout  = 30 * time.Second
+	// DefaultGrantLinger is --grant-linger: how long a grant whose account
+	// ran out of work is kept for the account's next round.
+	DefaultGrantLinger = time.Second
 )
+
+// maxGrantLinger bounds --grant-linger: a kept grant holds its account
+// against every other holder (operators, the reconciler, other executors).
+const maxGrantLinger = 30 * time.Second
 
 // maxPayoutsPerGrant bounds the payouts one grant drives before the lock is
 // given back, so a busy account cannot starve the others.
@@ -56,6 +63,12 @@ type Config struct {
 	// CallTimeout bounds each call to the payment resource and the lock
 	// service (the proxy's submission waits for the rail: see proxyclient).
 	CallTimeout time.Duration
+	// GrantLinger is how long a grant is kept after a round that moved
+	// payouts and left its account with nothing more to do, so that the
+	// account's next payouts are driven under it without a lock-service
+	// round trip (see linger.go). 0 releases it at once; the command line's
+	// default is DefaultGrantLinger.
+	GrantLinger time.Duration
 
 	LockURL    string
 	PaymentURL string
@@ -103,6 +116,9 @@ func (c *Config) defaults() error {
 	if c.CallTimeout == 0 {
 		c.CallTimeout = DefaultCallTimeout
 	}
+	if c.GrantLinger < 0 || c.GrantLinger > maxGrantLinger {
+		return fmt.Errorf("executor: grant linger (--grant-linger) must be from 0 (release at once) to %s, got %s", maxGrantLinger, c.GrantLinger)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -146,7 +162,15 @@ type Executor struct {
 	// other holder — an operator, the reconciler resolving an ambiguous
 	// payout — whenever this executor has no further work there. Each poll
 	// retries them until the release lands or the session is gone.
-	unreleased map[string]grant
+	//
+	// Kept grants whose linger has passed join it too, so every release
+	// after a round goes through retryReleases.
+	unreleased map[string]toRelease
+	// releasing is set while startReleases' passes run.
+	releasing bool
+	// kept holds grants kept after a round for the account's next one
+	// (linger.go). An account is in at most one of kept and unreleased.
+	kept map[string]keptGrant
 }
 
 // New builds an executor from cfg.
@@ -170,7 +194,8 @@ func New(cfg Config) (*Executor, error) {
 	}
 	e := &Executor{
 		cfg: cfg, log: cfg.Logger, pay: pay, proxy: proxy, lock: lk,
-		m: newMetrics(cfg.Registry), stopCh: make(chan struct{}), active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]grant{},
+		m: newMetrics(cfg.Registry), stopCh: make(chan struct{}), active: map[string]bool{}, cooling: map[string]*cooldown{},
+		unreleased: map[string]toRelease{}, kept: map[string]keptGrant{},
 	}
 	return e, nil
 }
@@ -223,7 +248,7 @@ func (e *Executor) Run(ctx context.Context) error {
 			"hold_after", string(e.cfg.Hooks.HoldAfter), "crash_after", string(e.cfg.Hooks.CrashAfter))
 	}
 	e.log.Info("executor starting", "owner", e.cfg.Owner, "concurrency", e.cfg.Concurrency,
-		"session_ttl", e.cfg.SessionTTL.String(), "poll_interval", e.cfg.PollInterval.String())
+		"session_ttl", e.cfg.SessionTTL.String(), "poll_interval", e.cfg.PollInterval.String(), "grant_linger", e.cfg.GrantLinger.String())
 
 	bo := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
 	down := false

@@ -63,6 +63,10 @@ func TestConfigDefaultsAndLimits(t *testing.T) {
 		{"poll too fast", Config{Owner: "x", PollInterval: time.Millisecond}, "poll interval"},
 		{"unknown hook point", Config{Owner: "x", Hooks: Hooks{CrashAfter: "lunch"}}, CrashAfterEnv},
 		{"known hook point", Config{Owner: "x", Hooks: Hooks{HoldAfter: AfterSubmitting}}, ""},
+		{"no linger", Config{Owner: "x", GrantLinger: 0}, ""},
+		{"longest linger", Config{Owner: "x", GrantLinger: 30 * time.Second}, ""},
+		{"linger too long", Config{Owner: "x", GrantLinger: 31 * time.Second}, "--grant-linger"},
+		{"negative linger", Config{Owner: "x", GrantLinger: -time.Second}, "--grant-linger"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -135,7 +139,7 @@ func setup(t *testing.T) *testBundle {
 
 func (s *testBundle) config(t *testing.T, owner string, w io.Writer) Config {
 	r := s.st.Ready
-	return Config{Owner: owner, Concurrency: 2, SessionTTL: 3 * time.Second, PollInterval: 100 * time.Millisecond,
+	return Config{Owner: owner, Concurrency: 2, SessionTTL: 3 * time.Second, PollInterval: 100 * time.Millisecond, GrantLinger: DefaultGrantLinger,
 		LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, Token: r.Tokens.Executor,
 		Logger: obs.NewLogger(w, slog.LevelDebug, Role), Registry: obs.NewRegistry()}
 }

@@ -21,6 +21,7 @@ type metrics struct {
 	sessions     *prometheus.CounterVec
 	lockDown     prometheus.Gauge
 	activeGrants prometheus.Gauge
+	keptGrants   prometheus.Gauge
 	cooldowns    prometheus.Counter
 	hooks        *prometheus.CounterVec
 }
@@ -46,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"guard"}),
 		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "payouts_executor_lock_acquires_total",
-			Help: "Attempts to take payout:{account}: acquired, held (another executor has it; normal) or error (lock service unreachable: fail closed).",
+			Help: "Grants of payout:{account} a round ran under: acquired (from the lock service), kept (the grant kept from the account's previous round, no lock-service call), held (another executor has it; normal) or error (lock service unreachable: fail closed).",
 		}, []string{"result"}),
 		sessions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "payouts_executor_sessions_total",
@@ -58,7 +59,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		activeGrants: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "payouts_executor_active_grants",
-			Help: "Accounts this executor currently holds the lock of.",
+			Help: "Accounts a worker of this executor is on, under the account's lock.",
+		}),
+		keptGrants: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "payouts_executor_kept_grants",
+			Help: "Grants kept after a round for the account's next one (--grant-linger), held with no worker on them.",
 		}),
 		cooldowns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "payouts_executor_account_cooldowns_total",
@@ -69,6 +74,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Test hooks that fired (test builds only; must stay 0 in production).",
 		}, []string{"hook", "point"}),
 	}
-	reg.MustRegister(m.outcomes, m.steps, m.stepLatency, m.fencedOut, m.acquires, m.sessions, m.lockDown, m.activeGrants, m.cooldowns, m.hooks)
+	reg.MustRegister(m.outcomes, m.steps, m.stepLatency, m.fencedOut, m.acquires, m.sessions, m.lockDown, m.activeGrants, m.keptGrants, m.cooldowns, m.hooks)
 	return m
 }

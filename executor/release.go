@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/payouts/payouts/internal/obs"
@@ -30,16 +31,57 @@ func (e *Executor) release(log *slog.Logger, account string, g grant) {
 	}
 }
 
+// toRelease is a grant waiting in unreleased to be given back.
+type toRelease struct {
+	g grant
+	// failed: a release of it already got no verdict (logged at WARN once).
+	failed bool
+}
+
 // releaseLater records a grant whose release failed for a reason that may
 // pass (no answer from the lock service).
 func (e *Executor) releaseLater(account string, g grant) {
 	e.mu.Lock()
-	e.unreleased[account] = g
+	e.unreleased[account] = toRelease{g: g, failed: true}
 	e.mu.Unlock()
 }
 
-// retryReleases retries every failed release once; a release refused as
-// not held (the key already moved on) or for a gone session is done too.
+// startReleases runs release passes (retryReleases) in the background
+// until no queued grant is left untried, unless a pass is running already
+// or nothing is queued. A pass waits on the lock service; the dispatch
+// loop must not, since on a busy executor a kept grant's linger ends every
+// few milliseconds. A release that got no verdict is tried again by the
+// pass the next poll starts, not at once.
+func (e *Executor) startReleases(log *slog.Logger, wg *sync.WaitGroup) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.releasing || len(e.unreleased) == 0 {
+		return
+	}
+	e.releasing = true
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			e.retryReleases(log)
+			e.mu.Lock()
+			again := false
+			for account, p := range e.unreleased {
+				again = again || (!p.failed && !e.active[account])
+			}
+			e.releasing = again
+			e.mu.Unlock()
+			if !again {
+				return
+			}
+		}
+	}()
+}
+
+// retryReleases releases every grant in unreleased once, up to
+// --concurrency at a time: those whose release failed before, and kept
+// grants past their linger. A release refused as not held (the key already
+// moved on) or for a gone session is done too.
 //
 // A release is never retried for an account a worker is on: that worker
 // may have re-acquired the key, and since a re-acquire by the same session
@@ -49,32 +91,53 @@ func (e *Executor) releaseLater(account string, g grant) {
 func (e *Executor) retryReleases(log *slog.Logger) {
 	type pending struct {
 		account string
-		g       grant
+		toRelease
 	}
 	var todo []pending
 	e.mu.Lock()
-	for account, g := range e.unreleased {
+	for account, p := range e.unreleased {
 		if e.active[account] {
 			continue // its worker owns the key now; the worker releases it
 		}
 		e.active[account] = true
-		todo = append(todo, pending{account, g})
+		todo = append(todo, pending{account, p})
 	}
 	e.mu.Unlock()
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, max(e.cfg.Concurrency, 1))
 	for _, p := range todo {
-		ctx, cancel := e.callCtx()
-		err := p.g.Release(ctx)
-		cancel()
-		e.mu.Lock()
-		if err == nil || !releaseRetryable(err) {
-			delete(e.unreleased, p.account)
-		}
-		delete(e.active, p.account)
-		e.mu.Unlock()
-		if err != nil && releaseRetryable(err) {
-			continue
-		}
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			e.releaseQueued(log, p.account, p.toRelease)
+		}()
+	}
+	wg.Wait()
+}
+
+// releaseQueued releases one queued grant whose account retryReleases has
+// reserved, and ends the reservation.
+func (e *Executor) releaseQueued(log *slog.Logger, account string, p toRelease) {
+	ctx, cancel := e.callCtx()
+	err := p.g.Release(ctx)
+	cancel()
+	settled := err == nil || !releaseRetryable(err)
+	e.mu.Lock()
+	if settled {
+		delete(e.unreleased, account)
+	} else {
+		e.unreleased[account] = toRelease{g: p.g, failed: true}
+	}
+	delete(e.active, account)
+	e.mu.Unlock()
+	switch {
+	case !settled && !p.failed:
+		log.Warn("lock release failed; retrying on the next poll", obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()), obs.KeyError, err.Error())
+	case settled && p.failed:
 		log.Info("earlier failed lock release settled", obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()), "result", releaseResult(err))
+	case settled:
+		log.Debug("kept lock released", obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()), "result", releaseResult(err))
 	}
 }
 

@@ -87,7 +87,7 @@ func TestFailedReleaseIsRetriedUntilItLands(t *testing.T) {
 // tests below.
 func newBareExecutor() *Executor {
 	return &Executor{base: context.Background(), cfg: Config{CallTimeout: DefaultCallTimeout}, m: newMetrics(prometheus.NewRegistry()),
-		active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]grant{}}
+		active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]toRelease{}, kept: map[string]keptGrant{}}
 }
 
 // TestReleaseRetrySkipsAnAccountWithAWorker: a worker on the account may
@@ -167,6 +167,8 @@ func TestRoundWithoutProgressCoolsTheAccount(t *testing.T) {
 		{"lock held elsewhere", roundResult{}, false, false},
 		{"nothing moved", roundResult{acquired: true}, true, false},
 		{"fenced out", roundResult{acquired: true, fenced: true}, true, false},
+		// GET /v1/work listed the account as its last payout settled.
+		{"nothing to do", roundResult{acquired: true, empty: true}, false, false},
 		{"moved", roundResult{acquired: true, moved: true}, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,123 @@
+package executor
+
+import "time"
+
+// Lingering: a grant whose round moved payouts and left its account with
+// nothing more to do is kept for up to Config.GrantLinger instead of being
+// released. When GET /v1/work lists the account again meanwhile, its next
+// round runs under the kept grant — the same key, token and holder the
+// lock service would hand this session again — without an acquire and a
+// release at the lock service. Nothing changes for the guards: every write
+// still presents the token and is fenced like any other.
+//
+// A kept grant is in kept, out of every worker's hands. It leaves it in
+// one of three ways, each under e.mu:
+//   - takeKept: the worker that reserved the account takes it (or finds it
+//     no longer valid and queues it for release);
+//   - expireKept: its linger passed, or the session is in jeopardy: it is
+//     queued in unreleased, which the release passes (startReleases, in the
+//     background) work through;
+//   - keep, past the cap: the oldest is queued in unreleased likewise.
+//
+// Queuing in unreleased keeps the rule retryReleases enforces: a release
+// never runs for an account a worker is on (that worker may hold the same
+// key under the same token), and no worker starts while it runs.
+
+// keptGrant is a grant kept for its account's next round.
+type keptGrant struct {
+	g     grant
+	since time.Time
+}
+
+// maxKept caps the kept grants: each holds an account against every other
+// holder, and past a few rounds' worth they stop paying for themselves.
+func (e *Executor) maxKept() int { return 4 * e.cfg.Concurrency }
+
+// takeKept hands the account's kept grant, and when it was kept, to the
+// worker that reserved the account; nil when none is kept or the kept one
+// is no longer valid (the session is in jeopardy or lost), which is queued
+// for release instead and never used.
+func (e *Executor) takeKept(account string) (grant, time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	k, ok := e.kept[account]
+	if !ok {
+		return nil, time.Time{}
+	}
+	delete(e.kept, account)
+	e.m.keptGrants.Set(float64(len(e.kept)))
+	if !k.g.Valid() {
+		e.unreleased[account] = toRelease{g: k.g}
+		return nil, time.Time{}
+	}
+	return k.g, k.since
+}
+
+// keep parks g, the grant of a round that left account with nothing more
+// to do, for the account's next round, its linger counted from since. It
+// reports false when g is not to be kept (lingering off, a stop requested,
+// g no longer valid): the caller releases it. The caller is the account's
+// worker, so the account is reserved until it has returned. Beyond the cap
+// the oldest kept grant is queued for release, which the poll loop's next
+// pass starts (a round that moved payouts wakes it at once).
+func (e *Executor) keep(account string, g grant, since time.Time) bool {
+	if e.cfg.GrantLinger <= 0 || e.stopping.Load() || !g.Valid() {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.kept[account] = keptGrant{g: g, since: since}
+	for len(e.kept) > e.maxKept() {
+		oldest := ""
+		for a, k := range e.kept {
+			// An account reserved by a worker (this one's included) is
+			// about to be taken: leave it.
+			if !e.active[a] && (oldest == "" || k.since.Before(e.kept[oldest].since)) {
+				oldest = a
+			}
+		}
+		if oldest == "" {
+			break
+		}
+		e.unreleased[oldest] = toRelease{g: e.kept[oldest].g}
+		delete(e.kept, oldest)
+	}
+	e.m.keptGrants.Set(float64(len(e.kept)))
+	return true
+}
+
+// expireKept queues for release the kept grants whose linger has passed,
+// or every kept grant when all is set (the session is in jeopardy: a kept
+// grant is never used after that). It returns when the next linger ends
+// (zero when nothing else is kept). A grant whose account a worker has
+// just reserved is left to that worker, which checks it before use.
+func (e *Executor) expireKept(now time.Time, all bool) (next time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for a, k := range e.kept {
+		if e.active[a] {
+			continue
+		}
+		end := k.since.Add(e.cfg.GrantLinger)
+		if all || !now.Before(end) {
+			e.unreleased[a] = toRelease{g: k.g}
+			delete(e.kept, a)
+			continue
+		}
+		if next.IsZero() || end.Before(next) {
+			next = end
+		}
+	}
+	e.m.keptGrants.Set(float64(len(e.kept)))
+	return next
+}
+
+// dropKept forgets every kept grant and failed release when the session
+// ends: closing it (or its loss) ends every grant it held.
+func (e *Executor) dropKept() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	clear(e.unreleased)
+	clear(e.kept)
+	e.m.keptGrants.Set(0)
+}

@@ -1,0 +1,562 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/lock/lockclient"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// keptTestGrant is a grant whose validity the test controls; it counts its
+// releases.
+type keptTestGrant struct {
+	key      string
+	invalid  atomic.Bool
+	releases atomic.Int32
+}
+
+func (g *keptTestGrant) Key() string            { return g.key }
+func (g *keptTestGrant) Token() fencing.Token   { return 9 }
+func (g *keptTestGrant) Holder() fencing.Holder { return "s-1" }
+func (g *keptTestGrant) Valid() bool            { return !g.invalid.Load() }
+func (g *keptTestGrant) Done() <-chan struct{}  { return nil }
+func (g *keptTestGrant) Release(context.Context) error {
+	g.releases.Add(1)
+	return nil
+}
+
+func lingerExecutor(linger time.Duration, concurrency int) *Executor {
+	e := newBareExecutor()
+	e.cfg.GrantLinger, e.cfg.Concurrency = linger, concurrency
+	return e
+}
+
+// endRound is what a worker does at the end of a round that moved payouts
+// and left the account with nothing to do: keep the grant while the account
+// is still reserved, then leave it.
+func endRound(t *testing.T, e *Executor, account string, g grant, at time.Time) {
+	t.Helper()
+	if !e.reserve(account, at) {
+		t.Fatalf("account %s could not be reserved", account)
+	}
+	if !e.keep(account, g, at) {
+		t.Fatalf("the grant of %s was not kept", account)
+	}
+	e.unreserve(account)
+}
+
+// TestKeptGrantIsReusedThenReleasedAfterItsLinger: a kept grant is handed
+// to the account's next worker as it is; once idle for the linger it is
+// queued and released by the poll's release pass, exactly once.
+func TestKeptGrantIsReusedThenReleasedAfterItsLinger(t *testing.T) {
+	e := lingerExecutor(time.Second, 1)
+	log := slog.New(slog.DiscardHandler)
+	g := &keptTestGrant{key: "payout:a"}
+	t0 := time.Now()
+	endRound(t, e, "a", g, t0)
+	if v := gaugeValue(t, e.m.keptGrants); v != 1 {
+		t.Fatalf("kept_grants = %v, want 1", v)
+	}
+	if next := e.expireKept(t0.Add(999*time.Millisecond), false); !next.Equal(t0.Add(time.Second)) {
+		t.Fatalf("before its linger ends: next wake %v, want %v", next, t0.Add(time.Second))
+	}
+	e.retryReleases(log)
+	if g.releases.Load() != 0 {
+		t.Fatal("a kept grant was released before its linger ended")
+	}
+	// The next round takes it.
+	e.reserve("a", t0)
+	if got, since := e.takeKept("a"); got != g || !since.Equal(t0) {
+		t.Fatalf("the next round got %v kept at %v, want the kept grant, kept at %v", got, since, t0)
+	}
+	if got, _ := e.takeKept("a"); got != nil {
+		t.Fatal("a kept grant was handed out twice")
+	}
+	e.unreserve("a")
+	// Kept again; its linger counts from then.
+	t1 := t0.Add(5 * time.Second)
+	endRound(t, e, "a", g, t1)
+	if next := e.expireKept(t1.Add(time.Second), false); !next.IsZero() {
+		t.Fatalf("next wake %v with nothing left kept", next)
+	}
+	e.retryReleases(log)
+	e.retryReleases(log)
+	if n := g.releases.Load(); n != 1 || len(e.kept) != 0 || len(e.unreleased) != 0 {
+		t.Fatalf("after the linger: %d release(s), %d kept, %d queued; want 1, 0, 0", n, len(e.kept), len(e.unreleased))
+	}
+	if v := gaugeValue(t, e.m.keptGrants); v != 0 {
+		t.Fatalf("kept_grants = %v, want 0", v)
+	}
+}
+
+// TestGrantNotKept: lingering off, a stop requested, or a grant no longer
+// valid: the round releases as before.
+func TestGrantNotKept(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		linger time.Duration
+		stop   bool
+		lost   bool
+	}{
+		{"linger 0", 0, false, false},
+		{"stopping", time.Second, true, false},
+		{"grant no longer valid", time.Second, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := lingerExecutor(tc.linger, 1)
+			e.stopCh = make(chan struct{})
+			if tc.stop {
+				e.stop()
+			}
+			g := &keptTestGrant{key: "payout:a"}
+			g.invalid.Store(tc.lost)
+			if e.keep("a", g, time.Now()) || len(e.kept) != 0 {
+				t.Fatal("the grant was kept")
+			}
+		})
+	}
+}
+
+// TestKeptGrantUnderAWorkerIsLeftToIt: once a worker has reserved the
+// account, the grant is that worker's to take: it is not released under
+// it (the worker would carry on under a grant freed on the server). A
+// grant that is no longer valid is never used: the worker gets none and
+// the grant is released once the worker has left.
+func TestKeptGrantUnderAWorkerIsLeftToIt(t *testing.T) {
+	e := lingerExecutor(time.Second, 1)
+	log := slog.New(slog.DiscardHandler)
+	g := &keptTestGrant{key: "payout:a"}
+	t0 := time.Now()
+	endRound(t, e, "a", g, t0)
+	e.reserve("a", t0)
+	e.expireKept(t0.Add(time.Hour), true)
+	e.retryReleases(log)
+	if g.releases.Load() != 0 {
+		t.Fatal("a kept grant was released while a worker was about to use it")
+	}
+	g.invalid.Store(true)
+	if got, _ := e.takeKept("a"); got != nil {
+		t.Fatal("a kept grant that is no longer valid was handed to a worker")
+	}
+	e.retryReleases(log)
+	if g.releases.Load() != 0 {
+		t.Fatal("released while the worker was on the account")
+	}
+	e.unreserve("a")
+	e.retryReleases(log)
+	if n := g.releases.Load(); n != 1 || len(e.unreleased) != 0 {
+		t.Fatalf("after the worker left: %d release(s), %d queued; want 1, 0", n, len(e.unreleased))
+	}
+}
+
+// TestJeopardyQueuesEveryKeptGrant: in jeopardy no kept grant may be used
+// again, whatever its age; each is released once the session is healthy.
+func TestJeopardyQueuesEveryKeptGrant(t *testing.T) {
+	e := lingerExecutor(30*time.Second, 1)
+	t0 := time.Now()
+	ga, gb := &keptTestGrant{key: "payout:a"}, &keptTestGrant{key: "payout:b"}
+	endRound(t, e, "a", ga, t0)
+	endRound(t, e, "b", gb, t0)
+	if next := e.expireKept(t0, true); !next.IsZero() || len(e.kept) != 0 || len(e.unreleased) != 2 {
+		t.Fatalf("in jeopardy: next %v, %d kept, %d queued; want zero, 0, 2", next, len(e.kept), len(e.unreleased))
+	}
+	e.retryReleases(slog.New(slog.DiscardHandler))
+	if ga.releases.Load() != 1 || gb.releases.Load() != 1 {
+		t.Fatalf("releases a=%d b=%d, want 1 each", ga.releases.Load(), gb.releases.Load())
+	}
+}
+
+// TestKeptGrantsAreCapped: past 4 × concurrency kept grants the oldest one
+// no worker is about to take is queued for release.
+func TestKeptGrantsAreCapped(t *testing.T) {
+	e := lingerExecutor(30*time.Second, 1) // cap 4
+	t0 := time.Now()
+	gs := map[string]*keptTestGrant{}
+	for i, a := range []string{"a", "b", "c", "d", "e"} {
+		gs[a] = &keptTestGrant{key: "payout:" + a}
+		endRound(t, e, a, gs[a], t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	if _, queued := e.unreleased["a"]; !queued || len(e.kept) != 4 {
+		t.Fatalf("after 5 kept with a cap of 4: queued %v, %d kept; want the oldest (a) queued, 4 kept", e.unreleased, len(e.kept))
+	}
+	// b is the oldest now, but a worker has reserved it: c goes instead.
+	e.reserve("b", t0)
+	gs["f"] = &keptTestGrant{key: "payout:f"}
+	endRound(t, e, "f", gs["f"], t0.Add(time.Second))
+	if _, queued := e.unreleased["c"]; !queued {
+		t.Fatalf("queued %v, want c (b is reserved by a worker)", e.unreleased)
+	}
+	if _, kept := e.kept["b"]; !kept {
+		t.Fatal("a grant a worker was about to take was queued for release")
+	}
+	if v := gaugeValue(t, e.m.keptGrants); v != 4 {
+		t.Fatalf("kept_grants = %v, want 4", v)
+	}
+}
+
+// TestSessionEndDropsKeptGrants: when the session ends (closed: it
+// releases every lock; or lost) nothing of it is left to use or release.
+func TestSessionEndDropsKeptGrants(t *testing.T) {
+	e := lingerExecutor(time.Second, 1)
+	endRound(t, e, "a", &keptTestGrant{key: "payout:a"}, time.Now())
+	e.releaseLater("b", &keptTestGrant{key: "payout:b"})
+	e.dropKept()
+	if len(e.kept) != 0 || len(e.unreleased) != 0 || gaugeValue(t, e.m.keptGrants) != 0 {
+		t.Fatalf("after the session ended: %d kept, %d queued", len(e.kept), len(e.unreleased))
+	}
+}
+
+// gaugeValue reads a gauge.
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
+
+// counter reads a counter of the executor's registry (0 when absent).
+func counter(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// grantsOfKey is the grant log of account's key.
+func (s *testBundle) grantsOfKey(t *testing.T, account string) []lockclient.GrantRecord {
+	t.Helper()
+	all, err := s.lock.AllGrants(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []lockclient.GrantRecord
+	for _, g := range all {
+		if g.Key == fencing.Key(account) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// startExecutor runs an executor in this process until the returned stop
+// is called; stop waits for Run to return and fails the test on an error.
+func startExecutor(t *testing.T, cfg Config) (*Executor, func()) {
+	t.Helper()
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	return e, func() {
+		t.Helper()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		case <-time.After(2 * time.Minute):
+			t.Fatal("Run did not return after the stop request")
+		}
+	}
+}
+
+// TestGrantLingerInProcess runs executors with --grant-linger against real
+// services.
+func TestGrantLingerInProcess(t *testing.T) {
+	t.Parallel() // owns its stack and databases
+	s := setup(t)
+	ctx := context.Background()
+	account := func(id string) {
+		t.Helper()
+		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: id, Currency: "EUR", OpeningBalance: 100_000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	payout := func(id, acc string) {
+		t.Helper()
+		if _, err := s.pay.CreatePayout(ctx, pc.CreatePayoutRequest{ID: id, AccountID: acc, Amount: 100, Currency: "EUR", BeneficiaryRef: "BEN-" + id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	posted := func(id string) {
+		t.Helper()
+		waitFor(t, time.Minute, id+" to be posted", func() bool { return s.state(t, id) == pc.Posted })
+	}
+	// The session TTL leaves keepalives room on a loaded machine: a
+	// failed one (jeopardy) drops every kept grant.
+	lingering := func(owner string, linger time.Duration) Config {
+		cfg := s.config(t, owner, io.Discard)
+		cfg.SessionTTL, cfg.GrantLinger = 10*time.Second, linger
+		return cfg
+	}
+
+	// Payouts arriving one after another on an account: the first round's
+	// grant, kept, drives the later ones; the lock service grants the key
+	// once. With --grant-linger 0 it would grant it once per payout.
+	t.Run("one grant drives payouts that arrive one after another", func(t *testing.T) {
+		account("lg-seq")
+		cfg := lingering("lg-exec-seq", 30*time.Second)
+		_, stop := startExecutor(t, cfg)
+		const n = 4
+		for i := range n {
+			id := fmt.Sprintf("lg-seq-%d", i)
+			payout(id, "lg-seq")
+			posted(id)
+		}
+		stop()
+		if grants := s.grantsOfKey(t, "lg-seq"); len(grants) != 1 {
+			t.Errorf("the lock service granted payout:lg-seq %d times for %d payouts made one after another, want once", len(grants), n)
+		}
+		acquired := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "acquired")
+		kept := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "kept")
+		if acquired != 1 || kept != n-1 {
+			t.Errorf("lock acquires: acquired %v, kept %v; want 1 and %d", acquired, kept, n-1)
+		}
+	})
+
+	// The kept grant is given back once idle for the linger, while the
+	// executor runs on: another session can then take the key.
+	t.Run("a kept grant is released after the linger", func(t *testing.T) {
+		account("lg-rel")
+		const linger = 2 * time.Second
+		cfg := lingering("lg-exec-rel", linger)
+		e, stop := startExecutor(t, cfg)
+		defer stop()
+		payout("lg-rel-1", "lg-rel")
+		posted("lg-rel-1")
+		other, err := s.lock.Open(ctx, "lg-other")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = other.Close(ctx) }()
+		var g *lockclient.Grant
+		waitFor(t, time.Minute, "another session to take payout:lg-rel", func() bool {
+			g, err = other.TryAcquire(ctx, fencing.Key("lg-rel"))
+			if err != nil && !problem.Has(err, problem.LockHeld) {
+				t.Fatal(err)
+			}
+			return err == nil
+		})
+		if err := other.Release(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		p, err := s.pay.Payout(ctx, "lg-rel-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ours *lockclient.GrantRecord
+		for _, gr := range s.grantsOfKey(t, "lg-rel") {
+			if gr.Holder() == p.ClaimedBy {
+				ours = &gr
+			}
+		}
+		// Released by the executor (its session lives on), no sooner than
+		// the linger after the payout was posted under it.
+		switch {
+		case ours == nil || ours.EndedAt == nil || ours.EndReason == nil:
+			t.Fatalf("the executor's grant %+v has not ended", ours)
+		case *ours.EndReason != "released":
+			t.Fatalf("the executor's grant ended %q, want released", *ours.EndReason)
+		case ours.EndedAt.Sub(*p.SettledAt) < linger-10*time.Millisecond:
+			t.Fatalf("the executor's grant ended %s after the payout was posted, want at least the linger %s",
+				ours.EndedAt.Sub(*p.SettledAt), linger)
+		}
+		if v := gaugeValue(t, e.m.keptGrants); v != 0 {
+			t.Fatalf("kept_grants = %v after the release, want 0", v)
+		}
+	})
+
+	// A grant that drove the per-grant budget is given back even with
+	// work left, so other executors get a turn; the next round takes a new
+	// grant, and that one, ending with nothing left, is kept.
+	t.Run("a grant that reached the per-grant budget is given back", func(t *testing.T) {
+		account("lg-budget")
+		const n = maxPayoutsPerGrant + 10
+		for i := range n {
+			payout(fmt.Sprintf("lg-budget-%02d", i), "lg-budget")
+		}
+		cfg := lingering("lg-exec-budget", 30*time.Second)
+		_, stop := startExecutor(t, cfg)
+		defer stop()
+		for i := range n {
+			posted(fmt.Sprintf("lg-budget-%02d", i))
+		}
+		grants := s.grantsOfKey(t, "lg-budget")
+		if len(grants) != 2 {
+			t.Fatalf("%d grants of payout:lg-budget for %d payouts, want 2 (the budget, then the rest): %+v", len(grants), n, grants)
+		}
+		first, second := grants[0], grants[1]
+		if first.Token > second.Token {
+			first, second = second, first
+		}
+		if first.EndReason == nil || *first.EndReason != "released" {
+			t.Errorf("the grant that drove the budget ended %v, want released while the executor runs", first.EndReason)
+		}
+		if second.EndedAt != nil {
+			t.Errorf("the grant that drove the rest ended (%v); want it kept", *second.EndReason)
+		}
+	})
+
+	// GET /v1/work can list an account as its last payout settles. The
+	// round that finds nothing to do is no fault of the account: it does
+	// not cool it down; a kept grant stays kept (its linger running on),
+	// a freshly acquired one is released.
+	t.Run("a round that finds nothing to do", func(t *testing.T) {
+		account("lg-empty")
+		key := fencing.Key("lg-empty")
+		cfg := lingering("lg-exec-empty", 30*time.Second)
+		e, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.base = ctx
+		log := slog.New(slog.DiscardHandler)
+		sess, err := e.lock.Open(ctx, cfg.Owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = sess.Close(ctx) }()
+		g, err := sess.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		since := time.Now().Add(-time.Second)
+		endRound(t, e, "lg-empty", g, since)
+		round := func() roundResult {
+			t.Helper()
+			now := time.Now()
+			if !e.reserve("lg-empty", now) {
+				t.Fatal("the account could not be reserved: cooling down?")
+			}
+			res := e.workAccount(sess, log, "lg-empty")
+			if e.finishRound(log, "lg-empty", res, now) {
+				t.Fatal("a round with nothing to do reported progress")
+			}
+			return res
+		}
+		if res := round(); !res.acquired || !res.empty {
+			t.Fatalf("round under the kept grant: %+v, want acquired and empty", res)
+		}
+		if k, ok := e.kept["lg-empty"]; !ok || !k.since.Equal(since) {
+			t.Fatalf("kept after the empty round: %+v (%v); want the grant, kept since %v", k, ok, since)
+		}
+		if l, err := s.lock.Lock(ctx, key); err != nil || !l.Held || l.SessionID != sess.ID() {
+			t.Fatalf("%s after the empty round: %+v, %v; want held by %s", key, l, err, sess.ID())
+		}
+		e.expireKept(since.Add(time.Hour), false)
+		e.retryReleases(log)
+		if res := round(); !res.acquired || !res.empty {
+			t.Fatalf("round under a new grant: %+v, want acquired and empty", res)
+		}
+		if l, err := s.lock.Lock(ctx, key); err != nil || l.Held || len(e.kept) != 0 {
+			t.Fatalf("%s after an empty round under a new grant: %+v, %v, kept %v; want free, nothing kept", key, l, err, e.kept)
+		}
+		if c := e.cooling["lg-empty"]; c != nil {
+			t.Fatalf("the account cools down until %v after rounds with nothing to do", c.until)
+		}
+		acquired := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "acquired")
+		kept := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "kept")
+		if acquired != 1 || kept != 1 {
+			t.Fatalf("lock acquires: acquired %v, kept %v; want 1 and 1", acquired, kept)
+		}
+	})
+
+	// A stop releases what is kept: the session's close gives back every
+	// lock, and nothing of it is left in the executor.
+	t.Run("kept grants are released on stop", func(t *testing.T) {
+		account("lg-stop-a")
+		account("lg-stop-b")
+		cfg := lingering("lg-exec-stop", 30*time.Second)
+		e, stop := startExecutor(t, cfg)
+		payout("lg-stop-a1", "lg-stop-a")
+		payout("lg-stop-b1", "lg-stop-b")
+		posted("lg-stop-a1")
+		posted("lg-stop-b1")
+		waitFor(t, time.Minute, "both grants to be kept", func() bool {
+			return gaugeValue(t, e.m.keptGrants) == 2
+		})
+		stop()
+		e.mu.Lock()
+		kept, queued := len(e.kept), len(e.unreleased)
+		e.mu.Unlock()
+		if kept != 0 || queued != 0 || gaugeValue(t, e.m.keptGrants) != 0 {
+			t.Fatalf("after the stop: %d kept, %d queued for release; want none", kept, queued)
+		}
+		for _, acc := range []string{"lg-stop-a", "lg-stop-b"} {
+			l, err := s.lock.Lock(ctx, fencing.Key(acc))
+			if err != nil || l.Held {
+				t.Fatalf("payout:%s after a graceful stop: %+v, %v; want free", acc, l, err)
+			}
+		}
+	})
+}
+
+// TestReleasePassesRunInTheBackground: the dispatch loop does not wait on
+// the lock service for releases. A grant queued while a pass runs is
+// released by that pass; a release with no verdict waits for the next
+// poll instead of being retried at once.
+func TestReleasePassesRunInTheBackground(t *testing.T) {
+	e := lingerExecutor(time.Second, 2)
+	log := slog.New(slog.DiscardHandler)
+	calls := 0
+	ga := &blockingGrant{flakyGrant: flakyGrant{key: "payout:a", calls: &calls}, entered: make(chan struct{}), proceed: make(chan struct{})}
+	e.mu.Lock()
+	e.unreleased["a"] = toRelease{g: ga}
+	e.mu.Unlock()
+	var wg sync.WaitGroup
+	e.startReleases(log, &wg) // returns while a's release hangs
+	<-ga.entered
+	gb := &keptTestGrant{key: "payout:b"}
+	noAnswer := fmt.Errorf("%w: connection refused", httpx.ErrTransport)
+	gc := &flakyGrant{key: "payout:c", errs: []error{noAnswer}, calls: new(int)}
+	e.mu.Lock()
+	e.unreleased["b"] = toRelease{g: gb}
+	e.unreleased["c"] = toRelease{g: gc}
+	e.mu.Unlock()
+	e.startReleases(log, &wg) // a pass is running: it takes b and c too
+	close(ga.proceed)
+	wg.Wait()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if calls != 1 || gb.releases.Load() != 1 || *gc.calls != 1 {
+		t.Fatalf("releases a=%d b=%d c=%d, want one each", calls, gb.releases.Load(), *gc.calls)
+	}
+	if p, queued := e.unreleased["c"]; len(e.unreleased) != 1 || !queued || !p.failed {
+		t.Fatalf("queued after the pass: %v; want only c, marked failed", e.unreleased)
+	}
+	if e.releasing || len(e.active) != 0 {
+		t.Fatalf("after the pass: releasing %v, reserved %v", e.releasing, e.active)
+	}
+}
