@@ -57,7 +57,7 @@ the rail settled more than once (must be 0). docs/benchmarks.md describes the me
 	fl.IntVar(&o.Accounts, "accounts", 100, "accounts to load")
 	fl.IntVar(&o.Payouts, "payouts", 1000, "payouts to create (spread round robin over the accounts)")
 	fl.IntVar(&o.Executors, "executors", 1, "executor processes")
-	fl.IntVar(&o.Concurrency, "concurrency", 64, "each executor's --concurrency")
+	fl.IntVar(&o.Concurrency, "concurrency", bench.DefaultE2EConcurrency, "each executor's --concurrency")
 	fl.DurationVar(&o.PollInterval, "poll-interval", 100*time.Millisecond, "each executor's --poll-interval")
 	fl.DurationVar(&o.RailLatency, "rail-latency", 0, "the rail stub's answer delay (e.g. 10ms, 100ms)")
 	fl.Float64Var(&o.Rate, "rate", 0, "payouts created per second (0: as fast as the loaders go)")

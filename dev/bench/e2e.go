@@ -15,6 +15,14 @@ import (
 	"github.com/payouts/payouts/dev/stack"
 )
 
+// DefaultE2EConcurrency is each executor's --concurrency unless
+// --concurrency says otherwise. On two cores 16 workers keep the
+// database busy; more of them only visit accounts sooner, with fewer
+// payouts waiting, so each transaction carries fewer (docs/benchmarks.md:
+// 64 workers did 204–413 payouts/s at 4.7–9.6 CPU-s per 1,000 where 16
+// did 689–716 at 2.7–2.8).
+const DefaultE2EConcurrency = 16
+
 // E2EOptions configures one end-to-end run (`payouts bench e2e`).
 type E2EOptions struct {
 	Accounts    int
@@ -96,7 +104,7 @@ func (o *E2EOptions) defaults() error {
 		o.Executors = 1
 	}
 	if o.Concurrency == 0 {
-		o.Concurrency = 64
+		o.Concurrency = DefaultE2EConcurrency
 	}
 	if o.Executors < 1 || o.Concurrency < 1 || o.Concurrency > 256 {
 		return errors.New("bench e2e: --executors must be at least 1 and --concurrency from 1 to 256")
