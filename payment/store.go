@@ -309,12 +309,18 @@ func (s *Service) existingAccount(ctx context.Context, req pc.CreateAccountReque
 // that payout); 'none' (nothing written, nothing under this id in the
 // statement's snapshot: the row is the request itself, a stand-in) — then
 // the account's currency (NULL: no such account), then the payout.
+//
+// The insert yields to a conflict on any unique index, not only the
+// primary key: client_ref is derived from the id (D-10), so a payout
+// holding this client_ref is one with this id, and a concurrent create of
+// the same id that commits between the key's check and the client_ref
+// index's would otherwise fail with a unique violation instead of a replay.
 const createPayoutSQL = `WITH acct AS (
 		SELECT currency FROM account WHERE id = $2
 	), ins AS (
 		INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref)
 		SELECT $1, $2, $3, $4, $5, $6 FROM acct WHERE acct.currency = $4
-		ON CONFLICT (id) DO NOTHING
+		ON CONFLICT DO NOTHING
 		RETURNING *
 	), ev AS (
 		INSERT INTO payout_event (payout_id, from_state, to_state, actor, reason)
