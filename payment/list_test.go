@@ -99,6 +99,15 @@ func TestWorkAndAccountListUseTheirIndexes(t *testing.T) {
 	if p := plan("work", workSQL, "10", "'{}'"); !strings.Contains(p, "payout_actionable_idx") || strings.Contains(p, "payout_state_idx") {
 		t.Errorf("GET /work does not skip through payout_actionable_idx:\n%s", p)
 	}
+	for name, q := range map[string]string{"events": payoutEventsSQL, "ambiguous_since": ambiguousSinceSQL} {
+		args := []string{"'po-1'", "0", "50"}
+		if name == "ambiguous_since" {
+			args = []string{"'po-1'", "'RAIL_AMBIGUOUS'"}
+		}
+		if p := plan(name, q, args...); !strings.Contains(p, "payout_event_payout_bytes_idx") {
+			t.Errorf("%s does not look the payout's events up in payout_event_payout_bytes_idx:\n%s", name, p)
+		}
+	}
 }
 
 // indexedOn reports whether a plan looks cond up in an index.

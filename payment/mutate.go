@@ -156,12 +156,11 @@ func (s *Service) applyTx(ctx context.Context, payoutID string, cmd Command) (pc
 // for less than the resolution SLA: abandoning releases its held amount
 // while the rail may still pay, and time short of the SLA is no evidence.
 // The age is measured by the database clock from the payout's entry into
-// RAIL_AMBIGUOUS.
+// RAIL_AMBIGUOUS (ambiguousSinceSQL).
 func (s *Service) checkResolutionSLA(ctx context.Context, tx *pgpool.Tx, p pc.Payout) error {
 	var since time.Time
 	var ageSeconds float64
-	err := tx.QueryRow(ctx, `SELECT max(at), EXTRACT(EPOCH FROM now() - max(at))::float8
-		FROM payout_event WHERE payout_id = $1 AND to_state = $2`, p.ID, string(pc.RailAmbiguous)).Scan(&since, &ageSeconds)
+	err := tx.QueryRow(ctx, ambiguousSinceSQL, p.ID, string(pc.RailAmbiguous)).Scan(&since, &ageSeconds)
 	if err != nil {
 		return fmt.Errorf("read when payout %s became ambiguous: %w", p.ID, err)
 	}
@@ -250,3 +249,9 @@ func (s *Service) logFor(ctx context.Context) *slog.Logger {
 	}
 	return s.log
 }
+
+// ambiguousSinceSQL is when payout $1 last entered state $2 and how long
+// ago, by the database clock; its events are found, in byte order, through
+// payout_event_payout_bytes_idx.
+const ambiguousSinceSQL = `SELECT max(at), EXTRACT(EPOCH FROM now() - max(at))::float8
+	FROM payout_event WHERE payout_id COLLATE "C" = $1 AND to_state = $2`

@@ -173,11 +173,16 @@ func (s *Service) PayoutEvents(ctx context.Context, payoutID string, after int64
 	if _, err := getPayout(ctx, s.pool, payoutID, false); err != nil {
 		return nil, err
 	}
-	rows, err := s.pool.Query(ctx, `SELECT id, payout_id, COALESCE(from_state, ''), to_state, COALESCE(token, 0),
-		COALESCE(holder, ''), actor, COALESCE(reason, ''), at
-		FROM payout_event WHERE payout_id = $1 AND id > $2 ORDER BY id LIMIT $3`, payoutID, after, limit)
+	rows, err := s.pool.Query(ctx, payoutEventsSQL, payoutID, after, limit)
 	return collect(rows, err, scanEvent)
 }
+
+// payoutEventsSQL is a page of payout $1's events after event id $2. The
+// payout is compared in byte order, so payout_event_payout_bytes_idx, the
+// table's one index on payout_id (paydb 00006), finds them.
+const payoutEventsSQL = `SELECT id, payout_id, COALESCE(from_state, ''), to_state, COALESCE(token, 0),
+		COALESCE(holder, ''), actor, COALESCE(reason, ''), at
+		FROM payout_event WHERE payout_id COLLATE "C" = $1 AND id > $2 ORDER BY id LIMIT $3`
 
 // actionableSQL is the predicate of payout_actionable_idx (migration
 // 00003), written out so the planner can match the partial index.
