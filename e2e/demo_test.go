@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -52,7 +53,7 @@ func processesUsing(dir string) []string {
 func checkDemo(t *testing.T, dir, stdout string, code int) {
 	t.Helper()
 	if code != 0 {
-		t.Fatalf("dev demo exited %d\noutput:\n%s", code, stdout)
+		t.Fatalf("dev demo exited %d\noutput:\n%s\n%s", code, stdout, roleLogTails(dir, 40))
 	}
 	checkCleanConsole(t, "dev demo", stdout)
 	for _, want := range []string{
@@ -146,4 +147,20 @@ func TestDevDemoRefusesAForeignDirectory(t *testing.T) {
 	if _, err := os.Stat(precious); err != nil {
 		t.Fatalf("the demo touched a directory it did not make: %v", err)
 	}
+}
+
+// roleLogTails is the last n lines of each executor's, the lock service's
+// and the proxy's log in the demo's directory: the directory goes with the
+// test, and a demo that gave up waiting says only what it waited for.
+func roleLogTails(dir string, n int) string {
+	var b strings.Builder
+	for _, name := range []string{"exec-1", "exec-2", "exec-3", "lock", "proxy"} {
+		raw, err := os.ReadFile(filepath.Join(dir, "logs", name+".log"))
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
+		fmt.Fprintf(&b, "--- last %d lines of %s.log:\n%s\n", min(n, len(lines)), name, strings.Join(lines[max(0, len(lines)-n):], "\n"))
+	}
+	return b.String()
 }
