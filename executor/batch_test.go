@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,7 +12,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/payouts/payouts/internal/problem"
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -26,7 +24,7 @@ func isBatchSubmission(r *http.Request) bool {
 	return r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/v1/accounts/") && strings.HasSuffix(r.URL.Path, "/submissions")
 }
 
-// runWithProxyFront creates n PENDING payouts of one account, runs an
+// runWithProxyFront creates n PENDING payouts of one account (fundedPage), runs an
 // executor whose proxy calls go through front (which gets the real proxy
 // to pass requests on to) until every payout is POSTED, and checks that
 // the proxy recorded no safety event and the rail paid each payout exactly
@@ -35,17 +33,7 @@ func runWithProxyFront(t *testing.T, name string, n int, front func(real http.Ha
 	t.Helper()
 	s := setup(t)
 	ctx := context.Background()
-	account := name + "-a"
-	if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: account, Currency: "EUR", OpeningBalance: 10_000}); err != nil {
-		t.Fatal(err)
-	}
-	ids := make([]string, n)
-	for i := range ids {
-		ids[i] = fmt.Sprintf("%s-%d", name, i)
-		if _, err := s.pay.CreatePayout(ctx, pc.CreatePayoutRequest{ID: ids[i], AccountID: account, Amount: 100, Currency: "EUR", BeneficiaryRef: "BEN-" + name}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ids := s.fundedPage(t, name, n)
 	target, err := url.Parse(s.st.Ready.ProxyURL)
 	if err != nil {
 		t.Fatal(err)
@@ -55,21 +43,7 @@ func runWithProxyFront(t *testing.T, name string, n int, front func(real http.Ha
 
 	cfg := s.config(t, name+"-exec", io.Discard)
 	cfg.ProxyURL = srv.URL
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- Run(rctx, cfg) }()
-	waitFor(t, 2*time.Minute, "every payout to be posted", func() bool {
-		for _, id := range ids {
-			if s.state(t, id) != pc.Posted {
-				return false
-			}
-		}
-		return true
-	})
-	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	runUntil(t, cfg, "every payout to be posted", s.allIn(t, ids, pc.Posted))
 	events, err := s.prx.SafetyEvents(ctx, "", 1000)
 	if err != nil {
 		t.Fatal(err)

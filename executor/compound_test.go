@@ -2,9 +2,7 @@ package executor
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -92,47 +89,15 @@ func (s *stepsRecorder) of(account string) []stepsCall {
 func TestPageIsDrivenWithTwoStepCalls(t *testing.T) {
 	t.Parallel() // owns its stack and databases
 	s := setup(t)
-	ctx := context.Background()
 	rec := &stepsRecorder{}
 	front := rec.front(t, s.st.Ready.PaymentURL)
 	const n = 6
-	page := func(account string) []string {
-		t.Helper()
-		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: account, Currency: "EUR", OpeningBalance: 10_000}); err != nil {
-			t.Fatal(err)
-		}
-		ids := make([]string, n)
-		for i := range ids {
-			ids[i] = fmt.Sprintf("%s-%d", account, i)
-			if _, err := s.pay.CreatePayout(ctx, pc.CreatePayoutRequest{ID: ids[i], AccountID: account, Amount: 100, Currency: "EUR", BeneficiaryRef: "BEN-" + ids[i]}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return ids
-	}
 	// run runs an executor with hooks until cond, then stops it.
 	run := func(name string, hooks Hooks, log io.Writer, what string, cond func() bool) {
 		t.Helper()
 		cfg := s.config(t, name, log)
 		cfg.PaymentURL, cfg.Hooks = front, hooks
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- Run(rctx, cfg) }()
-		waitFor(t, 2*time.Minute, what, cond)
-		stop()
-		if err := <-done; err != nil {
-			t.Fatalf("Run %s: %v", name, err)
-		}
-	}
-	all := func(ids []string, st pc.State) func() bool {
-		return func() bool {
-			for _, id := range ids {
-				if s.state(t, id) != st {
-					return false
-				}
-			}
-			return true
-		}
+		runUntil(t, cfg, what, cond)
 	}
 	ops := func(calls []stepsCall) string {
 		var out []string
@@ -142,8 +107,8 @@ func TestPageIsDrivenWithTwoStepCalls(t *testing.T) {
 		return strings.Join(out, ",")
 	}
 
-	ids := page("cp-a")
-	run("cp-exec", Hooks{}, io.Discard, "the page to be posted", all(ids, pc.Posted))
+	ids := s.fundedPage(t, "cp-a", n)
+	run("cp-exec", Hooks{}, io.Discard, "the page to be posted", s.allIn(t, ids, pc.Posted))
 	calls := rec.of("cp-a")
 	if got := ops(calls); got != "claim+submitting,outcome+post" {
 		t.Fatalf("steps calls for one page: %s; want claim+submitting,outcome+post", got)
@@ -163,12 +128,12 @@ func TestPageIsDrivenWithTwoStepCalls(t *testing.T) {
 		{AfterOutcome, pc.RailAcked, "claim+submitting,outcome"},
 	} {
 		account := "cp-" + string(c.point)
-		ids := page(account)
+		ids := s.fundedPage(t, account, n)
 		log := newSyncBuf()
 		held := func() bool {
 			for _, line := range strings.Split(log.String(), "\n") {
 				if containsAll(line, `"msg":"test hook: holding"`, `"point":"`+string(c.point)+`"`, `"account_id":"`+account+`"`) {
-					return all(ids, c.at)()
+					return s.allIn(t, ids, c.at)()
 				}
 			}
 			return false
@@ -178,6 +143,6 @@ func TestPageIsDrivenWithTwoStepCalls(t *testing.T) {
 			t.Fatalf("hold after %s: steps calls %s, want %s", c.point, got, c.calls)
 		}
 		// Another executor finishes the page.
-		run("cp-finish-"+string(c.point), Hooks{}, io.Discard, account+"'s page to be posted", all(ids, pc.Posted))
+		run("cp-finish-"+string(c.point), Hooks{}, io.Discard, account+"'s page to be posted", s.allIn(t, ids, pc.Posted))
 	}
 }

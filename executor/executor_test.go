@@ -208,6 +208,44 @@ func (s *testBundle) state(t *testing.T, id string) pc.State {
 	return p.State
 }
 
+// fundedPage creates account, funded for all of them, and n PENDING
+// payouts of 100 in it (ids account-0 ... account-n-1).
+func (s *testBundle) fundedPage(t *testing.T, account string, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: account, Currency: "EUR", OpeningBalance: 10_000}); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s-%d", account, i)
+		if _, err := s.pay.CreatePayout(ctx, pc.CreatePayoutRequest{ID: ids[i], AccountID: account, Amount: 100, Currency: "EUR", BeneficiaryRef: "BEN-" + ids[i]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+// allIn is a waitFor condition: every payout of ids is in state st.
+func (s *testBundle) allIn(t *testing.T, ids []string, st pc.State) func() bool {
+	return func() bool {
+		for _, id := range ids {
+			if s.state(t, id) != st {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// runUntil runs an executor with cfg until cond holds, then stops it.
+func runUntil(t *testing.T, cfg Config, what string, cond func() bool) {
+	t.Helper()
+	_, stop := startExecutor(t, cfg)
+	waitFor(t, 2*time.Minute, what, cond)
+	stop()
+}
+
 // syncBuf is a goroutine-safe log sink.
 type syncBuf struct {
 	ch chan struct{}

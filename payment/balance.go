@@ -15,6 +15,9 @@ const balanceParts = 64
 // balanceSQL is the balance of account row a.
 const balanceSQL = `(a.balance + COALESCE((SELECT sum(bp.amount) FROM account_balance_part bp WHERE bp.account_id = a.id), 0))::bigint`
 
+// accountFrom is account row a with its balance as b.balance, read once.
+const accountFrom = `account a CROSS JOIN LATERAL (SELECT ` + balanceSQL + ` AS balance) b`
+
 // creditPartSQL adds $3 to part $2 of account $1's balance.
 const creditPartSQL = `INSERT INTO account_balance_part AS bp (account_id, part, amount) VALUES ($1, $2, $3)
 	ON CONFLICT (account_id, part) DO UPDATE SET amount = bp.amount + EXCLUDED.amount, updated_at = now()`

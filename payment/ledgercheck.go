@@ -43,8 +43,7 @@ func (s *Service) CheckLedger(ctx context.Context, since time.Time, extraAccount
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 			SELECT a.id, b.balance, s.total::bigint
-			  FROM account a
-			  CROSS JOIN LATERAL (SELECT `+balanceSQL+` AS balance) b
+			  FROM `+accountFrom+`
 			  CROSS JOIN LATERAL (SELECT COALESCE(sum(e.amount), 0) AS total FROM ledger_entry e WHERE e.account_id = a.id) s
 			 WHERE (a.updated_at >= $1 OR a.id = ANY($2)
 			        OR a.id IN (SELECT bp.account_id FROM account_balance_part bp WHERE bp.updated_at >= $1))

@@ -71,8 +71,9 @@ const heldSQL = `SELECT COALESCE(sum(amount), 0)::bigint FROM payout WHERE accou
 // isHeld reports whether a payout in st holds its amount back (D-7).
 func isHeld(st pc.State) bool { return slices.Contains(heldStates, string(st)) }
 
-const accountCols = `a.id, a.currency, ` + balanceSQL + `,
-	` + balanceSQL + ` - COALESCE((SELECT sum(p.amount) FROM payout p WHERE p.account_id = a.id AND p.state = ANY($1)), 0)::bigint,
+// accountCols are an account's columns, read FROM accountFrom.
+const accountCols = `a.id, a.currency, b.balance,
+	b.balance - COALESCE((SELECT sum(p.amount) FROM payout p WHERE p.account_id = a.id AND p.state = ANY($1)), 0)::bigint,
 	a.fence_token, a.fence_holder`
 
 func scanAccount(row pgx.Row) (pc.Account, error) {
@@ -85,7 +86,7 @@ func scanAccount(row pgx.Row) (pc.Account, error) {
 }
 
 func getAccount(ctx context.Context, q querier, id string) (pc.Account, error) {
-	a, err := scanAccount(q.QueryRow(ctx, `SELECT `+accountCols+` FROM account a WHERE a.id = $2`, heldStates, id))
+	a, err := scanAccount(q.QueryRow(ctx, `SELECT `+accountCols+` FROM `+accountFrom+` WHERE a.id = $2`, heldStates, id))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return a, problem.New(problem.NotFound, "no account %q", id)
 	}
@@ -115,7 +116,7 @@ func (s *Service) Account(ctx context.Context, id string) (pc.Account, error) {
 
 // Accounts lists accounts by id after the cursor.
 func (s *Service) Accounts(ctx context.Context, after string, limit int) ([]pc.Account, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+accountCols+` FROM account a WHERE a.id > $2 ORDER BY a.id LIMIT $3`, heldStates, after, limit)
+	rows, err := s.pool.Query(ctx, `SELECT `+accountCols+` FROM `+accountFrom+` WHERE a.id > $2 ORDER BY a.id LIMIT $3`, heldStates, after, limit)
 	return collect(rows, err, scanAccount)
 }
 
