@@ -13,6 +13,7 @@ type metrics struct {
 	driftAccounts       prometheus.Gauge
 	driftGroups         prometheus.Gauge
 	driftChecks         *prometheus.CounterVec
+	workFallbacks       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -49,8 +50,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "payouts_payment_ledger_checks_total",
 			Help: "Runs of the continuous ledger check, by result (clean, drift, error).",
 		}, []string{"result"}),
+		workFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "payouts_payment_work_full_walks_total",
+			Help: "GET /work calls whose first read of the longest-waiting payouts named too few accounts, so every account with work was walked. A steady rate means a few accounts hold long queues.",
+		}),
 	}
 	reg.MustRegister(m.transitions, m.fencedOut, m.tokenRegressions, m.rejectedTransitions,
-		m.safetyWriteFailures, m.driftAccounts, m.driftGroups, m.driftChecks)
+		m.safetyWriteFailures, m.driftAccounts, m.driftGroups, m.driftChecks, m.workFallbacks)
 	return m
 }

@@ -189,14 +189,41 @@ const payoutEventsSQL = `SELECT id, payout_id, COALESCE(from_state, ''), to_stat
 // 00003), written out so the planner can match the partial index.
 const actionableSQL = `state IN ('PENDING', 'CLAIMED', 'RAIL_SUBMITTED', 'RAIL_ACKED')`
 
-// workSQL finds the accounts with actionable payouts by skipping from one
-// account to the next in payout_actionable_idx, (account_id, created_at):
-// one index probe per account with work, however many payouts wait, lands
-// on the account's oldest waiting payout, so the same probe gives the
-// account and how long it has waited. It leaves out the accounts in skip
-// ($2), orders the rest by their oldest waiting payout, and counts the
-// payouts only of those returned.
+// workScanFactor is how many waiting payouts GET /work reads per account
+// it may return before it falls back to workSkipSQL.
+const workScanFactor = 8
+
+// workSQL reads the payouts that have waited longest, at most $3 of them,
+// in payout_waiting_idx's order (created_at, account_id), and answers the
+// first $1 accounts they name, leaving out the accounts in skip ($2). An
+// account's first payout in that order is its oldest waiting one, so these
+// are exactly the $1 accounts whose oldest payout has waited longest —
+// unless the $3 payouts named fewer accounts (a few accounts with long
+// queues in front): then the last column, the number of payouts read, is
+// $3, and Work asks workSkipSQL instead. The statement answers one row
+// even when no account has work (id NULL).
 var workSQL = `
+WITH seen AS (
+	SELECT account_id, created_at FROM payout WHERE ` + actionableSQL + `
+	 ORDER BY created_at, account_id LIMIT $3
+), oldest AS (
+	SELECT account_id AS id, min(created_at) AS oldest_at FROM seen
+	 WHERE NOT (account_id = ANY($2))
+	 GROUP BY account_id ORDER BY 2, 1 LIMIT $1
+), read AS (
+	SELECT count(*) AS n FROM seen
+)
+SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL + `),
+       o.oldest_at, a.fence_token, read.n
+  FROM read LEFT JOIN (oldest o JOIN account a ON a.id = o.id) ON true
+ ORDER BY o.oldest_at, o.id`
+
+// workSkipSQL answers what workSQL does by skipping from one account to
+// the next in payout_actionable_idx, (account_id, created_at): one index
+// probe per account with work, however many payouts wait, lands on the
+// account's oldest waiting payout. It costs one probe per account with
+// work, so it serves only when workSQL's bounded read was not enough.
+var workSkipSQL = `
 WITH RECURSIVE accts(id, oldest_at) AS (
 	(SELECT account_id, created_at FROM payout WHERE ` + actionableSQL + ` ORDER BY account_id, created_at LIMIT 1)
 	UNION ALL
@@ -208,24 +235,52 @@ WITH RECURSIVE accts(id, oldest_at) AS (
 	 ORDER BY 2, 1 LIMIT $1
 )
 SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL + `),
-       o.oldest_at, a.fence_token
+       o.oldest_at, a.fence_token, 0::bigint
   FROM oldest o JOIN account a ON a.id = o.id
  ORDER BY o.oldest_at, o.id`
 
 // Work lists accounts with actionable payouts, the longest-waiting first,
-// one item per account, leaving out the accounts in skip.
+// one item per account, leaving out the accounts in skip. It reads about
+// workScanFactor payouts per account asked for (workSQL); only when those
+// name too few accounts does it walk every account with work
+// (workSkipSQL).
 func (s *Service) Work(ctx context.Context, limit int, skip []string) ([]pc.WorkItem, error) {
 	if skip == nil {
 		skip = []string{}
 	}
-	rows, err := s.pool.Query(ctx, workSQL, limit, skip)
-	return collect(rows, err, func(row pgx.Row) (pc.WorkItem, error) {
-		var w pc.WorkItem
-		var token int64
-		err := row.Scan(&w.AccountID, &w.Payouts, &w.OldestAt, &token)
-		w.FenceToken, w.OldestAt = fencing.Token(token), w.OldestAt.UTC()
-		return w, err
+	budget := int64(limit) * workScanFactor
+	items, read, err := s.work(ctx, workSQL, limit, skip, budget)
+	if err != nil || len(items) >= limit || read < budget {
+		return items, err
+	}
+	s.m.workFallbacks.Inc()
+	items, _, err = s.work(ctx, workSkipSQL, limit, skip)
+	return items, err
+}
+
+// work runs workSQL or workSkipSQL with args and returns the accounts and
+// the payouts workSQL read.
+func (s *Service) work(ctx context.Context, sql string, args ...any) ([]pc.WorkItem, int64, error) {
+	var read int64
+	rows, err := s.pool.Query(ctx, sql, args...)
+	items, err := collect(rows, err, func(row pgx.Row) (pc.WorkItem, error) {
+		var (
+			w       pc.WorkItem
+			id      *string
+			payouts *int
+			oldest  *time.Time
+			token   *int64
+		)
+		err := row.Scan(&id, &payouts, &oldest, &token, &read)
+		if err != nil || id == nil {
+			return w, err
+		}
+		w.AccountID, w.Payouts, w.OldestAt, w.FenceToken = *id, *payouts, oldest.UTC(), fencing.Token(*token)
+		return w, nil
 	})
+	// workSQL's one row with no account stands for "no work".
+	items = slices.DeleteFunc(items, func(w pc.WorkItem) bool { return w.AccountID == "" })
+	return items, read, err
 }
 
 // Ledger lists ledger entries after entry id after.
