@@ -14,6 +14,7 @@ type metrics struct {
 	driftGroups         prometheus.Gauge
 	driftChecks         *prometheus.CounterVec
 	workFallbacks       prometheus.Counter
+	createBatch         prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -54,8 +55,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "payouts_payment_work_full_walks_total",
 			Help: "GET /work calls whose first read of the longest-waiting payouts named too few accounts, so every account with work was walked. A steady rate means a few accounts hold long queues.",
 		}),
+		createBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "payouts_payment_create_batch_payouts",
+			Help:    "Payouts created per database statement: creations that arrive while one is written go out together.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}),
 	}
 	reg.MustRegister(m.transitions, m.fencedOut, m.tokenRegressions, m.rejectedTransitions,
-		m.safetyWriteFailures, m.driftAccounts, m.driftGroups, m.driftChecks, m.workFallbacks)
+		m.safetyWriteFailures, m.driftAccounts, m.driftGroups, m.driftChecks, m.workFallbacks, m.createBatch)
 	return m
 }

@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/payouts/payouts/internal/batcher"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -63,6 +64,9 @@ type Service struct {
 	m        *metrics
 	interval time.Duration
 	sla      time.Duration // resolution SLA (abandon)
+	// creates batches concurrent payout creations into one statement each
+	// (createPayouts).
+	creates *batcher.Batcher[createRequest, createAnswer]
 
 	// afterRefusal, when set (tests only), runs after a refused mutation's
 	// transaction has ended and before its evidence is recorded.
@@ -101,6 +105,10 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval, sla: cfg.ResolutionSLA}
+	s.creates = batcher.New(s.createPayouts, batcher.Options{
+		MaxBatch: maxCreateBatch, Parallel: createBatchesInFlight, Timeout: createTimeout,
+		Observe: func(n int) { s.m.createBatch.Observe(float64(n)) },
+	})
 	if err := s.ensureSystemAccounts(ctx); err != nil {
 		pool.Close()
 		return nil, err
@@ -113,7 +121,19 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 }
 
 // Close releases the database pool.
-func (s *Service) Close() { s.pool.Close() }
+func (s *Service) Close() {
+	s.creates.Wait()
+	s.pool.Close()
+}
+
+// Payout creations are written in batches (createPayoutsSQL): at most
+// maxCreateBatch payouts per statement, createBatchesInFlight statements
+// at once, each bounded by createTimeout.
+const (
+	maxCreateBatch        = 256
+	createBatchesInFlight = 2
+	createTimeout         = 30 * time.Second
+)
 
 // Currency is the configured currency.
 func (s *Service) Currency() string { return s.currency }

@@ -363,38 +363,137 @@ func (s *Service) existingAccount(ctx context.Context, req pc.CreateAccountReque
 	return a, false, err
 }
 
-// createPayoutSQL creates a PENDING payout and its creation event in one
-// statement (one round trip, its own transaction), only when account $2
-// exists and holds the payout's currency. It answers with one row: what
-// happened — 'created'; 'exists' (a payout already has this id: the row is
-// that payout); 'none' (nothing written, nothing under this id in the
-// statement's snapshot: the row is the request itself, a stand-in) — then
-// the account's currency (NULL: no such account), then the payout.
+// createPayoutsSQL creates PENDING payouts, each with its creation event,
+// in one statement (one round trip, its own transaction): payout n of the
+// arrays $1..$7 (id, account, amount, currency, beneficiary, client_ref,
+// actor) only when its account exists and holds its currency. It answers
+// one row per payout, in order: n; what happened — 'created'; 'exists' (a
+// payout already has this id: the row is that payout); 'none' (nothing
+// written, nothing under this id in the statement's snapshot: the row is
+// the request itself, a stand-in) — then the account's currency (NULL: no
+// such account), then the payout. The ids must be distinct.
 //
 // The insert yields to a conflict on any unique index, not only the
 // primary key: client_ref is derived from the id (D-10), so a payout
 // holding this client_ref is one with this id, and a concurrent create of
 // the same id that commits between the key's check and the client_ref
 // index's would otherwise fail with a unique violation instead of a replay.
-const createPayoutSQL = `WITH acct AS (
-		SELECT currency FROM account WHERE id = $2
+// Rows are inserted in id order, so two statements creating some of the
+// same ids wait for each other in one order, never in a cycle.
+const createPayoutsSQL = `WITH r AS (
+		SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[])
+		  WITH ORDINALITY AS r(id, account_id, amount, currency, beneficiary_ref, client_ref, actor, n)
+	), acct AS (
+		SELECT r.n, a.currency FROM r JOIN account a ON a.id = r.account_id
 	), ins AS (
 		INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref)
-		SELECT $1, $2, $3, $4, $5, $6 FROM acct WHERE acct.currency = $4
+		SELECT r.id, r.account_id, r.amount, r.currency, r.beneficiary_ref, r.client_ref
+		  FROM r JOIN acct ON acct.n = r.n AND acct.currency = r.currency
+		 ORDER BY r.id
 		ON CONFLICT DO NOTHING
 		RETURNING *
 	), ev AS (
 		INSERT INTO payout_event (payout_id, from_state, to_state, actor, reason)
-		SELECT id, NULL, state, $7, 'created' FROM ins
+		SELECT ins.id, NULL, ins.state, r.actor, 'created' FROM ins JOIN r ON r.id = ins.id ORDER BY r.n
 	), found AS (
 		SELECT 'created' AS outcome, * FROM ins
 		UNION ALL
-		SELECT 'exists', * FROM payout WHERE id = $1 AND NOT EXISTS (SELECT FROM ins)
+		SELECT 'exists', * FROM payout p WHERE p.id IN (SELECT id FROM r) AND p.id NOT IN (SELECT id FROM ins)
 	)
-	SELECT outcome, (SELECT currency FROM acct), ` + payoutCols + ` FROM found
-	UNION ALL
-	SELECT 'none', (SELECT currency FROM acct), $1, $2, $3, $4, $5, 'PENDING', $6, '', 0, '', '', '', now(), NULL, NULL, NULL
-	 WHERE NOT EXISTS (SELECT FROM found)`
+	SELECT r.n, COALESCE(f.outcome, 'none'), acct.currency,
+	       COALESCE(f.id, r.id), COALESCE(f.account_id, r.account_id), COALESCE(f.amount, r.amount),
+	       COALESCE(f.currency, r.currency), COALESCE(f.beneficiary_ref, r.beneficiary_ref),
+	       COALESCE(f.state, 'PENDING'), COALESCE(f.client_ref, r.client_ref),
+	       COALESCE(f.claimed_by, ''), COALESCE(f.token, 0), COALESCE(f.failure_reason, ''),
+	       COALESCE(f.rail_ref, ''), COALESCE(f.rail_error_code, ''),
+	       COALESCE(f.created_at, now()), f.claimed_at, f.submitted_at, f.settled_at
+	  FROM r LEFT JOIN acct ON acct.n = r.n LEFT JOIN found f ON f.id = r.id
+	 ORDER BY r.n`
+
+// createRequest is one payout to create, with who asks.
+type createRequest struct {
+	req   pc.CreatePayoutRequest
+	actor string
+}
+
+// createAnswer is what createPayoutsSQL answered for one payout, or the
+// error that kept it from answering.
+type createAnswer struct {
+	outcome  string
+	currency *string
+	payout   pc.Payout
+	err      error
+}
+
+// createPayouts writes a batch of creates (the creates batcher's Func). Ids
+// repeated in the batch go in a statement of their own after the first, so
+// each statement's ids are distinct and the later create of an id is
+// answered as its replay. When a statement of several payouts fails, each
+// of them is tried alone, so one bad payout fails only its own create.
+func (s *Service) createPayouts(ctx context.Context, reqs []createRequest) ([]createAnswer, error) {
+	out := make([]createAnswer, len(reqs))
+	rest := make([]int, len(reqs))
+	for i := range rest {
+		rest[i] = i
+	}
+	for len(rest) > 0 {
+		var now, later []int
+		seen := make(map[string]bool, len(rest))
+		for _, i := range rest {
+			if seen[reqs[i].req.ID] {
+				later = append(later, i)
+				continue
+			}
+			seen[reqs[i].req.ID] = true
+			now = append(now, i)
+		}
+		if err := s.createDistinct(ctx, reqs, now, out); err != nil && len(now) > 1 {
+			for _, i := range now {
+				if err := s.createDistinct(ctx, reqs, []int{i}, out); err != nil {
+					out[i].err = err
+				}
+			}
+		} else if err != nil {
+			out[now[0]].err = err
+		}
+		rest = later
+	}
+	return out, nil
+}
+
+// createDistinct runs createPayoutsSQL for reqs[i], i in ix (distinct ids),
+// into out[i].
+func (s *Service) createDistinct(ctx context.Context, reqs []createRequest, ix []int, out []createAnswer) error {
+	var (
+		ids, accounts, currencies, beneficiaries, clientRefs, actors []string
+		amounts                                                      []int64
+	)
+	for _, i := range ix {
+		r := reqs[i].req
+		ids, accounts, amounts = append(ids, r.ID), append(accounts, r.AccountID), append(amounts, r.Amount)
+		currencies, beneficiaries = append(currencies, r.Currency), append(beneficiaries, r.BeneficiaryRef)
+		clientRefs, actors = append(clientRefs, pc.ClientRef(r.ID)), append(actors, reqs[i].actor)
+	}
+	rows, err := s.pool.Query(ctx, createPayoutsSQL, ids, accounts, amounts, currencies, beneficiaries, clientRefs, actors)
+	answers, err := collect(rows, err, func(row pgx.Row) (createAnswer, error) {
+		var (
+			a createAnswer
+			n int64
+		)
+		a.payout, a.err = scanPayout(prefixedRow{row, []any{&n, &a.outcome, &a.currency}})
+		return a, a.err
+	})
+	if err != nil {
+		return fmt.Errorf("create payout: %w", err)
+	}
+	if len(answers) != len(ix) {
+		return fmt.Errorf("create payout: %d answers for %d payouts", len(answers), len(ix))
+	}
+	for k, i := range ix {
+		out[i] = answers[k]
+	}
+	return nil
+}
 
 // prefixedRow scans its first columns into dest, the rest into Scan's.
 type prefixedRow struct {
@@ -410,13 +509,15 @@ func (r prefixedRow) Scan(dest ...any) error { return r.row.Scan(append(r.dest, 
 // must exist and hold the payout's currency (checked first, as for a new
 // payout).
 func (s *Service) CreatePayout(ctx context.Context, req pc.CreatePayoutRequest, actor string) (p pc.Payout, created bool, err error) {
-	var outcome string
-	var cur *string
-	p, err = scanPayout(prefixedRow{s.pool.QueryRow(ctx, createPayoutSQL,
-		req.ID, req.AccountID, req.Amount, req.Currency, req.BeneficiaryRef, pc.ClientRef(req.ID), actor), []any{&outcome, &cur}})
+	a, err := s.creates.Do(ctx, createRequest{req: req, actor: actor})
+	if err == nil {
+		err = a.err
+	}
+	outcome, cur := a.outcome, a.currency
+	p = a.payout
 	switch {
 	case err != nil:
-		return pc.Payout{}, false, fmt.Errorf("create payout: %w", err)
+		return pc.Payout{}, false, err
 	case cur == nil:
 		return pc.Payout{}, false, problem.New(problem.InvalidRequest, "account_id: no account %q", req.AccountID).With("field", "account_id")
 	case *cur != req.Currency:

@@ -1,0 +1,146 @@
+// Package batcher coalesces concurrent requests into batches, as a
+// database's group commit does: a request that arrives while a batch is
+// being written waits and goes out with the others that arrived meanwhile,
+// in one statement and one transaction; a request that arrives when
+// nothing is being written goes out at once, alone. Nothing waits on a
+// timer.
+package batcher
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Func writes one batch: it answers one result per request, in order, or
+// an error that fails every request of the batch.
+type Func[Req, Res any] func(ctx context.Context, reqs []Req) ([]Res, error)
+
+// Options bound a Batcher.
+type Options struct {
+	// MaxBatch is the most requests in one batch (default 256).
+	MaxBatch int
+	// Parallel is how many batches may be written at once (default 1).
+	Parallel int
+	// Timeout bounds each batch's write (default 30s). A batch runs
+	// detached from its callers' contexts: one caller going away does not
+	// fail the others.
+	Timeout time.Duration
+	// Observe, if set, is told the size of every batch written.
+	Observe func(size int)
+}
+
+// Batcher batches the requests of Do and writes them with its Func.
+type Batcher[Req, Res any] struct {
+	write Func[Req, Res]
+	opts  Options
+
+	mu      sync.Mutex
+	waiting []*call[Req, Res]
+	writing int // batches being written (at most opts.Parallel)
+	wg      sync.WaitGroup
+}
+
+type call[Req, Res any] struct {
+	req  Req
+	res  Res
+	err  error
+	done chan struct{}
+}
+
+// New returns a Batcher that writes batches with write.
+func New[Req, Res any](write Func[Req, Res], opts Options) *Batcher[Req, Res] {
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = 256
+	}
+	if opts.Parallel <= 0 {
+		opts.Parallel = 1
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 30 * time.Second
+	}
+	return &Batcher[Req, Res]{write: write, opts: opts}
+}
+
+// ErrShortAnswer is a batch's error when its Func answered a different
+// number of results than it was given requests.
+var ErrShortAnswer = errors.New("batcher: the batch's answer does not have one result per request")
+
+// Do queues req for the next batch and returns its result. If ctx ends
+// first, Do returns ctx's error; the request may still be written.
+func (b *Batcher[Req, Res]) Do(ctx context.Context, req Req) (Res, error) {
+	c := &call[Req, Res]{req: req, done: make(chan struct{})}
+	b.mu.Lock()
+	b.waiting = append(b.waiting, c)
+	start := b.writing < b.opts.Parallel
+	if start {
+		b.writing++
+		b.wg.Add(1)
+	}
+	b.mu.Unlock()
+	if start {
+		go b.drain(context.WithoutCancel(ctx))
+	}
+	select {
+	case <-c.done:
+		return c.res, c.err
+	case <-ctx.Done():
+		var zero Res
+		return zero, ctx.Err()
+	}
+}
+
+// Waiting is how many requests wait for a batch.
+func (b *Batcher[Req, Res]) Waiting() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.waiting)
+}
+
+// Wait returns when no batch is being written. Requests queued meanwhile
+// are written before it returns.
+func (b *Batcher[Req, Res]) Wait() { b.wg.Wait() }
+
+// drain writes batches until nothing waits.
+func (b *Batcher[Req, Res]) drain(ctx context.Context) {
+	defer b.wg.Done()
+	for {
+		b.mu.Lock()
+		n := min(len(b.waiting), b.opts.MaxBatch)
+		if n == 0 {
+			b.writing--
+			b.mu.Unlock()
+			return
+		}
+		batch := make([]*call[Req, Res], n)
+		copy(batch, b.waiting)
+		b.waiting = append(b.waiting[:0], b.waiting[n:]...)
+		b.mu.Unlock()
+		b.run(ctx, batch)
+	}
+}
+
+func (b *Batcher[Req, Res]) run(ctx context.Context, batch []*call[Req, Res]) {
+	if b.opts.Observe != nil {
+		b.opts.Observe(len(batch))
+	}
+	reqs := make([]Req, len(batch))
+	for i, c := range batch {
+		reqs[i] = c.req
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
+	res, err := b.write(ctx, reqs)
+	cancel()
+	if err == nil && len(res) != len(batch) {
+		err = ErrShortAnswer
+	}
+	for i, c := range batch {
+		if err != nil {
+			c.err = err
+		} else {
+			c.res = res[i]
+		}
+		close(c.done)
+	}
+}

@@ -1,0 +1,197 @@
+package batcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// queued waits until n requests wait for a batch.
+func queued[Req, Res any](t *testing.T, b *Batcher[Req, Res], n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if got := b.Waiting(); got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests waiting, want %d", b.Waiting(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// double answers each request twice its value, recording batch sizes; a
+// batch holding a negative value waits for release first.
+type double struct {
+	mu      sync.Mutex
+	sizes   []int
+	release chan struct{}
+	entered chan struct{}
+}
+
+func (d *double) write(_ context.Context, reqs []int) ([]int, error) {
+	d.mu.Lock()
+	d.sizes = append(d.sizes, len(reqs))
+	d.mu.Unlock()
+	out := make([]int, len(reqs))
+	for i, r := range reqs {
+		if r < 0 {
+			d.entered <- struct{}{}
+			<-d.release
+		}
+		out[i] = 2 * r
+	}
+	return out, nil
+}
+
+func newDouble() *double {
+	return &double{release: make(chan struct{}), entered: make(chan struct{}, 1)}
+}
+
+func TestAnIdleBatcherWritesARequestAtOnceAlone(t *testing.T) {
+	d := newDouble()
+	b := New(d.write, Options{})
+	for i := range 3 {
+		if got, err := b.Do(context.Background(), i); err != nil || got != 2*i {
+			t.Fatalf("Do(%d) = %d, %v", i, got, err)
+		}
+	}
+	b.Wait()
+	if fmt.Sprint(d.sizes) != "[1 1 1]" {
+		t.Fatalf("batch sizes %v, want [1 1 1]", d.sizes)
+	}
+}
+
+// Requests arriving while a batch is written go out together in the next
+// one, each with its own answer, at most MaxBatch at a time.
+func TestRequestsArrivingDuringAWriteGoOutTogether(t *testing.T) {
+	d := newDouble()
+	b := New(d.write, Options{MaxBatch: 4})
+	first := make(chan int)
+	go func() {
+		v, _ := b.Do(context.Background(), -1)
+		first <- v
+	}()
+	<-d.entered
+	var wg sync.WaitGroup
+	got := make([]int, 6)
+	for i := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := b.Do(context.Background(), i+1)
+			if err != nil {
+				t.Error(err)
+			}
+			got[i] = v
+		}()
+	}
+	queued(t, b, 6)
+	close(d.release)
+	wg.Wait()
+	if v := <-first; v != -2 {
+		t.Fatalf("first answer %d, want -2", v)
+	}
+	for i, v := range got {
+		if v != 2*(i+1) {
+			t.Fatalf("answer %d = %d, want %d", i, v, 2*(i+1))
+		}
+	}
+	b.Wait()
+	if fmt.Sprint(d.sizes) != "[1 4 2]" {
+		t.Fatalf("batch sizes %v, want [1 4 2]", d.sizes)
+	}
+}
+
+func TestABatchErrorFailsEveryRequestOfTheBatch(t *testing.T) {
+	boom := errors.New("boom")
+	calls := 0
+	b := New(func(_ context.Context, reqs []int) ([]int, error) {
+		calls++
+		if calls == 1 {
+			return nil, boom
+		}
+		return make([]int, len(reqs)-1), nil // one answer short
+	}, Options{})
+	if _, err := b.Do(context.Background(), 1); !errors.Is(err, boom) {
+		t.Fatalf("Do = %v, want the batch's error", err)
+	}
+	if _, err := b.Do(context.Background(), 1); !errors.Is(err, ErrShortAnswer) {
+		t.Fatalf("Do = %v, want ErrShortAnswer", err)
+	}
+}
+
+// A caller that goes away gets its context's error; the batch it was part
+// of is still written for the others.
+func TestACallerGoingAwayDoesNotFailTheBatch(t *testing.T) {
+	d := newDouble()
+	b := New(d.write, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error)
+	go func() {
+		_, err := b.Do(ctx, -1)
+		errc <- err
+	}()
+	<-d.entered
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Do = %v, want context.Canceled", err)
+	}
+	close(d.release)
+	if v, err := b.Do(context.Background(), 5); err != nil || v != 10 {
+		t.Fatalf("Do after = %d, %v", v, err)
+	}
+	b.Wait()
+}
+
+// At most Parallel batches are written at once.
+func TestParallelBoundsTheBatchesInFlight(t *testing.T) {
+	var (
+		mu          sync.Mutex
+		now, most   int
+		gate        = make(chan struct{})
+		entered     = make(chan struct{}, 8)
+		wg          sync.WaitGroup
+		parallelism = 2
+	)
+	b := New(func(_ context.Context, reqs []int) ([]int, error) {
+		mu.Lock()
+		now++
+		most = max(most, now)
+		mu.Unlock()
+		entered <- struct{}{}
+		<-gate
+		mu.Lock()
+		now--
+		mu.Unlock()
+		return reqs, nil
+	}, Options{Parallel: parallelism})
+	do := func(i int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.Do(context.Background(), i); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	// One at a time until every batch slot is writing, then three more.
+	for i := range parallelism {
+		do(i)
+		<-entered
+	}
+	for i := range 5 - parallelism {
+		do(parallelism + i)
+	}
+	queued(t, b, 5-parallelism)
+	close(gate)
+	wg.Wait()
+	b.Wait()
+	if most != parallelism {
+		t.Fatalf("%d batches written at once, want %d", most, parallelism)
+	}
+}
