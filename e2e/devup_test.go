@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/dev/stack"
@@ -109,6 +112,19 @@ func TestDevUpReadyStopRestart(t *testing.T) {
 		t.Fatalf("GET /v1/accounts with the operator token: %v %v", err, resp)
 	}
 	resp.Body.Close()
+	// The stack's tables start empty and grow: autovacuum looks often, so
+	// the planner's statistics (and the plans of prepared statements)
+	// follow them instead of keeping sequential scans made for empty tables.
+	conn, err := pgx.Connect(context.Background(), ready.DatabaseURLs.PayDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var naptime string
+	err = conn.QueryRow(context.Background(), "SHOW autovacuum_naptime").Scan(&naptime)
+	conn.Close(context.Background())
+	if err != nil || naptime != "5s" {
+		t.Fatalf("the stack's autovacuum_naptime is %q (%v), want 5s", naptime, err)
+	}
 	for _, role := range []string{"lock", "payment", "proxy", "rail", "postgres"} {
 		if ready.PIDs[role] == 0 {
 			t.Fatalf("ready line has no pid for %s: %v", role, ready.PIDs)

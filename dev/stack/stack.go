@@ -218,11 +218,20 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	return s, nil
 }
 
+// stackPGConf is the stack's PostgreSQL settings beyond infra's.
+var stackPGConf = []string{"autovacuum_naptime=5s"}
+
 func (s *Stack) startPostgres(ctx context.Context, port int) (DatabaseURLs, error) {
 	pgDir := filepath.Join(s.opts.Dir, "pg")
 	s.opts.Logger.Info("starting PostgreSQL", "dir", pgDir, "port", port)
 	var err error
-	if s.pg, err = infra.NewPGCluster(infra.PGOptions{Dir: pgDir, Port: port, Fsync: true}); err != nil {
+	// The stack's tables start empty and grow fast. A statement prepared
+	// while a table is nearly empty is planned for that size (a
+	// sequential scan) and keeps the plan until the table is analyzed
+	// again; with autovacuum's default one-minute naptime a whole demo or
+	// benchmark can run on such plans. Looking every 5 seconds keeps the
+	// statistics, and so the plans, in step with the tables.
+	if s.pg, err = infra.NewPGCluster(infra.PGOptions{Dir: pgDir, Port: port, Fsync: true, ExtraConf: stackPGConf}); err != nil {
 		return DatabaseURLs{}, err
 	}
 	if err := s.pg.Start(ctx); err != nil {
