@@ -17,11 +17,14 @@ const maxOutcomeGroup = 256
 
 // outcomeGroupSQL writes a group of outcomes, each once: a row whose
 // outcome is already recorded is not updated (the first outcome stands, and
-// the schema's trigger would refuse a second one) and returns nothing.
+// the schema's trigger would refuse a second one) and returns nothing. The
+// rows are found through the primary key (id = ANY($1)): joined on
+// u.sub_id alone, a large group is planned as a scan of every row without
+// an outcome (TestOutcomeGroupPlan).
 const outcomeGroupSQL = `
 UPDATE rail_submission SET outcome = u.new_outcome, rail_ref = u.new_rail_ref, error_code = u.new_error_code
   FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS u(sub_id, new_outcome, new_rail_ref, new_error_code)
- WHERE id = u.sub_id AND outcome IS NULL
+ WHERE id = ANY($1::bigint[]) AND id = u.sub_id AND outcome IS NULL
 RETURNING ` + recordCols
 
 // outcomeGroups coalesces the outcomes recorded concurrently in the process

@@ -330,3 +330,37 @@ func TestOutcomeWithdrawnWhileWaiting(t *testing.T) {
 		t.Fatalf("withdrawn outcome written: %d %v", n, err)
 	}
 }
+
+// The group statement finds its rows through the primary key whatever the
+// group's size, never by scanning the submissions without an outcome.
+func TestOutcomeGroupPlan(t *testing.T) {
+	t.Parallel()
+	url := pgtest.NewDB(t, migrations.ProxyDB)
+	conn := pgtest.Conn(t, url)
+	ctx := ctxFor(t)
+	if _, err := conn.Exec(ctx, `
+		INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
+		SELECT 'p-' || g, 'acc-' || g % 100, 1, 'h', 'po-' || g, 100, 'EUR', 'ben'
+		  FROM generate_series(1, 20000) AS g;
+		ANALYZE rail_submission`); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 16, maxOutcomeGroup} {
+		ids, outcomes, refs, codes := make([]int64, n), make([]string, n), make([]*string, n), make([]*string, n)
+		for i := range ids {
+			ids[i], outcomes[i] = int64(5001+i), "ACKED"
+		}
+		rows, err := conn.Query(ctx, `EXPLAIN `+outcomeGroupSQL, ids, outcomes, refs, codes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan := strings.Join(lines, "\n")
+		if strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, "rail_submission_pkey") {
+			t.Fatalf("group of %d:\n%s\nwant rail_submission found through its primary key", n, plan)
+		}
+	}
+}
