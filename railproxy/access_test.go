@@ -1,7 +1,6 @@
 package railproxy
 
 import (
-	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -84,43 +83,5 @@ func TestMalformedPathAndQueryAre4xx(t *testing.T) {
 	}
 	if strings.Contains(b.logs.String(), "22021") {
 		t.Fatalf("malformed input reached PostgreSQL:\n%s", b.logs.String())
-	}
-}
-
-// A submission refused for its input says so, with the evidence the
-// executor needs to end the payout: invalid_request, "forwarded": false,
-// the payout and the field — and nothing reached the proxy's store or the
-// rail. Other refusals are never mistaken for it.
-func TestRefusalWithoutForwardingSaysSo(t *testing.T) {
-	t.Parallel()
-	b := setup(t, options{})
-	ctx := ctxFor(t)
-	long := sub("p-long", "acc-1")
-	long.BeneficiaryRef = strings.Repeat("b", 201)
-	_, err := b.pc.Submit(ctx, long, 5, holder(1))
-	var pe *problem.Error
-	if !proxyclient.RefusedUnforwarded(err) || !errors.As(err, &pe) {
-		t.Fatalf("over-long beneficiary_ref: %v, want invalid_request with forwarded=false", err)
-	}
-	var payout, field string
-	if !pe.Extension("payout_id", &payout) || payout != "p-long" || !pe.Extension("field", &field) || field != "beneficiary_ref" {
-		t.Fatalf("refusal evidence: payout %q field %q, want p-long and beneficiary_ref", payout, field)
-	}
-	if _, err := b.pc.Get(ctx, "p-long"); !problem.Has(err, problem.NotFound) {
-		t.Fatalf("GET after the refusal: %v, want not_found (never forwarded)", err)
-	}
-	if got := b.atRail(t, "po-p-long"); len(got) != 0 {
-		t.Fatalf("a refused submission reached the rail: %+v", got)
-	}
-	if _, err := b.pc.Submit(ctx, sub("p-ok", "acc-1"), 5, holder(1)); err != nil {
-		t.Fatal(err)
-	}
-	_, err = b.pc.Submit(ctx, sub("p-stale", "acc-1"), 4, holder(2))
-	if !problem.Has(err, problem.FencedOut) || proxyclient.RefusedUnforwarded(err) {
-		t.Fatalf("stale token: %v; fenced_out must not read as a refusal of the input", err)
-	}
-	_, err = b.pc.Submit(ctx, sub("p-ok", "acc-1"), 5, holder(1))
-	if !problem.Has(err, problem.SubmissionExists) || proxyclient.RefusedUnforwarded(err) {
-		t.Fatalf("duplicate: %v; submission_exists must not read as a refusal of the input", err)
 	}
 }

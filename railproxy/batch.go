@@ -2,7 +2,6 @@ package railproxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -24,14 +23,15 @@ const maxBatchForwards = 16
 
 // writeIntents runs a submission's one transaction in two round trips:
 // BEGIN, guard 2 (the same statement for a single submission and a batch)
-// and every item's intent row (intentSQL) in one pipelined batch, then
-// COMMIT or ROLLBACK. The intents ride behind the guard in its round trip
-// and are kept only if the guard accepted the token: fenced (the guard
-// refused it) rolls everything back — the intents with the rest, nothing is
-// forwarded — and m is the mark that refused it. Otherwise res[i] is
-// intentWritten (recs[i] the intent) or intentExists (the payout already has
-// a forwarded submission: nothing written for it). When no intent is
-// written the transaction is rolled back, the high-water mark included.
+// and every item's intent row (intentSQL, one statement for them all) in
+// one pipelined batch, then COMMIT or ROLLBACK. The intents ride behind the
+// guard in its round trip and are kept only if the guard accepted the
+// token: fenced (the guard refused it) rolls everything back — the intents
+// with the rest, nothing is forwarded — and m is the mark that refused it.
+// Otherwise res[i] is intentWritten (recs[i] the intent) or intentExists
+// (the payout already has a forwarded submission, or is listed earlier in
+// reqs: nothing written for it). When no intent is written the transaction
+// is rolled back, the high-water mark included.
 func (st *store) writeIntents(ctx context.Context, reqs []proxyclient.SubmitRequest) (recs []proxyclient.Record, res []intentResult, m mark, fenced bool, err error) {
 	tx, err := pgpool.Begin(ctx, st.pool)
 	if err != nil {
@@ -42,33 +42,39 @@ func (st *store) writeIntents(ctx context.Context, reqs []proxyclient.SubmitRequ
 	first := reqs[0]
 	b := &pgx.Batch{}
 	queueGuard(b, first.AccountID, first.Token, first.Holder)
-	for _, req := range reqs {
-		b.Queue(intentSQL+recordCols, intentArgs(req)...)
-	}
+	b.Queue(intentSQL+recordCols, intentArgs(reqs)...)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	m, accepted, err := scanGuard(br.QueryRow())
 	if err != nil || !accepted {
 		return nil, nil, m, err == nil, err
 	}
-	recs, res = make([]proxyclient.Record, len(reqs)), make([]intentResult, len(reqs))
-	written := 0
-	for i := range reqs {
-		recs[i], err = scanRecord(br.QueryRow())
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			res[i] = intentExists
-		case err != nil:
-			return nil, nil, m, false, fmt.Errorf("insert intent of payout %s: %w", reqs[i].PayoutID, err)
-		default:
-			res[i] = intentWritten
-			written++
-		}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, m, false, fmt.Errorf("insert %d intents: %w", len(reqs), err)
+	}
+	inserted, err := collectRecords(rows)
+	if err != nil {
+		return nil, nil, m, false, fmt.Errorf("insert %d intents: %w", len(reqs), err)
 	}
 	if err := br.Close(); err != nil {
-		return nil, nil, m, false, fmt.Errorf("insert intents: %w", err)
+		return nil, nil, m, false, fmt.Errorf("insert %d intents: %w", len(reqs), err)
 	}
-	if written == 0 {
+	byPayout := make(map[string]proxyclient.Record, len(inserted))
+	for _, r := range inserted {
+		byPayout[r.PayoutID] = r
+	}
+	recs, res = make([]proxyclient.Record, len(reqs)), make([]intentResult, len(reqs))
+	for i, req := range reqs {
+		r, ok := byPayout[req.PayoutID]
+		if !ok {
+			res[i] = intentExists
+			continue
+		}
+		delete(byPayout, req.PayoutID)
+		recs[i], res[i] = r, intentWritten
+	}
+	if len(inserted) == 0 {
 		return recs, res, m, false, nil
 	}
 	if err := tx.Commit(ctx); err != nil {

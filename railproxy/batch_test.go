@@ -35,46 +35,6 @@ func countKind(evs []proxyclient.SafetyEvent, kind string) int {
 	return n
 }
 
-// A batch under a stale token is refused whole, as a single submission is:
-// 409 fenced_out, nothing forwarded, no intent written, and its evidence
-// (one FENCED row, one fenced_out event) recorded once.
-func TestBatchFencedForwardsNothingAndLeavesEvidence(t *testing.T) {
-	t.Parallel()
-	b := setup(t, options{})
-	ctx := ctxFor(t)
-	if _, err := b.pc.Submit(ctx, sub("p-0", "acc-f"), 10, holder(1)); err != nil {
-		t.Fatal(err)
-	}
-	res, err := b.pc.SubmitBatch(ctx, "acc-f", 5, holder(2), batchItems("acc-f", "p-a", "p-b", "p-c"))
-	var pe *problem.Error
-	if !problem.Has(err, problem.FencedOut) || res != nil {
-		t.Fatalf("stale batch: %+v %v, want fenced_out and no items", res, err)
-	}
-	if pe = problem.From(err); pe.Status() != http.StatusConflict || pe.StoredToken != 10 || pe.PresentedToken != 5 {
-		t.Fatalf("fenced_out answer: %+v, want 409 with presented 5 and stored 10", pe)
-	}
-	for _, id := range []string{"p-a", "p-b", "p-c"} {
-		if got := b.atRail(t, "po-"+id); len(got) != 0 {
-			t.Fatalf("%s reached the rail from a fenced batch: %+v", id, got)
-		}
-	}
-	if n := countKind(b.safetyEvents(t), proxyclient.KindFencedOut); n != 1 {
-		t.Fatalf("fenced_out events: %d, want 1 for the whole batch", n)
-	}
-	rec, err := b.pc.Get(ctx, "p-a")
-	if err != nil || rec.Outcome != proxyclient.OutcomeFenced || rec.FenceToken != 5 {
-		t.Fatalf("evidence row of the fenced batch: %+v %v, want FENCED at token 5", rec, err)
-	}
-	for _, id := range []string{"p-b", "p-c"} {
-		if _, err := b.pc.Get(ctx, id); !problem.Has(err, problem.NotFound) {
-			t.Fatalf("%s after the fenced batch: %v, want not_found", id, err)
-		}
-	}
-	if hw, _ := b.highWater(t, "acc-f"); hw.Token != 10 || hw.Holder != holder(1) {
-		t.Fatalf("high-water after the fenced batch: %+v, want 10 by %s", hw, holder(1))
-	}
-}
-
 // Each item of an accepted batch is answered as its single submission
 // would be, in order: an already forwarded payout gets submission_exists
 // with the existing record and duplicate_attempt evidence, and is not sent

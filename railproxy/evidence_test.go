@@ -1,3 +1,5 @@
+//go:build !negativecontrol
+
 package railproxy
 
 import (

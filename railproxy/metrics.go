@@ -16,6 +16,7 @@ type metrics struct {
 	railLatency   *prometheus.HistogramVec // by outcome
 	resolutions   *prometheus.CounterVec   // by resolution
 	recordFailure prometheus.Counter       // outcome could not be recorded
+	outcomeGroup  prometheus.Histogram     // outcomes written per statement
 	guardDisabled prometheus.Gauge         // 1 in a negativecontrol build
 }
 
@@ -50,12 +51,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "payouts_proxy_outcome_record_failures_total",
 			Help: "Rail answers that could not be recorded (the submission stays without outcome, i.e. ambiguous).",
 		}),
+		outcomeGroup: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "payouts_proxy_outcome_group_size",
+			Help:    "Outcomes written per statement: the outcomes recorded while the previous group was being written are written together.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}),
 		guardDisabled: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "payouts_proxy_guard_disabled",
 			Help: "1 when this binary was built with the negativecontrol tag (fence condition removed). Must be 0 in production.",
 		}),
 	}
-	reg.MustRegister(m.submissions, m.fencedOut, m.duplicates, m.safetyEvents, m.railLatency, m.resolutions, m.recordFailure, m.guardDisabled)
+	reg.MustRegister(m.submissions, m.fencedOut, m.duplicates, m.safetyEvents, m.railLatency, m.resolutions, m.recordFailure, m.outcomeGroup, m.guardDisabled)
 	if !guardEnabled {
 		m.guardDisabled.Set(1)
 	}

@@ -121,6 +121,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, pool: pool, st: &store{pool: pool}, rail: rail, m: newMetrics(cfg.Registry)}
+	s.st.outcomes.groupSize = s.m.outcomeGroup
 	cfg.Registry.MustRegister(newUnresolvedCollector(s.st, cfg.RailTimeout, cfg.Logger))
 	s.http = httpx.NewServer(httpx.Config{
 		Role: "proxy", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,

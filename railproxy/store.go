@@ -17,7 +17,8 @@ import (
 
 // store is the proxy's access to proxydb. Every write path is here.
 type store struct {
-	pool *pgxpool.Pool
+	pool     *pgxpool.Pool
+	outcomes outcomeGroups // recordOutcome's groups (outcomes.go)
 }
 
 // intentResult is how the intent transaction ended.
@@ -112,9 +113,27 @@ func scanGuard(row pgx.Row) (m mark, accepted bool, err error) {
 	return mark{token: fencing.Token(t), holder: fencing.Holder(h)}, accepted, nil
 }
 
-// intentArgs are the parameters of intentSQL for req.
-func intentArgs(req proxyclient.SubmitRequest) []any {
-	return []any{req.PayoutID, req.AccountID, int64(req.Token), string(req.Holder), req.ClientRef, req.Amount, req.Currency, req.BeneficiaryRef}
+// intentRows inserts a batch's intents (the rest of the statement, in
+// intent.go and intent_negativecontrol.go, is the ON CONFLICT clause and
+// RETURNING): one row per element of the arrays $4.. (payout id, client
+// reference, amount, currency, beneficiary), all under the batch's account
+// ($1), token ($2) and holder ($3).
+const intentRows = `
+INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
+SELECT u.payout_id, $1::text, $2::bigint, $3::text, u.client_ref, u.amount, u.currency, u.beneficiary_ref
+  FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[]) AS u(payout_id, client_ref, amount, currency, beneficiary_ref)
+`
+
+// intentArgs are the parameters of intentSQL for reqs, one submission's
+// or a batch's (one account, token and holder: reqs[0]'s).
+func intentArgs(reqs []proxyclient.SubmitRequest) []any {
+	n := len(reqs)
+	payouts, refs, amounts, currencies, beneficiaries := make([]string, n), make([]string, n), make([]int64, n), make([]string, n), make([]string, n)
+	for i, r := range reqs {
+		payouts[i], refs[i], amounts[i], currencies[i], beneficiaries[i] = r.PayoutID, r.ClientRef, r.Amount, r.Currency, r.BeneficiaryRef
+	}
+	first := reqs[0]
+	return []any{first.AccountID, int64(first.Token), string(first.Holder), payouts, refs, amounts, currencies, beneficiaries}
 }
 
 // fencedEvidence is what recordFenced wrote.
@@ -186,16 +205,6 @@ func nullIfEmpty(s string) *string {
 		return nil
 	}
 	return &s
-}
-
-// recordOutcome writes a forwarded submission's outcome, once. The schema's
-// trigger refuses a second write; the WHERE makes a lost race visible as
-// ErrNoRows instead.
-func (st *store) recordOutcome(ctx context.Context, id int64, outcome proxyclient.Outcome, railRef, errorCode string) (proxyclient.Record, error) {
-	return scanRecord(st.pool.QueryRow(ctx, `
-		UPDATE rail_submission SET outcome = $2, rail_ref = $3, error_code = $4
-		 WHERE id = $1 AND outcome IS NULL
-		RETURNING `+recordCols, id, string(outcome), nullIfEmpty(railRef), nullIfEmpty(errorCode)))
 }
 
 // recordResolution writes the resolution of an ambiguous submission, once
