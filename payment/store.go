@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/payouts/payouts/internal/batcher"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/safetylog"
 	"github.com/payouts/payouts/lock/fencing"
@@ -432,31 +433,20 @@ type createAnswer struct {
 // of them is tried alone, so one bad payout fails only its own create.
 func (s *Service) createPayouts(ctx context.Context, reqs []createRequest) ([]createAnswer, error) {
 	out := make([]createAnswer, len(reqs))
-	rest := make([]int, len(reqs))
-	for i := range rest {
-		rest[i] = i
-	}
-	for len(rest) > 0 {
-		var now, later []int
-		seen := make(map[string]bool, len(rest))
-		for _, i := range rest {
-			if seen[reqs[i].req.ID] {
-				later = append(later, i)
-				continue
-			}
-			seen[reqs[i].req.ID] = true
-			now = append(now, i)
+	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return reqs[i].req.ID }) {
+		err := s.createDistinct(ctx, reqs, round, out)
+		if err == nil {
+			continue
 		}
-		if err := s.createDistinct(ctx, reqs, now, out); err != nil && len(now) > 1 {
-			for _, i := range now {
-				if err := s.createDistinct(ctx, reqs, []int{i}, out); err != nil {
-					out[i].err = err
-				}
-			}
-		} else if err != nil {
-			out[now[0]].err = err
+		if len(round) == 1 {
+			out[round[0]].err = err
+			continue
 		}
-		rest = later
+		for _, i := range round {
+			if err := s.createDistinct(ctx, reqs, []int{i}, out); err != nil {
+				out[i].err = err
+			}
+		}
 	}
 	return out, nil
 }

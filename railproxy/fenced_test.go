@@ -64,7 +64,7 @@ func TestIntentTransactionRoundTrips(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewDB(t, migrations.ProxyDB)
 	rt := &pgtest.RoundTrips{}
-	st := &store{pool: rt.Pool(t, url)}
+	st := newStore(rt.Pool(t, url), nil)
 	check := pgtest.Conn(t, url)
 	ctx := ctxFor(t)
 	req := func(id string, token fencing.Token, h fencing.Holder) proxyclient.SubmitRequest {

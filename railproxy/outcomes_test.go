@@ -106,7 +106,7 @@ func newGroupEnv(t *testing.T, n int) *groupEnv {
 	t.Helper()
 	url := pgtest.NewDB(t, migrations.ProxyDB)
 	e := &groupEnv{log: &statementLog{}, check: pgtest.Conn(t, url)}
-	e.st = &store{pool: e.log.pool(t, url)}
+	e.st = newStore(e.log.pool(t, url), nil)
 	payouts := make([]string, n)
 	for i := range payouts {
 		payouts[i] = fmt.Sprintf("p-%d", i)
@@ -156,11 +156,8 @@ func (e *groupEnv) holdFirstGroup(t *testing.T) (release func() recorded) {
 		t.Fatal(err)
 	}
 	first := e.record(t, e.ids[0], proxyclient.OutcomeAcked, "rr-first", "")
-	g := &e.st.outcomes
 	eventually(t, "the first outcome is being written", func() (bool, error) {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		return g.turnHeld && len(g.queue) == 0, nil
+		return e.st.outcomes.Writing() == 1 && e.st.outcomes.Waiting() == 0, nil
 	})
 	return func() recorded {
 		t.Helper()
@@ -178,7 +175,7 @@ func (e *groupEnv) holdFirstGroup(t *testing.T) (release func() recorded) {
 func (e *groupEnv) waitQueued(t *testing.T, n int) {
 	t.Helper()
 	eventually(t, fmt.Sprintf("%d outcomes wait for a group", n), func() (bool, error) {
-		return e.st.outcomes.queued() == n, nil
+		return e.st.outcomes.Waiting() == n, nil
 	})
 }
 
@@ -206,17 +203,14 @@ func TestConcurrentOutcomesWrittenInGroups(t *testing.T) {
 	if got := e.log.count("UPDATE rail_submission"); got != 2 {
 		t.Fatalf("%d outcome statements for %d outcomes, want 2 (the first alone, then the rest together)", got, n+1)
 	}
-	if got := e.st.outcomes.written.Load(); got != 2 {
-		t.Fatalf("%d groups written, want 2", got)
-	}
 	var written int
 	if err := e.check.QueryRow(ctxFor(t), `SELECT count(*) FROM rail_submission WHERE outcome = 'ACKED'`).Scan(&written); err != nil || written != n+1 {
 		t.Fatalf("%d outcomes in proxydb (%v), want %d", written, err, n+1)
 	}
-	// Idle again: the next outcome is written at once, alone.
-	if e.st.outcomes.queued() != 0 || e.st.outcomes.turnHeld {
-		t.Fatal("the turn to write is still held with nothing to write")
-	}
+	// Idle again: nothing waits and nothing is being written.
+	eventually(t, "the groups to end", func() (bool, error) {
+		return e.st.outcomes.Waiting() == 0 && e.st.outcomes.Writing() == 0, nil
+	})
 }
 
 // In a group, an outcome already recorded is reported as such to its caller
@@ -271,7 +265,7 @@ func TestOutcomeGroupAlreadyRecordedToItsCallerOnly(t *testing.T) {
 	if err != nil || len(got) != 4 {
 		t.Fatalf("rows: %v %v", got, err)
 	}
-	if n := e.st.outcomes.written.Load(); n != 3 {
+	if n := e.log.count("UPDATE rail_submission"); n != 3 {
 		t.Fatalf("%d groups written, want 3 (the first; x, y, z; y again)", n)
 	}
 }
@@ -299,9 +293,10 @@ func TestOutcomeGroupErrorReachesEveryCaller(t *testing.T) {
 	}
 }
 
-// A caller whose context ends while its outcome waits for a group is taken
-// out of the queue, the turn to write passing on if it held it.
-func TestOutcomeWithdrawnWhileWaiting(t *testing.T) {
+// A caller whose context ends while its outcome waits for a group gets its
+// context's error; the outcome still goes out with the group (recording
+// has no outside effect, and the rail has answered).
+func TestOutcomeOfACallerGoneStillWritten(t *testing.T) {
 	t.Parallel()
 	e := newGroupEnv(t, 3)
 	release := e.holdFirstGroup(t)
@@ -316,18 +311,16 @@ func TestOutcomeWithdrawnWhileWaiting(t *testing.T) {
 	e.waitQueued(t, 2)
 	cancel()
 	if err := <-gone; !errors.Is(err, context.Canceled) {
-		t.Fatalf("withdrawn caller: %v, want context.Canceled", err)
-	}
-	if n := e.st.outcomes.queued(); n != 1 {
-		t.Fatalf("%d outcomes waiting, want 1", n)
+		t.Fatalf("caller gone: %v, want context.Canceled", err)
 	}
 	release()
 	if r := <-stays; r.err != nil || r.rec.ID != e.ids[2] {
 		t.Fatalf("remaining caller: %+v %v", r.rec, r.err)
 	}
-	var n int
-	if err := e.check.QueryRow(ctxFor(t), `SELECT count(*) FROM rail_submission WHERE id = $1 AND outcome IS NULL`, e.ids[1]).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("withdrawn outcome written: %d %v", n, err)
+	e.st.outcomes.Wait()
+	var ref string
+	if err := e.check.QueryRow(ctxFor(t), `SELECT rail_ref FROM rail_submission WHERE id = $1 AND outcome = 'ACKED'`, e.ids[1]).Scan(&ref); err != nil || ref != "rr-1" {
+		t.Fatalf("the outcome of the caller gone: %q %v, want ACKED rr-1", ref, err)
 	}
 }
 

@@ -16,7 +16,7 @@ func TestBatchIntentsInOneStatement(t *testing.T) {
 	t.Parallel()
 	url := pgtest.NewDB(t, migrations.ProxyDB)
 	l := &statementLog{}
-	st := &store{pool: l.pool(t, url)}
+	st := newStore(l.pool(t, url), nil)
 	ctx := ctxFor(t)
 	recs, res, _, fenced, err := st.writeIntents(ctx, batchReqs("acc-i", 3, "p-1", "p-2", "p-3", "p-4", "p-5"))
 	if err != nil || fenced {

@@ -120,8 +120,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, pool: pool, st: &store{pool: pool}, rail: rail, m: newMetrics(cfg.Registry)}
-	s.st.outcomes.groupSize = s.m.outcomeGroup
+	m := newMetrics(cfg.Registry)
+	st := newStore(pool, func(n int) { m.outcomeGroup.Observe(float64(n)) })
+	s := &Server{cfg: cfg, log: cfg.Logger, pool: pool, st: st, rail: rail, m: m}
 	cfg.Registry.MustRegister(newUnresolvedCollector(s.st, cfg.RailTimeout, cfg.Logger))
 	s.http = httpx.NewServer(httpx.Config{
 		Role: "proxy", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,
@@ -169,6 +170,7 @@ func (s *Server) Handler() http.Handler { return s.http.Handler() }
 // Close waits for detached rail calls and closes the database pool.
 func (s *Server) Close() {
 	s.forwards.Wait()
+	s.st.outcomes.Wait()
 	s.pool.Close()
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/payouts/payouts/internal/batcher"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,7 +19,7 @@ import (
 // store is the proxy's access to proxydb. Every write path is here.
 type store struct {
 	pool     *pgxpool.Pool
-	outcomes outcomeGroups // recordOutcome's groups (outcomes.go)
+	outcomes *batcher.Batcher[outcomeRequest, outcomeAnswer] // recordOutcome's groups (outcomes.go)
 }
 
 // intentResult is how the intent transaction ended.

@@ -98,6 +98,32 @@ func (b *Batcher[Req, Res]) Waiting() int {
 	return len(b.waiting)
 }
 
+// Writing is how many batches are being written.
+func (b *Batcher[Req, Res]) Writing() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.writing
+}
+
+// Distinct splits the indexes 0..n-1 into rounds whose keys are distinct,
+// in order: a key's first index goes in the first round, its second in the
+// second, and so on. A Func whose statement needs distinct keys writes the
+// rounds one after another, so a repeated request finds the first written.
+func Distinct[K comparable](n int, key func(i int) K) [][]int {
+	var rounds [][]int
+	seen := make(map[K]int, n) // how many times each key has come
+	for i := range n {
+		k := key(i)
+		r := seen[k]
+		seen[k] = r + 1
+		if r == len(rounds) {
+			rounds = append(rounds, nil)
+		}
+		rounds[r] = append(rounds[r], i)
+	}
+	return rounds
+}
+
 // Wait returns when no batch is being written. Requests queued meanwhile
 // are written before it returns.
 func (b *Batcher[Req, Res]) Wait() { b.wg.Wait() }

@@ -195,3 +195,14 @@ func TestParallelBoundsTheBatchesInFlight(t *testing.T) {
 		t.Fatalf("%d batches written at once, want %d", most, parallelism)
 	}
 }
+
+func TestDistinctSplitsRepeatedKeysIntoLaterRounds(t *testing.T) {
+	keys := []string{"a", "b", "a", "c", "a", "b"}
+	got := fmt.Sprint(Distinct(len(keys), func(i int) string { return keys[i] }))
+	if got != "[[0 1 3] [2 5] [4]]" {
+		t.Fatalf("rounds %s, want [[0 1 3] [2 5] [4]]", got)
+	}
+	if got := Distinct(0, func(int) int { return 0 }); len(got) != 0 {
+		t.Fatalf("rounds of nothing: %v", got)
+	}
+}
