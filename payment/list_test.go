@@ -92,6 +92,11 @@ func TestWorkAndAccountListUseTheirIndexes(t *testing.T) {
 		}
 		return b.String()
 	}
+	// The pool's own sessions plan each statement once (pgpool.PlanCacheMode).
+	var mode string
+	if err := e.svc.pool.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&mode); err != nil || mode != "force_generic_plan" {
+		t.Fatalf("the pool's plan_cache_mode is %q (%v), want force_generic_plan", mode, err)
+	}
 	sql, _ := payoutsQuery([]pc.State{pc.RailAcked, pc.RailSubmitted, pc.Claimed}, "acc-1", "", 50)
 	if p := plan("list_account", sql, "''", "'acc-1'", "'{RAIL_ACKED,RAIL_SUBMITTED,CLAIMED}'", "50"); !indexedOn(p, "account_id = $2") {
 		t.Errorf("the account's payout list does not look up the account in an index:\n%s", p)

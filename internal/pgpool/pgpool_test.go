@@ -44,6 +44,17 @@ func TestSettings(t *testing.T) {
 	if p.Config().ConnConfig.RuntimeParams["synchronous_commit"] != "on" {
 		t.Fatal("runtime parameter not set")
 	}
+	if got := p.Config().ConnConfig.RuntimeParams["plan_cache_mode"]; got != PlanCacheMode {
+		t.Fatalf("plan_cache_mode %q, want %q", got, PlanCacheMode)
+	}
+	own, err := New(ctx, "testdb", "postgres://u@127.0.0.1:1/db?plan_cache_mode=auto", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	if got := own.Config().ConnConfig.RuntimeParams["plan_cache_mode"]; got != "auto" {
+		t.Fatalf("the URL's plan_cache_mode was replaced by %q", got)
+	}
 	if _, err := New(ctx, "testdb", "", Options{}); err == nil {
 		t.Fatal("an empty URL must be refused")
 	}
