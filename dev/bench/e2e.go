@@ -16,12 +16,13 @@ import (
 )
 
 // DefaultE2EConcurrency is each executor's --concurrency unless
-// --concurrency says otherwise. On two cores 16 workers keep the
-// database busy; more of them only visit accounts sooner, with fewer
-// payouts waiting, so each transaction carries fewer (docs/benchmarks.md:
-// 64 workers did 204–413 payouts/s at 4.7–9.6 CPU-s per 1,000 where 16
-// did 689–716 at 2.7–2.8).
-const DefaultE2EConcurrency = 16
+// --concurrency says otherwise. On two cores 8 workers keep the database
+// busy; more of them only visit accounts sooner, with fewer payouts
+// waiting, so each transaction carries fewer (docs/benchmarks.md, in
+// alternating runs of 1,000 × 20,000: 8 workers did 819–858 payouts/s at
+// 2.2–2.3 CPU-s per 1,000, 16 did 692–733 at 2.6–2.7, 32 did 540 at 3.5;
+// 4 did no more than 8, with longer waits).
+const DefaultE2EConcurrency = 8
 
 // E2EOptions configures one end-to-end run (`payouts bench e2e`).
 type E2EOptions struct {
