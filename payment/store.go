@@ -129,13 +129,31 @@ func (s *Service) Payout(ctx context.Context, id string) (pc.Payout, error) {
 // Payouts lists payouts by id after the cursor, optionally by states and
 // account. Each shape of filter is its own statement, so every prepared
 // plan can use the index that fits it (an "any or this" predicate in one
-// statement leaves the generic plan walking the primary key).
+// statement leaves the generic plan walking the primary key). Without an
+// account the statement is planned for its arguments on every call: how
+// many payouts a state holds decides between walking the primary key and
+// reading an index on state, and no one plan is right for both a state
+// most payouts are in and one that is nearly empty.
 func (s *Service) Payouts(ctx context.Context, states []pc.State, accountID, after string, limit int) ([]pc.Payout, error) {
 	sql, args := payoutsQuery(states, accountID, after, limit)
+	if accountID == "" {
+		args = append([]any{perCallPlan}, args...)
+	}
 	rows, err := s.pool.Query(ctx, sql, args...)
 	return collect(rows, err, scanPayout)
 }
 
+// perCallPlan sends a statement with its arguments written into it (pgx
+// escapes them), so PostgreSQL plans it for those values on every call
+// whatever the session's plan_cache_mode.
+const perCallPlan = pgx.QueryExecModeSimpleProtocol
+
+// payoutsQuery is the statement and arguments of Payouts. An account's
+// payouts are read through an index on the account (for actionable states
+// only, payout_actionable_idx: the account's queue, not its history) and
+// then ordered: OFFSET 0 keeps the planner from walking the primary key in
+// id order until it has a page, which reads every payout of every account
+// whose ids sort before the account's.
 func payoutsQuery(states []pc.State, accountID, after string, limit int) (string, []any) {
 	args := []any{after}
 	where := "id > $1"
@@ -157,7 +175,13 @@ func payoutsQuery(states []pc.State, accountID, after string, limit int) (string
 		where += fmt.Sprintf(" AND state = ANY($%d)", len(args))
 	}
 	args = append(args, limit)
-	return fmt.Sprintf(`SELECT %s FROM payout WHERE %s ORDER BY id LIMIT $%d`, payoutCols, where, len(args)), args
+	if accountID == "" {
+		return fmt.Sprintf(`SELECT %s FROM payout WHERE %s ORDER BY id LIMIT $%d`, payoutCols, where, len(args)), args
+	}
+	if len(states) > 0 && !slices.ContainsFunc(states, func(st pc.State) bool { return !st.Actionable() }) {
+		where += " AND " + actionableSQL
+	}
+	return fmt.Sprintf(`SELECT %s FROM (SELECT * FROM payout WHERE %s OFFSET 0) p ORDER BY id LIMIT $%d`, payoutCols, where, len(args)), args
 }
 
 func scanEvent(row pgx.Row) (pc.PayoutEvent, error) {

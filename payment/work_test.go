@@ -5,8 +5,10 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -93,12 +95,38 @@ func TestWorkFallsBackWhenLongQueuesAreInFront(t *testing.T) {
 	}
 }
 
-var actualRows = regexp.MustCompile(`actual rows=(\d+) loops=(\d+)`)
+var (
+	prepared   atomic.Int64 // names the statements rowsReadGeneric prepares
+	actualRows = regexp.MustCompile(`actual rows=(\d+) loops=(\d+)`)
+	removedBy  = regexp.MustCompile(`Rows Removed by Filter: (\d+)`)
+)
 
 // payoutRowsRead runs sql (a GET /work statement, no accounts skipped)
-// under EXPLAIN ANALYZE with a generic plan and returns how many entries
-// its scans of payout's indexes returned, over all their loops.
+// under EXPLAIN ANALYZE with a generic plan and returns how many rows its
+// scans of payout read (returned or filtered out), over all their loops.
 func payoutRowsRead(t *testing.T, pool *pgxpool.Pool, sql string, limit, budget int) int {
+	t.Helper()
+	args := fmt.Sprintf("%d, '{}'", limit)
+	if strings.Contains(sql, "$3") {
+		args += fmt.Sprintf(", %d", budget)
+	}
+	return rowsReadGeneric(t, pool, sql, args)
+}
+
+// rowsReadGeneric prepares sql, runs it with args (SQL literals) under
+// EXPLAIN ANALYZE with a generic plan, as the pool's sessions plan it, and
+// returns how many rows its scans of payout read: returned or removed by a
+// filter, over all their loops.
+func rowsReadGeneric(t *testing.T, pool *pgxpool.Pool, sql, args string) int {
+	t.Helper()
+	name := fmt.Sprintf("rows_read_%d", prepared.Add(1))
+	return rowsRead(t, pool, "EXECUTE "+name+"("+args+")", "PREPARE "+name+" AS "+sql)
+}
+
+// rowsRead runs sql (after the statements before, on the same session)
+// under EXPLAIN ANALYZE and returns how many rows its scans of payout
+// read: returned or removed by a filter, over all their loops.
+func rowsRead(t *testing.T, pool *pgxpool.Pool, sql string, before ...string) int {
 	t.Helper()
 	ctx := tctx(t)
 	conn, err := pool.Acquire(ctx)
@@ -106,23 +134,20 @@ func payoutRowsRead(t *testing.T, pool *pgxpool.Pool, sql string, limit, budget 
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
-		t.Fatal(err)
+	for _, b := range before {
+		if b == "" {
+			continue
+		}
+		if _, err := conn.Exec(ctx, b); err != nil {
+			t.Fatal(err)
+		}
 	}
-	name := fmt.Sprintf("work_rows_%d", len(sql))
-	if _, err := conn.Exec(ctx, "PREPARE "+name+" AS "+sql); err != nil {
-		t.Fatal(err)
-	}
-	args := fmt.Sprintf("%d, '{}'", limit)
-	if strings.Contains(sql, "$3") {
-		args += fmt.Sprintf(", %d", budget)
-	}
-	rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) EXECUTE "+name+"("+args+")")
+	rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) "+sql, pgx.QueryExecModeSimpleProtocol)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rows.Close()
-	read := 0
+	read, loops := 0, 0 // loops: of the payout scan the lines below belong to (0: another node)
 	var plan strings.Builder
 	for rows.Next() {
 		var line string
@@ -130,18 +155,110 @@ func payoutRowsRead(t *testing.T, pool *pgxpool.Pool, sql string, limit, budget 
 			t.Fatal(err)
 		}
 		plan.WriteString(line + "\n")
-		if !strings.Contains(line, "Index") || !strings.Contains(line, " on payout ") && !strings.Contains(line, " on payout p") {
+		if m := removedBy.FindStringSubmatch(line); m != nil && loops > 0 {
+			n, _ := strconv.Atoi(m[1])
+			read += n * loops
+			continue
+		}
+		if !strings.Contains(line, "->") && !strings.Contains(line, "(actual") {
+			continue
+		}
+		loops = 0
+		if !strings.Contains(line, "Scan") || !strings.Contains(line, " on payout ") && !strings.Contains(line, " on payout p") {
 			continue
 		}
 		if m := actualRows.FindStringSubmatch(line); m != nil {
 			r, _ := strconv.Atoi(m[1])
-			l, _ := strconv.Atoi(m[2])
-			read += r * l
+			loops, _ = strconv.Atoi(m[2])
+			read += r * loops
 		}
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d payout index entries read:\n%s", read, plan.String())
+	t.Logf("%d payout rows read:\n%s", read, plan.String())
 	return read
+}
+
+// An executor's list of one account's actionable payouts reads that
+// account's waiting payouts, not the table: with many payouts of other
+// accounts whose ids sort first, a generic plan that walks the primary key
+// in id order until it has a page would read all of them.
+func TestAccountListReadsTheAccountsPayoutsOnly(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := tctx(t)
+	e.account(t, "acc-busy", 1_000_000)
+	e.account(t, "acc-1", 1_000)
+	const history = 3000
+	if _, err := e.svc.pool.Exec(ctx, `INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref, state)
+		SELECT 'po-a-' || g, 'acc-busy', 1, 'EUR', 'b', 'po-po-a-' || g, CASE WHEN g % 10 = 0 THEN 'PENDING' ELSE 'POSTED' END
+		  FROM generate_series(1, $1::int) g`, history); err != nil {
+		t.Fatal(err)
+	}
+	e.payout(t, "po-z-1", "acc-1", 10)
+	if _, err := e.svc.pool.Exec(ctx, "ANALYZE payout"); err != nil {
+		t.Fatal(err)
+	}
+	page, err := e.exec.Payouts(ctx, pc.PayoutFilter{AccountID: "acc-1", States: []pc.State{pc.Pending, pc.Claimed, pc.RailSubmitted, pc.RailAcked}, Limit: 50})
+	if err != nil || len(page.Items) != 1 || page.Items[0].ID != "po-z-1" {
+		t.Fatalf("acc-1's actionable payouts: %+v %v", page.Items, err)
+	}
+	for _, c := range []struct {
+		name   string
+		states []pc.State
+	}{
+		{"actionable", []pc.State{pc.Pending, pc.Claimed, pc.RailSubmitted, pc.RailAcked}},
+		{"pending", []pc.State{pc.Pending}},
+	} {
+		sql, args := payoutsQuery(c.states, "acc-1", "", 50)
+		var lits []string
+		for _, a := range args {
+			switch a := a.(type) {
+			case string:
+				lits = append(lits, "'"+a+"'")
+			case []string:
+				lits = append(lits, "'{"+strings.Join(a, ",")+"}'")
+			default:
+				lits = append(lits, fmt.Sprint(a))
+			}
+		}
+		if n := rowsReadGeneric(t, e.svc.pool, sql, strings.Join(lits, ", ")); n > 10 {
+			t.Errorf("listing acc-1's payouts (%s) read %d payout rows, want at most 10", c.name, n)
+		}
+	}
+}
+
+// A list by state alone is planned for its state on every call: a state
+// almost no payout is in is read through the index on state, where a
+// generic plan, made for any state, walks every payout in id order.
+func TestStateListIsPlannedForItsState(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := tctx(t)
+	e.account(t, "acc-busy", 1_000_000)
+	if _, err := e.svc.pool.Exec(ctx, `INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref, state)
+		SELECT 'po-a-' || g, 'acc-busy', 1, 'EUR', 'b', 'po-po-a-' || g, CASE WHEN g = 3000 THEN 'RAIL_AMBIGUOUS' ELSE 'POSTED' END
+		  FROM generate_series(1, 3000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.pool.Exec(ctx, "ANALYZE payout"); err != nil {
+		t.Fatal(err)
+	}
+	page, err := e.svc.Payouts(ctx, []pc.State{pc.RailAmbiguous}, "", "", 50)
+	if err != nil || len(page) != 1 || page[0].ID != "po-a-3000" {
+		t.Fatalf("ambiguous payouts: %+v %v", page, err)
+	}
+	sql, _ := payoutsQuery([]pc.State{pc.RailAmbiguous}, "", "", 50)
+	if perCallPlan != pgx.QueryExecModeSimpleProtocol {
+		t.Fatal("lists by state are not planned per call")
+	}
+	custom := strings.NewReplacer("$1", "''", "$2", "'RAIL_AMBIGUOUS'", "$3", "50").Replace(sql)
+	if n := rowsRead(t, e.svc.pool, custom); n > 10 {
+		t.Errorf("planned for RAIL_AMBIGUOUS, the list read %d payout rows, want at most 10", n)
+	}
+	// What a generic plan does, the reason for planning per call.
+	if n := rowsReadGeneric(t, e.svc.pool, sql, "'', 'RAIL_AMBIGUOUS', 50"); n < 1000 {
+		t.Errorf("the generic plan read only %d payout rows: planning per call would not be needed", n)
+	}
 }
