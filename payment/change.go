@@ -36,11 +36,8 @@ func open(ctx context.Context, tx *pgpool.Tx, of fenceOf, cmd Command, ids []str
 	var o opened
 	b := &pgx.Batch{}
 	queueGuard(b, of, cmd.Token, cmd.Holder)
-	// The statements after the guard take arrays; for those PostgreSQL
-	// would plan afresh on every execution (a generic plan's estimate for
-	// an array parameter is above the custom plans'), while their generic
-	// plans are the same index scans.
-	b.Queue(`SET LOCAL plan_cache_mode = force_generic_plan`)
+	// The statements after the guard take arrays: the pool's sessions
+	// plan them once (pgpool.PlanCacheMode), not afresh on every call.
 	_, account := of.args()
 	b.Queue(lockPayoutsSQL, ids, account)
 	if readHeld {
@@ -55,9 +52,6 @@ func open(ctx context.Context, tx *pgpool.Tx, of fenceOf, cmd Command, ids []str
 	o.fence, o.funds = f, &funds{account: f.account, balance: f.balance}
 	if !f.accepted {
 		return o, nil
-	}
-	if _, err := br.Exec(); err != nil {
-		return o, fmt.Errorf("set plan cache mode: %w", err)
 	}
 	rows, err := br.Query()
 	if o.payouts, err = collect(rows, err, scanPayout); err != nil {

@@ -85,34 +85,7 @@ func TestPayoutDigestsRefuseBadQuery(t *testing.T) {
 func TestPayoutDigestsUseByteOrderIndexes(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	ctx := tctx(t)
-	conn, err := e.svc.pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	for _, set := range []string{"SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off"} {
-		if _, err := conn.Exec(ctx, set); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := conn.Exec(ctx, "PREPARE digests AS "+payoutDigestsSQL); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := conn.Query(ctx, "EXPLAIN EXECUTE digests('', 5000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var b strings.Builder
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		b.WriteString(line + "\n")
-	}
-	plan := b.String()
+	plan := explainGeneric(t, e.svc.pool, "", payoutDigestsSQL, "'', 5000", genericPlans...)
 	if !strings.Contains(plan, "payout_id_bytes_idx") || !strings.Contains(plan, "payout_event_payout_bytes_idx") || strings.Contains(plan, "Seq Scan") {
 		t.Errorf("the digest page does not read through the byte-order indexes:\n%s", plan)
 	}

@@ -10,9 +10,12 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
@@ -289,3 +292,46 @@ func counterValue(c prometheus.Metric) float64 {
 
 // timeZero makes CheckLedger check everything.
 var timeZero time.Time
+
+// genericPlans are the settings plan tests explain under: generic plans,
+// as the pool's sessions make them (pgpool.PlanCacheMode), and no
+// sequential scan an empty test table would otherwise get whatever the SQL.
+var genericPlans = []string{"SET LOCAL plan_cache_mode = force_generic_plan", "SET LOCAL enable_seqscan = off"}
+
+// prepared numbers the statements explainGeneric prepares.
+var prepared atomic.Int64
+
+// explainGeneric prepares sql and returns the plan of EXPLAIN opts
+// EXECUTE of it with args (SQL literals), after the statements before.
+func explainGeneric(t testing.TB, pool *pgxpool.Pool, opts, sql, args string, before ...string) string {
+	t.Helper()
+	name := fmt.Sprintf("explained_%d", prepared.Add(1))
+	return explain(t, pool, opts, "EXECUTE "+name+"("+args+")", append(before, "PREPARE "+name+" AS "+sql)...)
+}
+
+// explain returns the plan of EXPLAIN opts stmt, run on one of the pool's
+// sessions in a transaction rolled back afterwards, after the statements
+// before (SET LOCAL settings, PREPAREs).
+func explain(t testing.TB, pool *pgxpool.Pool, opts, stmt string, before ...string) string {
+	t.Helper()
+	ctx := tctx(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read only
+	for _, b := range before {
+		if _, err := tx.Exec(ctx, b); err != nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN "+opts+" "+stmt, pgx.QueryExecModeSimpleProtocol)
+	if err != nil {
+		t.Fatalf("explain %s: %v", stmt, err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n") + "\n"
+}

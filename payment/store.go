@@ -136,9 +136,6 @@ func (s *Service) Payout(ctx context.Context, id string) (pc.Payout, error) {
 // most payouts are in and one that is nearly empty.
 func (s *Service) Payouts(ctx context.Context, states []pc.State, accountID, after string, limit int) ([]pc.Payout, error) {
 	sql, args := payoutsQuery(states, accountID, after, limit)
-	if accountID == "" {
-		args = append([]any{perCallPlan}, args...)
-	}
 	rows, err := s.pool.Query(ctx, sql, args...)
 	return collect(rows, err, scanPayout)
 }
@@ -148,7 +145,8 @@ func (s *Service) Payouts(ctx context.Context, states []pc.State, accountID, aft
 // whatever the session's plan_cache_mode.
 const perCallPlan = pgx.QueryExecModeSimpleProtocol
 
-// payoutsQuery is the statement and arguments of Payouts. An account's
+// payoutsQuery is the statement and arguments of Payouts; without an
+// account the arguments start with perCallPlan. An account's
 // payouts are read through an index on the account (for actionable states
 // only, payout_actionable_idx: the account's queue, not its history) and
 // then ordered: OFFSET 0 keeps the planner from walking the primary key in
@@ -176,7 +174,8 @@ func payoutsQuery(states []pc.State, accountID, after string, limit int) (string
 	}
 	args = append(args, limit)
 	if accountID == "" {
-		return fmt.Sprintf(`SELECT %s FROM payout WHERE %s ORDER BY id LIMIT $%d`, payoutCols, where, len(args)), args
+		return fmt.Sprintf(`SELECT %s FROM payout WHERE %s ORDER BY id LIMIT $%d`, payoutCols, where, len(args)),
+			append([]any{perCallPlan}, args...)
 	}
 	if len(states) > 0 && !slices.ContainsFunc(states, func(st pc.State) bool { return !st.Actionable() }) {
 		where += " AND " + actionableSQL

@@ -5,7 +5,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -96,7 +95,6 @@ func TestWorkFallsBackWhenLongQueuesAreInFront(t *testing.T) {
 }
 
 var (
-	prepared   atomic.Int64 // names the statements rowsReadGeneric prepares
 	actualRows = regexp.MustCompile(`actual rows=(\d+) loops=(\d+)`)
 	removedBy  = regexp.MustCompile(`Rows Removed by Filter: (\d+)`)
 )
@@ -119,42 +117,24 @@ func payoutRowsRead(t *testing.T, pool *pgxpool.Pool, sql string, limit, budget 
 // filter, over all their loops.
 func rowsReadGeneric(t *testing.T, pool *pgxpool.Pool, sql, args string) int {
 	t.Helper()
-	name := fmt.Sprintf("rows_read_%d", prepared.Add(1))
-	return rowsRead(t, pool, "EXECUTE "+name+"("+args+")", "PREPARE "+name+" AS "+sql)
+	return payoutRowsIn(t, explainGeneric(t, pool, explainAnalyze, sql, args))
 }
 
-// rowsRead runs sql (after the statements before, on the same session)
-// under EXPLAIN ANALYZE and returns how many rows its scans of payout
-// read: returned or removed by a filter, over all their loops.
-func rowsRead(t *testing.T, pool *pgxpool.Pool, sql string, before ...string) int {
+// rowsRead runs sql under EXPLAIN ANALYZE, planned for the values written
+// into it, and returns how many rows its scans of payout read.
+func rowsRead(t *testing.T, pool *pgxpool.Pool, sql string) int {
 	t.Helper()
-	ctx := tctx(t)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	for _, b := range before {
-		if b == "" {
-			continue
-		}
-		if _, err := conn.Exec(ctx, b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rows, err := conn.Query(ctx, "EXPLAIN (ANALYZE, TIMING OFF, COSTS OFF) "+sql, pgx.QueryExecModeSimpleProtocol)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
+	return payoutRowsIn(t, explain(t, pool, explainAnalyze, sql))
+}
+
+const explainAnalyze = "(ANALYZE, TIMING OFF, COSTS OFF)"
+
+// payoutRowsIn is how many rows an analyzed plan's scans of payout read:
+// returned or removed by a filter, over all their loops.
+func payoutRowsIn(t *testing.T, plan string) int {
+	t.Helper()
 	read, loops := 0, 0 // loops: of the payout scan the lines below belong to (0: another node)
-	var plan strings.Builder
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan.WriteString(line + "\n")
+	for _, line := range strings.Split(plan, "\n") {
 		if m := removedBy.FindStringSubmatch(line); m != nil && loops > 0 {
 			n, _ := strconv.Atoi(m[1])
 			read += n * loops
@@ -173,10 +153,7 @@ func rowsRead(t *testing.T, pool *pgxpool.Pool, sql string, before ...string) in
 			read += r * loops
 		}
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%d payout rows read:\n%s", read, plan.String())
+	t.Logf("%d payout rows read:\n%s", read, plan)
 	return read
 }
 
@@ -249,9 +226,9 @@ func TestStateListIsPlannedForItsState(t *testing.T) {
 	if err != nil || len(page) != 1 || page[0].ID != "po-a-3000" {
 		t.Fatalf("ambiguous payouts: %+v %v", page, err)
 	}
-	sql, _ := payoutsQuery([]pc.State{pc.RailAmbiguous}, "", "", 50)
-	if perCallPlan != pgx.QueryExecModeSimpleProtocol {
-		t.Fatal("lists by state are not planned per call")
+	sql, args := payoutsQuery([]pc.State{pc.RailAmbiguous}, "", "", 50)
+	if len(args) == 0 || args[0] != pgx.QueryExecModeSimpleProtocol {
+		t.Fatalf("a list by state is sent with arguments %v: not planned for its state on each call", args)
 	}
 	custom := strings.NewReplacer("$1", "''", "$2", "'RAIL_AMBIGUOUS'", "$3", "50").Replace(sql)
 	if n := rowsRead(t, e.svc.pool, custom); n > 10 {
