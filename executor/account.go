@@ -77,7 +77,8 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 	g, since := e.takeKept(account)
 	how := "kept lock reused"
 	if g == nil {
-		if g, how = e.acquire(sess, log, account, key), "lock acquired"; g == nil {
+		how = "lock acquired"
+		if g, res.held = e.acquire(sess, log, account, key); g == nil {
 			return res
 		}
 	} else {
@@ -140,8 +141,9 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 }
 
 // acquire takes the account's lock without waiting; nil when it is not
-// had (held by another session: normal; or the lock service failing).
-func (e *Executor) acquire(sess session, log *slog.Logger, account, key string) grant {
+// had: held by another session (held true; normal) or the lock service
+// failing.
+func (e *Executor) acquire(sess session, log *slog.Logger, account, key string) (g grant, held bool) {
 	ctx, cancel := e.callCtx()
 	g, err := sess.TryAcquire(ctx, key)
 	cancel()
@@ -151,6 +153,7 @@ func (e *Executor) acquire(sess session, log *slog.Logger, account, key string) 
 			// Another executor is on it: normal.
 			e.m.acquires.WithLabelValues("held").Inc()
 			log.Debug("account locked by another holder; skipping", obs.KeyKey, key, obs.KeyAccountID, account)
+			return nil, true
 		case refusedToken(err):
 			e.m.acquires.WithLabelValues("error").Inc()
 			e.refuse("lock service", e.cfg.LockURL, err)
@@ -158,7 +161,7 @@ func (e *Executor) acquire(sess session, log *slog.Logger, account, key string) 
 			e.m.acquires.WithLabelValues("error").Inc()
 			log.Warn("could not take the account's lock; skipping it (fail closed)", obs.KeyKey, key, obs.KeyAccountID, account, obs.KeyError, err.Error())
 		}
-		return nil
+		return nil, false
 	}
 	e.m.acquires.WithLabelValues("acquired").Inc()
 	// A re-acquire by this session returns the same grant, released or
@@ -166,7 +169,7 @@ func (e *Executor) acquire(sess session, log *slog.Logger, account, key string) 
 	e.mu.Lock()
 	delete(e.unreleased, account)
 	e.mu.Unlock()
-	return g
+	return g, false
 }
 
 // next finds what to work on: an in-flight payout first, alone (the

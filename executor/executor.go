@@ -38,7 +38,7 @@ const (
 	DefaultCallTimeout  = 30 * time.Second
 	// DefaultGrantLinger is --grant-linger: how long a grant whose account
 	// ran out of work is kept for the account's next round.
-	DefaultGrantLinger = time.Second
+	DefaultGrantLinger = 5 * time.Second
 )
 
 // maxGrantLinger bounds --grant-linger: a kept grant holds its account
@@ -171,6 +171,8 @@ type Executor struct {
 	// kept holds grants kept after a round for the account's next one
 	// (linger.go). An account is in at most one of kept and unreleased.
 	kept map[string]keptGrant
+	// keptCap is how many grants kept may hold (maxKeptGrants).
+	keptCap int
 }
 
 // New builds an executor from cfg.
@@ -195,7 +197,7 @@ func New(cfg Config) (*Executor, error) {
 	e := &Executor{
 		cfg: cfg, log: cfg.Logger, pay: pay, proxy: proxy, lock: lk,
 		m: newMetrics(cfg.Registry), stopCh: make(chan struct{}), active: map[string]bool{}, cooling: map[string]*cooldown{},
-		unreleased: map[string]toRelease{}, kept: map[string]keptGrant{},
+		unreleased: map[string]toRelease{}, kept: map[string]keptGrant{}, keptCap: maxKeptGrants,
 	}
 	return e, nil
 }

@@ -29,9 +29,17 @@ type keptGrant struct {
 	since time.Time
 }
 
-// maxKept caps the kept grants: each holds an account against every other
-// holder, and past a few rounds' worth they stop paying for themselves.
-func (e *Executor) maxKept() int { return 4 * e.cfg.Concurrency }
+// maxKeptGrants caps the kept grants (Executor.keptCap). It is sized for
+// work spread thin over many accounts, not for the workers: at 350
+// payouts/s over 1,000 accounts each account gets a payout every ~3 s, and
+// a cap of a few rounds' worth (it was 4 × concurrency) released nearly
+// every grant before its account's next payout, so nearly every payout
+// paid an acquire and a release. A kept grant costs the lock service one
+// key on the session's lease and nothing per keepalive; it holds its
+// account against other holders for at most the linger. One poll of
+// GET /v1/work lists at most maxWorkLimit accounts, so more kept grants
+// than that could not all be listed again in time to be used.
+const maxKeptGrants = maxWorkLimit
 
 // takeKept hands the account's kept grant, and when it was kept, to the
 // worker that reserved the account; nil when none is kept or the kept one
@@ -67,7 +75,7 @@ func (e *Executor) keep(account string, g grant, since time.Time) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.kept[account] = keptGrant{g: g, since: since}
-	for len(e.kept) > e.maxKept() {
+	for len(e.kept) > e.keptCap {
 		oldest := ""
 		for a, k := range e.kept {
 			// An account reserved by a worker (this one's included) is

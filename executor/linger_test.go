@@ -179,10 +179,32 @@ func TestJeopardyQueuesEveryKeptGrant(t *testing.T) {
 	}
 }
 
-// TestKeptGrantsAreCapped: past 4 × concurrency kept grants the oldest one
-// no worker is about to take is queued for release.
+// TestSpreadWorkKeepsItsGrants: work spread over many accounts — each
+// account's next payout arriving seconds after its last — keeps a grant for
+// every account a poll of GET /v1/work can list, whatever the worker count.
+// A cap tied to the workers (4 × concurrency) released nearly all of them
+// before their accounts' next payouts, so that each payout paid an acquire
+// and a release at the lock service.
+func TestSpreadWorkKeepsItsGrants(t *testing.T) {
+	e := lingerExecutor(30*time.Second, 8)
+	t0 := time.Now()
+	for i := range maxWorkLimit {
+		a := fmt.Sprintf("acc-%04d", i)
+		endRound(t, e, a, &keptTestGrant{key: "payout:" + a}, t0.Add(time.Duration(i)*time.Microsecond))
+	}
+	if len(e.kept) != maxWorkLimit || len(e.unreleased) != 0 {
+		t.Fatalf("after rounds on %d accounts with 8 workers: %d grants kept, %d queued for release; want every one kept", maxWorkLimit, len(e.kept), len(e.unreleased))
+	}
+	if g, _ := e.takeKept("acc-0000"); g == nil {
+		t.Fatal("the first account's grant was not kept for its next round")
+	}
+}
+
+// TestKeptGrantsAreCapped: past the cap the oldest kept grant no worker is
+// about to take is queued for release.
 func TestKeptGrantsAreCapped(t *testing.T) {
-	e := lingerExecutor(30*time.Second, 1) // cap 4
+	e := lingerExecutor(30*time.Second, 1)
+	e.keptCap = 4
 	t0 := time.Now()
 	gs := map[string]*keptTestGrant{}
 	for i, a := range []string{"a", "b", "c", "d", "e"} {

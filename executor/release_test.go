@@ -87,7 +87,7 @@ func TestFailedReleaseIsRetriedUntilItLands(t *testing.T) {
 // tests below.
 func newBareExecutor() *Executor {
 	return &Executor{base: context.Background(), cfg: Config{CallTimeout: DefaultCallTimeout}, m: newMetrics(prometheus.NewRegistry()),
-		active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]toRelease{}, kept: map[string]keptGrant{}}
+		active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]toRelease{}, kept: map[string]keptGrant{}, keptCap: maxKeptGrants}
 }
 
 // TestReleaseRetrySkipsAnAccountWithAWorker: a worker on the account may
@@ -164,7 +164,8 @@ func TestRoundWithoutProgressCoolsTheAccount(t *testing.T) {
 		cools    bool
 		progress bool
 	}{
-		{"lock held elsewhere", roundResult{}, false, false},
+		{"lock service failing", roundResult{}, false, false},
+		{"lock held elsewhere", roundResult{held: true}, true, false},
 		{"nothing moved", roundResult{acquired: true}, true, false},
 		{"fenced out", roundResult{acquired: true, fenced: true}, true, false},
 		// GET /v1/work listed the account as its last payout settled.
@@ -200,5 +201,35 @@ func TestRoundWithoutProgressCoolsTheAccount(t *testing.T) {
 	e.finishRound(log, "a", roundResult{acquired: true, moved: true}, now)
 	if !e.reserve("a", now) {
 		t.Fatal("a round that moved a payout did not end the cooldown")
+	}
+}
+
+// TestLockHeldElsewhereIsNotAskedAgainEachPoll: an account whose lock
+// another session holds is left alone for a second, not asked for on every
+// poll, and then dispatched again; the skip earns no backoff.
+func TestLockHeldElsewhereIsNotAskedAgainEachPoll(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	now := time.Now()
+	e := newBareExecutor()
+	e.cfg.GrantLinger, e.cfg.PollInterval = 3*time.Second, 100*time.Millisecond
+	for i := range 3 {
+		at := now.Add(time.Duration(i) * 2 * time.Second)
+		if !e.reserve("a", at) {
+			t.Fatalf("pass %d: the account was not dispatched once the skip had passed", i)
+		}
+		e.finishRound(log, "a", roundResult{held: true}, at)
+		for _, later := range []time.Duration{e.cfg.PollInterval, 900 * time.Millisecond} {
+			if e.reserve("a", at.Add(later)) {
+				t.Fatalf("pass %d: dispatched again %s after the lock service said another session holds it", i, later)
+			}
+		}
+	}
+	// A round that then takes the lock and moves nothing starts the
+	// backoff at its first step.
+	at := now.Add(6 * time.Second)
+	e.reserve("a", at)
+	e.finishRound(log, "a", roundResult{acquired: true}, at)
+	if w := e.cooling["a"].until.Sub(at); w > cooldownMin {
+		t.Fatalf("first cooldown after skips for a held lock: %s, want at most %s", w, cooldownMin)
 	}
 }
