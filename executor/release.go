@@ -88,6 +88,10 @@ func (e *Executor) startReleases(log *slog.Logger, wg *sync.WaitGroup) {
 // returns the same token, the retry would free the worker's live grant on
 // the server while it carries on. Each retry reserves its account like a
 // worker does, so no worker can start on it while the retry is in flight.
+// It reserves it only when its turn comes: an account whose release is
+// still waiting for a slot stays open to a worker, which takes the key
+// over (its acquire supersedes the queued release), instead of leaving a
+// payout that arrived meanwhile until the poll after the release.
 func (e *Executor) retryReleases(log *slog.Logger) {
 	type pending struct {
 		account string
@@ -99,7 +103,6 @@ func (e *Executor) retryReleases(log *slog.Logger) {
 		if e.active[account] {
 			continue // its worker owns the key now; the worker releases it
 		}
-		e.active[account] = true
 		todo = append(todo, pending{account, p})
 	}
 	e.mu.Unlock()
@@ -107,6 +110,10 @@ func (e *Executor) retryReleases(log *slog.Logger) {
 	slots := make(chan struct{}, max(e.cfg.Concurrency, 1))
 	for _, p := range todo {
 		slots <- struct{}{}
+		if !e.reserveRelease(p.account, p.g) {
+			<-slots
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer func() { <-slots; wg.Done() }()
@@ -114,6 +121,19 @@ func (e *Executor) retryReleases(log *slog.Logger) {
 		}()
 	}
 	wg.Wait()
+}
+
+// reserveRelease reserves account for the release of g, queued in
+// unreleased, unless a worker is on the account or the queued release has
+// changed since (a worker's acquire superseded it).
+func (e *Executor) reserveRelease(account string, g grant) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if p, ok := e.unreleased[account]; !ok || p.g != g || e.active[account] {
+		return false
+	}
+	e.active[account] = true
+	return true
 }
 
 // releaseQueued releases one queued grant whose account retryReleases has

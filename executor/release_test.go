@@ -233,3 +233,51 @@ func TestLockHeldElsewhereIsNotAskedAgainEachPoll(t *testing.T) {
 		t.Fatalf("first cooldown after skips for a held lock: %s, want at most %s", w, cooldownMin)
 	}
 }
+
+// TestQueuedReleaseLeavesItsAccountOpenUntilItsTurn: while one release is
+// in flight, an account whose release still waits for a slot can be taken
+// by a worker (a payout arrived for it); the worker's acquire supersedes
+// the queued release, which is then not sent.
+func TestQueuedReleaseLeavesItsAccountOpenUntilItsTurn(t *testing.T) {
+	e := newBareExecutor()
+	e.cfg.Concurrency = 1
+	calls := map[string]*int{"a": new(int), "b": new(int)}
+	gs := map[string]*blockingGrant{}
+	for _, a := range []string{"a", "b"} {
+		gs[a] = &blockingGrant{flakyGrant: flakyGrant{key: "payout:" + a, calls: calls[a]}, entered: make(chan struct{}), proceed: make(chan struct{})}
+		e.unreleased[a] = toRelease{g: gs[a]}
+	}
+	done := make(chan struct{})
+	go func() {
+		e.retryReleases(slog.New(slog.DiscardHandler))
+		close(done)
+	}()
+	first, other := "a", "b"
+	select {
+	case <-gs["a"].entered:
+	case <-gs["b"].entered:
+		first, other = "b", "a"
+	case <-time.After(time.Minute):
+		t.Fatal("no release was sent")
+	}
+	if !e.reserve(other, time.Now()) {
+		t.Fatalf("account %s, whose release waits behind %s's, could not be taken by a worker", other, first)
+	}
+	// The worker's acquire returns the same grant and supersedes the
+	// queued release (acquire does this).
+	e.mu.Lock()
+	delete(e.unreleased, other)
+	e.mu.Unlock()
+	close(gs[first].proceed)
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the release pass did not finish")
+	}
+	if *calls[other] != 0 || *calls[first] != 1 {
+		t.Fatalf("releases sent: %s %d, %s %d; want the first once and none for the account a worker took over", first, *calls[first], other, *calls[other])
+	}
+	if !e.active[other] || e.active[first] {
+		t.Fatalf("reservations after the pass: %v; want only the worker's on %s", e.active, other)
+	}
+}
