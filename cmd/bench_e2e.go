@@ -94,6 +94,7 @@ func printE2E(w io.Writer, r bench.E2EResult) {
 		r.Payouts, r.Accounts, r.Executors, r.Concurrency, r.Replicas, r.RailLatencyMs, r.LoadAvg)
 	fmt.Fprintf(w, "%.1f payouts/s over %.2f s   latency p50 %.1f ms  p99 %.1f ms  max %.1f ms\n",
 		r.PayoutsPerSec, r.Seconds, r.P50Ms, r.P99Ms, r.MaxMs)
+	fmt.Fprintf(w, "of which waiting to be claimed (created to claimed): p50 %.1f ms  p99 %.1f ms\n", r.ClaimWaitP50Ms, r.ClaimWaitP99Ms)
 	fmt.Fprintf(w, "posted %d  failed %d  ambiguous %d  duplicates at the rail %d\n", r.Posted, r.Failed, r.Ambiguous, r.Duplicates)
 	names := make([]string, 0, len(r.CPUPer1000))
 	total := 0.0

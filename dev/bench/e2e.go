@@ -82,10 +82,15 @@ type E2EResult struct {
 	OfferedRate   float64 `json:"offered_rate"`
 	Seconds       float64 `json:"seconds"`
 	MaxMs         float64 `json:"max_ms"`
-	Posted        int     `json:"posted"`
-	Failed        int     `json:"failed"`
-	Ambiguous     int     `json:"ambiguous"`
-	LoadAvg       string  `json:"loadavg"`
+	// ClaimWaitP50Ms and ClaimWaitP99Ms are the part of the latency spent
+	// before an executor claimed the payout (created to claimed_at): the
+	// queue, as against the path through the guards and the rail.
+	ClaimWaitP50Ms float64 `json:"claim_wait_p50_ms"`
+	ClaimWaitP99Ms float64 `json:"claim_wait_p99_ms"`
+	Posted         int     `json:"posted"`
+	Failed         int     `json:"failed"`
+	Ambiguous      int     `json:"ambiguous"`
+	LoadAvg        string  `json:"loadavg"`
 
 	// Timeline is completions and latency per second of the run (for the plot).
 	Timeline []E2ESecond `json:"-"`

@@ -291,6 +291,7 @@ func sumTransitions(resp *http.Response) (int, error) {
 // payout that ended otherwise ends at its last event.
 func collectLatencies(ctx context.Context, c *pc.Client, run string, want int, res *E2EResult) error {
 	type span struct{ created, ended time.Time }
+	var waits []float64 // created to claimed, of the payouts claimed
 	spans := make([]span, 0, want)
 	prefix := run + "-p"
 	after := prefix
@@ -310,6 +311,9 @@ func collectLatencies(ctx context.Context, c *pc.Client, run string, want int, r
 				return err
 			}
 			spans = append(spans, span{p.CreatedAt, end})
+			if p.ClaimedAt != nil {
+				waits = append(waits, float64(p.ClaimedAt.Sub(p.CreatedAt).Microseconds())/1000)
+			}
 		}
 		if done || page.Next == "" {
 			break
@@ -334,6 +338,10 @@ func collectLatencies(ctx context.Context, c *pc.Client, run string, want int, r
 	sorted := append([]float64(nil), lat...)
 	sort.Float64s(sorted)
 	res.P50Ms, res.P99Ms, res.MaxMs = round3(quantile(sorted, 0.50)), round3(quantile(sorted, 0.99)), round3(sorted[len(sorted)-1])
+	if len(waits) > 0 {
+		sort.Float64s(waits)
+		res.ClaimWaitP50Ms, res.ClaimWaitP99Ms = round3(quantile(waits, 0.50)), round3(quantile(waits, 0.99))
+	}
 	secs := int(last.Sub(first)/time.Second) + 1
 	res.Timeline = make([]E2ESecond, secs)
 	perSec := make([][]float64, secs)

@@ -64,6 +64,8 @@ func TestE2EBenchShortRun(t *testing.T) {
 		PayoutsPerSec                                              float64            `json:"payouts_per_sec"`
 		P50                                                        float64            `json:"p50_ms"`
 		P99                                                        float64            `json:"p99_ms"`
+		WaitP50                                                    float64            `json:"claim_wait_p50_ms"`
+		WaitP99                                                    float64            `json:"claim_wait_p99_ms"`
 		CPU                                                        map[string]float64 `json:"cpu_s_per_1000"`
 	}
 	if err := json.Unmarshal([]byte(lines[0]), &res); err != nil {
@@ -80,6 +82,10 @@ func TestE2EBenchShortRun(t *testing.T) {
 	}
 	if res.PayoutsPerSec <= 0 || res.P50 <= 0 || res.P99 < res.P50 {
 		t.Errorf("implausible throughput or latency: %s", lines[0])
+	}
+	// Every payout was claimed, after it was created and before it ended.
+	if res.WaitP50 <= 0 || res.WaitP99 < res.WaitP50 || res.WaitP50 >= res.P50 || res.WaitP99 >= res.P99 {
+		t.Errorf("implausible wait to be claimed (p50 %v, p99 %v) against latency (p50 %v, p99 %v): %s", res.WaitP50, res.WaitP99, res.P50, res.P99, lines[0])
 	}
 	for _, p := range []string{"bench", "lock", "payment", "payment-2", "proxy", "proxy-2", "rail", "postgres", "executor-1", "executor-2"} {
 		if _, ok := res.CPU[p]; !ok {
