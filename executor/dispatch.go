@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/payment/paymentclient"
 )
 
 // maxWorkLimit is the payment resource's largest page of GET /v1/work.
@@ -62,8 +63,14 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 				jeopardy = false
 			}
 			if due {
-				e.dispatch(sess, log, slots, progress, &wg)
-				due, nextPoll = false, time.Now().Add(e.cfg.PollInterval)
+				asked := time.Now()
+				idle := e.dispatch(sess, log, slots, progress, &wg, e.workWait())
+				due, nextPoll = false, asked.Add(e.cfg.PollInterval)
+				if idle {
+					// The ask waited for work and none came: ask again
+					// at once, so one is always waiting.
+					nextPoll = time.Now()
+				}
 			}
 			// After dispatching, so an account listed again is worked on
 			// under its kept grant rather than released and re-acquired.
@@ -106,14 +113,55 @@ func (e *Executor) workLimit(now time.Time, free int) int {
 	return min(len(e.active)+cooling+2*free, maxWorkLimit)
 }
 
-func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{}, progress chan struct{}, wg *sync.WaitGroup) {
+// workWait is how long an ask for work may wait for some when there is
+// none (GET /v1/work's wait_ms): the poll interval, within the payment
+// resource's bound and well inside the call's timeout. While it waits, the
+// kept grants whose linger ends are not released: they are released when
+// the answer comes, so the wait is also at most the linger (a grant is kept
+// at most twice its linger). Below minWorkWait it does not wait.
+func (e *Executor) workWait() time.Duration {
+	w := min(e.cfg.PollInterval, paymentclient.MaxWorkWait, e.cfg.CallTimeout/2)
+	if e.cfg.GrantLinger > 0 {
+		w = min(w, e.cfg.GrantLinger)
+	}
+	if w < minWorkWait {
+		return 0
+	}
+	return w
+}
+
+// minWorkWait is the shortest wait for work worth asking for.
+const minWorkWait = 10 * time.Millisecond
+
+// dispatch asks for accounts with work — waiting up to wait when there is
+// none — and starts a worker on each it can. It reports idle when the
+// answer was no work after the whole wait (a payment resource that does
+// not wait answers at once, and is asked again after the poll interval).
+func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{}, progress chan struct{}, wg *sync.WaitGroup, wait time.Duration) (idle bool) {
 	free := cap(slots) - len(slots)
 	if free == 0 {
-		return // every worker is busy; a finishing one signals progress
+		return false // every worker is busy; a finishing one signals progress
 	}
+	asked := time.Now()
 	ctx, cancel := e.callCtx()
-	items, err := e.pay.Work(ctx, e.workLimit(time.Now(), free))
+	// A stop request ends a wait for work at once.
+	answered := make(chan struct{})
+	go func() {
+		select {
+		case <-e.stopCh:
+			cancel()
+		case <-answered:
+		}
+	}()
+	items, err := e.pay.WaitForWork(ctx, e.workLimit(time.Now(), free), wait)
+	close(answered)
 	cancel()
+	if err != nil && e.stopping.Load() {
+		return false
+	}
+	if err == nil && len(items) == 0 {
+		return wait > 0 && time.Since(asked) >= wait
+	}
 	if err != nil {
 		if refusedToken(err) {
 			e.refuse("payment resource", e.cfg.PaymentURL, err)
@@ -157,6 +205,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 			}
 		}(it.AccountID)
 	}
+	return false
 }
 
 // heldSkip is how long an account whose lock another session holds is

@@ -263,7 +263,11 @@ func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 			return badField("skip", "is not an account id: %q", a)
 		}
 	}
-	items, err := s.Work(r.Context(), limit, skip)
+	wait, err := waitParam(r)
+	if err != nil {
+		return err
+	}
+	items, err := s.WaitForWork(r.Context(), limit, skip, wait)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ type metrics struct {
 	driftGroups         prometheus.Gauge
 	driftChecks         *prometheus.CounterVec
 	workFallbacks       prometheus.Counter
+	workWaits           prometheus.Counter
 	createBatch         prometheus.Histogram
 }
 
@@ -55,6 +56,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "payouts_payment_work_full_walks_total",
 			Help: "GET /work calls whose first read of the longest-waiting payouts named too few accounts, so every account with work was walked. A steady rate means a few accounts hold long queues.",
 		}),
+		workWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "payouts_payment_work_waits_total",
+			Help: "Times a GET /work call with wait_ms found no work and waited for a payout to be created (each wake-up that finds none waits again).",
+		}),
 		createBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "payouts_payment_create_batch_payouts",
 			Help:    "Payouts created per database statement: creations that arrive while one is written go out together.",
@@ -62,6 +67,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.transitions, m.fencedOut, m.tokenRegressions, m.rejectedTransitions,
-		m.safetyWriteFailures, m.driftAccounts, m.driftGroups, m.driftChecks, m.workFallbacks, m.createBatch)
+		m.safetyWriteFailures, m.driftAccounts, m.driftGroups, m.driftChecks, m.workFallbacks, m.workWaits, m.createBatch)
 	return m
 }

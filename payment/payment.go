@@ -67,6 +67,12 @@ type Service struct {
 	// creates batches concurrent payout creations into one statement each
 	// (createPayouts).
 	creates *batcher.Batcher[createRequest, createAnswer]
+	// workCreated wakes GET /v1/work calls waiting for work (workwait.go) when
+	// this process creates a payout.
+	workCreated workSignal
+	// onWorkWait, when set (tests only), runs each time a waiting GET
+	// /v1/work call has found no work and starts to wait.
+	onWorkWait atomic.Pointer[func()]
 
 	// afterRefusal, when set (tests only), runs after a refused mutation's
 	// transaction has ended and before its evidence is recorded.

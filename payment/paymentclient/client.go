@@ -3,7 +3,9 @@ package paymentclient
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/wire"
@@ -136,9 +138,24 @@ func (c *Client) Work(ctx context.Context, limit int) ([]WorkItem, error) {
 // MaxWorkSkip): pass the accounts being backed off, so accounts that cannot
 // progress never take the places of those that can.
 func (c *Client) WorkSkipping(ctx context.Context, limit int, skip []string) ([]WorkItem, error) {
+	return c.work(ctx, limit, skip, 0)
+}
+
+// WaitForWork is Work that, when no account has work, waits up to wait
+// (at most MaxWorkWait, whole milliseconds) for a payout to be created and
+// answers then: an empty list means none came. The call's own timeout must
+// exceed wait.
+func (c *Client) WaitForWork(ctx context.Context, limit int, wait time.Duration) ([]WorkItem, error) {
+	return c.work(ctx, limit, nil, wait)
+}
+
+func (c *Client) work(ctx context.Context, limit int, skip []string, wait time.Duration) ([]WorkItem, error) {
 	q := wire.PageQuery("", limit)
 	for _, a := range skip {
 		q.Add("skip", a)
+	}
+	if ms := wait.Milliseconds(); ms > 0 {
+		q.Set("wait_ms", strconv.FormatInt(ms, 10))
 	}
 	var out List[WorkItem]
 	err := c.c.Get(ctx, "/v1/work", q, &out)

@@ -218,6 +218,11 @@ type SafetyEvent = wire.SafetyEvent
 // MaxWorkSkip bounds the skip parameters of one GET /work.
 const MaxWorkSkip = wire.MaxLimit
 
+// MaxWorkWait bounds GET /work's wait_ms: how long a call that finds no
+// work may wait for some. It stays under the servers' shutdown grace
+// (15 s), so a draining server answers its waiting calls before it stops.
+const MaxWorkWait = 10 * time.Second
+
 // WorkItem is an account with actionable payouts (GET /work).
 type WorkItem struct {
 	AccountID  string        `json:"account_id"`

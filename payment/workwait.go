@@ -1,0 +1,91 @@
+package payment
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// A GET /v1/work that finds no work may wait for some (wait_ms): an idle
+// executor then learns of a new payout when it is created, instead of at
+// its next poll (1 s by default), and asks once per wait instead of once
+// per poll interval.
+
+// workSignal wakes the calls waiting for work when this process creates a
+// payout. A payout created through another payment-resource process over
+// the same paydb is listed when the wait ends, as it would be by a poll.
+type workSignal struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// subscribe returns a channel closed by the next broadcast.
+func (w *workSignal) subscribe() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch == nil {
+		w.ch = make(chan struct{})
+	}
+	return w.ch
+}
+
+// broadcast wakes every subscriber since the last broadcast.
+func (w *workSignal) broadcast() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch != nil {
+		close(w.ch)
+		w.ch = nil
+	}
+}
+
+// waitParam reads ?wait_ms=: 0 (the default) to MaxWorkWait.
+func waitParam(r *http.Request) (time.Duration, error) {
+	v := r.URL.Query().Get("wait_ms")
+	if v == "" {
+		return 0, nil
+	}
+	ms, err := strconv.Atoi(v)
+	if err != nil || ms < 0 || ms > int(pc.MaxWorkWait.Milliseconds()) {
+		return 0, badField("wait_ms", "must be an integer from 0 to %d, got %q", pc.MaxWorkWait.Milliseconds(), v)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// WaitForWork is Work that, when it finds no work, waits up to wait for a
+// payout created through this process and asks again, until some work is
+// listed or the wait ends (then it asks a last time). It answers a second
+// before ctx's deadline at the latest, and with no work when ctx ends.
+func (s *Service) WaitForWork(ctx context.Context, limit int, skip []string, wait time.Duration) ([]pc.WorkItem, error) {
+	end := time.Now().Add(wait)
+	if dl, ok := ctx.Deadline(); ok && dl.Add(-time.Second).Before(end) {
+		end = dl.Add(-time.Second)
+	}
+	t := time.NewTimer(time.Until(end))
+	defer t.Stop()
+	last := wait <= 0
+	for {
+		// Subscribed before asking: a payout created after the question
+		// was asked wakes this call.
+		woken := s.workCreated.subscribe()
+		items, err := s.Work(ctx, limit, skip)
+		if err != nil || len(items) > 0 || last {
+			return items, err
+		}
+		if f := s.onWorkWait.Load(); f != nil {
+			(*f)()
+		}
+		s.m.workWaits.Inc()
+		select {
+		case <-woken:
+		case <-t.C:
+			last = true
+		case <-ctx.Done():
+			return items, nil
+		}
+	}
+}

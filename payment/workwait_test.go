@@ -1,0 +1,98 @@
+package payment
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// A GET /work with wait_ms that finds no work is answered when a payout is
+// created, not when the wait ends.
+func TestWorkWaitIsAnsweredWhenAPayoutIsCreated(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	waiting := make(chan struct{}, 1)
+	hook := func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	}
+	e.svc.onWorkWait.Store(&hook)
+	type answer struct {
+		items []pc.WorkItem
+		err   error
+		took  time.Duration
+	}
+	const wait = 8 * time.Second
+	done := make(chan answer, 1)
+	go func() {
+		start := time.Now()
+		items, err := e.exec.WaitForWork(bg, 10, wait)
+		done <- answer{items, err, time.Since(start)}
+	}()
+	select {
+	case <-waiting:
+	case a := <-done:
+		t.Fatalf("GET /work?wait_ms answered before any payout existed: %+v %v", a.items, a.err)
+	case <-time.After(time.Minute):
+		t.Fatal("GET /work?wait_ms never started to wait")
+	}
+	e.payout(t, "po-1", "acc-1", 1)
+	a := <-done
+	if a.err != nil || len(a.items) != 1 || a.items[0].AccountID != "acc-1" {
+		t.Fatalf("waiting GET /work: %+v %v, want acc-1", a.items, a.err)
+	}
+	if a.took >= wait-time.Second {
+		t.Fatalf("waiting GET /work answered after %s: at the end of its %s wait, not when the payout was created", a.took, wait)
+	}
+}
+
+// With no payout created, a waiting GET /work answers no work once the wait
+// has passed; without wait_ms it answers at once.
+func TestWorkWaitEndsEmpty(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	const wait = 300 * time.Millisecond
+	start := time.Now()
+	items, err := e.exec.WaitForWork(bg, 10, wait)
+	if err != nil || len(items) != 0 {
+		t.Fatalf("waiting GET /work with nothing to do: %+v %v", items, err)
+	}
+	if took := time.Since(start); took < wait {
+		t.Fatalf("waiting GET /work answered after %s, before its %s wait", took, wait)
+	}
+	if n := counterValue(e.svc.m.workWaits); n < 1 {
+		t.Fatalf("payouts_payment_work_waits_total = %v after a wait", n)
+	}
+	// A payout already there is answered at once, wait or not.
+	e.payout(t, "po-1", "acc-1", 1)
+	if items, err := e.exec.WaitForWork(bg, 10, pc.MaxWorkWait); err != nil || len(items) != 1 {
+		t.Fatalf("waiting GET /work with work: %+v %v", items, err)
+	}
+}
+
+// wait_ms outside 0..10000 or not an integer is 400 invalid_request.
+func TestWorkWaitRefusesBadValues(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, q := range []string{"wait_ms=-1", "wait_ms=10001", "wait_ms=1s", "wait_ms=x"} {
+		req, err := http.NewRequestWithContext(tctx(t), http.MethodGet, e.url+"/v1/work?"+q, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+executorBearer)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("GET /v1/work?%s: %d, want 400", q, resp.StatusCode)
+		}
+	}
+}
