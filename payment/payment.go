@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"github.com/payouts/payouts/internal/batcher"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -73,6 +74,10 @@ type Service struct {
 	// onWorkWait, when set (tests only), runs each time a waiting GET
 	// /v1/work call has found no work and starts to wait.
 	onWorkWait atomic.Pointer[func()]
+	// workStop ends every wait for work when the service stops
+	// (stopWorkWaits), so a draining server answers them at once.
+	workStop     chan struct{}
+	workStopOnce sync.Once
 
 	// afterRefusal, when set (tests only), runs after a refused mutation's
 	// transaction has ended and before its evidence is recorded.
@@ -110,7 +115,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval, sla: cfg.ResolutionSLA}
+	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval, sla: cfg.ResolutionSLA, workStop: make(chan struct{})}
 	s.creates = batcher.New(s.createPayouts, batcher.Options{
 		MaxBatch: maxCreateBatch, Parallel: createBatchesInFlight, Timeout: createTimeout,
 		Observe: func(n int) { s.m.createBatch.Observe(float64(n)) },
@@ -182,6 +187,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if _, err := srv.Listen(); err != nil {
 		return err
 	}
+	// Calls waiting for work are answered as the server starts draining.
+	defer context.AfterFunc(ctx, svc.stopWorkWaits)()
 	var g httpx.Group
 	g.Add(srv.Serve)
 	g.Add(svc.RunLedgerCheck)

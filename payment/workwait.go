@@ -56,10 +56,17 @@ func waitParam(r *http.Request) (time.Duration, error) {
 	return time.Duration(ms) * time.Millisecond, nil
 }
 
+// stopWorkWaits answers every call waiting for work, now and from now on,
+// with what it has found (no work): the service is stopping.
+func (s *Service) stopWorkWaits() {
+	s.workStopOnce.Do(func() { close(s.workStop) })
+}
+
 // WaitForWork is Work that, when it finds no work, waits up to wait for a
 // payout created through this process and asks again, until some work is
 // listed or the wait ends (then it asks a last time). It answers a second
-// before ctx's deadline at the latest, and with no work when ctx ends.
+// before ctx's deadline at the latest, and with no work when ctx ends or
+// the service stops.
 func (s *Service) WaitForWork(ctx context.Context, limit int, skip []string, wait time.Duration) ([]pc.WorkItem, error) {
 	end := time.Now().Add(wait)
 	if dl, ok := ctx.Deadline(); ok && dl.Add(-time.Second).Before(end) {
@@ -85,6 +92,8 @@ func (s *Service) WaitForWork(ctx context.Context, limit int, skip []string, wai
 		case <-t.C:
 			last = true
 		case <-ctx.Done():
+			return items, nil
+		case <-s.workStop:
 			return items, nil
 		}
 	}

@@ -96,3 +96,47 @@ func TestWorkWaitRefusesBadValues(t *testing.T) {
 		}
 	}
 }
+
+// A stopping service answers its calls waiting for work at once, so a
+// draining server is not held for their waits.
+func TestWorkWaitEndsWhenTheServiceStops(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	waiting := make(chan struct{}, 1)
+	hook := func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	}
+	e.svc.onWorkWait.Store(&hook)
+	const wait = 8 * time.Second
+	type answer struct {
+		items []pc.WorkItem
+		err   error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		items, err := e.exec.WaitForWork(bg, 10, wait)
+		done <- answer{items, err}
+	}()
+	select {
+	case <-waiting:
+	case <-time.After(time.Minute):
+		t.Fatal("GET /work?wait_ms never started to wait")
+	}
+	start := time.Now()
+	e.svc.stopWorkWaits()
+	a := <-done
+	if a.err != nil || len(a.items) != 0 {
+		t.Fatalf("waiting GET /work as the service stops: %+v %v, want no work", a.items, a.err)
+	}
+	if took := time.Since(start); took >= wait-2*time.Second {
+		t.Fatalf("a stopping service answered a waiting GET /work after %s: it waited out the %s", took, wait)
+	}
+	// Later calls do not wait at all.
+	start = time.Now()
+	if _, err := e.exec.WaitForWork(bg, 10, wait); err != nil || time.Since(start) >= wait-2*time.Second {
+		t.Fatalf("GET /work?wait_ms on a stopped service: %v after %s", err, time.Since(start))
+	}
+}

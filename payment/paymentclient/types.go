@@ -219,8 +219,7 @@ type SafetyEvent = wire.SafetyEvent
 const MaxWorkSkip = wire.MaxLimit
 
 // MaxWorkWait bounds GET /work's wait_ms: how long a call that finds no
-// work may wait for some. It stays under the servers' shutdown grace
-// (15 s), so a draining server answers its waiting calls before it stops.
+// work may wait for some (a server that is shutting down answers at once).
 const MaxWorkWait = 10 * time.Second
 
 // WorkItem is an account with actionable payouts (GET /work).
