@@ -157,7 +157,8 @@ func (s *testBundle) proxyCalls(t *testing.T) map[string]int {
 	return httpCalls(t, s.st.Ready.ProxyURL)
 }
 
-func httpCalls(t *testing.T, baseURL string) map[string]int {
+// metricLines is a server's /metrics, a line each.
+func metricLines(t *testing.T, baseURL string) []string {
 	t.Helper()
 	resp, err := http.Get(baseURL + "/metrics")
 	if err != nil {
@@ -168,13 +169,18 @@ func httpCalls(t *testing.T, baseURL string) map[string]int {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return strings.Split(string(b), "\n")
+}
+
+func httpCalls(t *testing.T, baseURL string) map[string]int {
+	t.Helper()
 	out := map[string]int{}
 	label := func(line, name string) string {
 		_, rest, _ := strings.Cut(line, name+`="`)
 		v, _, _ := strings.Cut(rest, `"`)
 		return v
 	}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range metricLines(t, baseURL) {
 		if !strings.HasPrefix(line, "payouts_http_requests_total{") {
 			continue
 		}

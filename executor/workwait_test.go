@@ -3,7 +3,6 @@ package executor
 import (
 	"context"
 	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,16 +15,7 @@ import (
 // resource's /metrics: how often a GET /work call has waited for work.
 func (s *testBundle) workWaits(t *testing.T) float64 {
 	t.Helper()
-	resp, err := http.Get(s.st.Ready.PaymentURL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range metricLines(t, s.st.Ready.PaymentURL) {
 		if v, ok := strings.CutPrefix(line, "payouts_payment_work_waits_total "); ok {
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil {

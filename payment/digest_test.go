@@ -64,18 +64,8 @@ func TestPayoutDigestsRefuseBadQuery(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	for _, q := range []string{"limit=0", "limit=10001", "limit=x", "after=%20bad", "after=a/b", "state=POSTED"} {
-		req, err := http.NewRequestWithContext(tctx(t), http.MethodGet, e.url+"/v1/payout-digests?"+q, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+reconcilerBearer)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest {
-			t.Errorf("GET /v1/payout-digests?%s: %d, want 400", q, resp.StatusCode)
+		if code := e.getStatus(t, "/v1/payout-digests?"+q, reconcilerBearer); code != http.StatusBadRequest {
+			t.Errorf("GET /v1/payout-digests?%s: %d, want 400", q, code)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
@@ -127,6 +128,22 @@ func setup(t testing.TB, opts ...func(*Config)) *testBundle {
 // bg is the context of client calls in tests; every client call carries its
 // own timeout (WithTimeout above).
 var bg = context.Background()
+
+// getStatus sends GET path with bearer and returns the answer's status.
+func (e *testBundle) getStatus(t testing.TB, path, bearer string) int {
+	t.Helper()
+	req, err := http.NewRequestWithContext(tctx(t), http.MethodGet, e.url+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+bearer)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
 
 func tctx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

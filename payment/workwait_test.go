@@ -14,14 +14,7 @@ func TestWorkWaitIsAnsweredWhenAPayoutIsCreated(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.account(t, "acc-1", 1_000)
-	waiting := make(chan struct{}, 1)
-	hook := func() {
-		select {
-		case waiting <- struct{}{}:
-		default:
-		}
-	}
-	e.svc.onWorkWait.Store(&hook)
+	waiting := e.workWaiting()
 	type answer struct {
 		items []pc.WorkItem
 		err   error
@@ -81,18 +74,8 @@ func TestWorkWaitRefusesBadValues(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	for _, q := range []string{"wait_ms=-1", "wait_ms=10001", "wait_ms=1s", "wait_ms=x"} {
-		req, err := http.NewRequestWithContext(tctx(t), http.MethodGet, e.url+"/v1/work?"+q, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+executorBearer)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest {
-			t.Errorf("GET /v1/work?%s: %d, want 400", q, resp.StatusCode)
+		if code := e.getStatus(t, "/v1/work?"+q, executorBearer); code != http.StatusBadRequest {
+			t.Errorf("GET /v1/work?%s: %d, want 400", q, code)
 		}
 	}
 }
@@ -102,14 +85,7 @@ func TestWorkWaitRefusesBadValues(t *testing.T) {
 func TestWorkWaitEndsWhenTheServiceStops(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	waiting := make(chan struct{}, 1)
-	hook := func() {
-		select {
-		case waiting <- struct{}{}:
-		default:
-		}
-	}
-	e.svc.onWorkWait.Store(&hook)
+	waiting := e.workWaiting()
 	const wait = 8 * time.Second
 	type answer struct {
 		items []pc.WorkItem
@@ -139,4 +115,18 @@ func TestWorkWaitEndsWhenTheServiceStops(t *testing.T) {
 	if _, err := e.exec.WaitForWork(bg, 10, wait); err != nil || time.Since(start) >= wait-2*time.Second {
 		t.Fatalf("GET /work?wait_ms on a stopped service: %v after %s", err, time.Since(start))
 	}
+}
+
+// workWaiting makes the service signal the returned channel each time a
+// GET /work call starts to wait for work.
+func (e *testBundle) workWaiting() <-chan struct{} {
+	waiting := make(chan struct{}, 1)
+	hook := func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	}
+	e.svc.onWorkWait.Store(&hook)
+	return waiting
 }
