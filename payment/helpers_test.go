@@ -74,6 +74,7 @@ type testBundle struct {
 	reg   *prometheus.Registry
 	logs  *syncBuffer
 	url   string
+	dbURL string
 	exec  *pc.Client
 	recon *pc.Client
 	oper  *pc.Client
@@ -111,7 +112,7 @@ func setup(t testing.TB, opts ...func(*Config)) *testBundle {
 	svc.Mount(srv.Router())
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	e := &testBundle{svc: svc, reg: reg, logs: logs, url: ts.URL}
+	e := &testBundle{svc: svc, reg: reg, logs: logs, url: ts.URL, dbURL: dbURL}
 	for _, c := range []struct {
 		dst    **pc.Client
 		bearer string

@@ -78,6 +78,9 @@ type Service struct {
 	// (stopWorkWaits), so a draining server answers them at once.
 	workStop     chan struct{}
 	workStopOnce sync.Once
+	// announce tells the other processes on this paydb of created
+	// payouts (worknotify.go).
+	announce announcer
 
 	// afterRefusal, when set (tests only), runs after a refused mutation's
 	// transaction has ended and before its evidence is recorded.
@@ -116,6 +119,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval, sla: cfg.ResolutionSLA, workStop: make(chan struct{})}
+	s.announce.pool = pool
 	s.creates = batcher.New(s.createPayouts, batcher.Options{
 		MaxBatch: maxCreateBatch, Parallel: createBatchesInFlight, Timeout: createTimeout,
 		Observe: func(n int) { s.m.createBatch.Observe(float64(n)) },
@@ -134,6 +138,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 // Close releases the database pool.
 func (s *Service) Close() {
 	s.creates.Wait()
+	s.announce.wg.Wait()
 	s.pool.Close()
 }
 
@@ -192,5 +197,6 @@ func Run(ctx context.Context, cfg Config) error {
 	var g httpx.Group
 	g.Add(srv.Serve)
 	g.Add(svc.RunLedgerCheck)
+	g.Add(svc.listenForWork)
 	return g.Run(ctx)
 }

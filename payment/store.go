@@ -456,8 +456,10 @@ type createAnswer struct {
 // of them is tried alone, so one bad payout fails only its own create.
 func (s *Service) createPayouts(ctx context.Context, reqs []createRequest) ([]createAnswer, error) {
 	out := make([]createAnswer, len(reqs))
-	// Calls of GET /v1/work waiting for work learn of the new payouts once
-	// they are committed.
+	// Calls of GET /v1/work waiting for work, here and in the other
+	// processes on this paydb, learn of the new payouts once they are
+	// committed.
+	defer s.announceWork()
 	defer s.workCreated.broadcast()
 	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return reqs[i].req.ID }) {
 		err := s.createDistinct(ctx, reqs, round, out)

@@ -1,9 +1,13 @@
 package payment
 
 import (
+	"context"
+	"log/slog"
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
@@ -14,7 +18,7 @@ func TestWorkWaitIsAnsweredWhenAPayoutIsCreated(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.account(t, "acc-1", 1_000)
-	waiting := e.workWaiting()
+	waiting := workWaiting(e.svc)
 	type answer struct {
 		items []pc.WorkItem
 		err   error
@@ -85,7 +89,7 @@ func TestWorkWaitRefusesBadValues(t *testing.T) {
 func TestWorkWaitEndsWhenTheServiceStops(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	waiting := e.workWaiting()
+	waiting := workWaiting(e.svc)
 	const wait = 8 * time.Second
 	type answer struct {
 		items []pc.WorkItem
@@ -117,9 +121,9 @@ func TestWorkWaitEndsWhenTheServiceStops(t *testing.T) {
 	}
 }
 
-// workWaiting makes the service signal the returned channel each time a
-// GET /work call starts to wait for work.
-func (e *testBundle) workWaiting() <-chan struct{} {
+// workWaiting makes svc signal the returned channel each time a GET /work
+// call starts to wait for work.
+func workWaiting(svc *Service) <-chan struct{} {
 	waiting := make(chan struct{}, 1)
 	hook := func() {
 		select {
@@ -127,6 +131,54 @@ func (e *testBundle) workWaiting() <-chan struct{} {
 		default:
 		}
 	}
-	e.svc.onWorkWait.Store(&hook)
+	svc.onWorkWait.Store(&hook)
 	return waiting
+}
+
+// A payout created through one payment-resource process answers a call
+// waiting for work on another process over the same paydb.
+func TestWorkWaitIsAnsweredAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	other, err := New(tctx(t), Config{DatabaseURL: e.dbURL, Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(other.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	listened := make(chan error, 1)
+	go func() { listened <- other.listenForWork(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-listened; err != nil {
+			t.Errorf("listenForWork: %v", err)
+		}
+	})
+	waiting := workWaiting(other)
+	const wait = 8 * time.Second
+	type answer struct {
+		items []pc.WorkItem
+		err   error
+		took  time.Duration
+	}
+	done := make(chan answer, 1)
+	go func() {
+		start := time.Now()
+		items, err := other.WaitForWork(tctx(t), 10, nil, wait)
+		done <- answer{items, err, time.Since(start)}
+	}()
+	select {
+	case <-waiting:
+	case <-time.After(time.Minute):
+		t.Fatal("the other process's GET /work never started to wait")
+	}
+	e.payout(t, "po-1", "acc-1", 1)
+	a := <-done
+	if a.err != nil || len(a.items) != 1 || a.items[0].AccountID != "acc-1" {
+		t.Fatalf("waiting GET /work on the other process: %+v %v, want acc-1", a.items, a.err)
+	}
+	if a.took >= wait-time.Second {
+		t.Fatalf("the other process answered after %s, at the end of its %s wait: the creation was not announced", a.took, wait)
+	}
 }
