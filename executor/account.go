@@ -444,7 +444,7 @@ func (r *run) hook(point Point, p pc.Payout) {
 		case <-r.g.Done():
 			r.stale = true
 			r.log.Warn("test hook: grant lost while holding; resuming WITHOUT the grant check", "point", string(point), obs.KeyPayoutID, p.ID)
-		case <-r.e.stopCh:
+		case <-r.e.stopped.Done():
 		}
 	}
 }

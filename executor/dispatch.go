@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"context"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -82,7 +83,7 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 		}
 		t := time.NewTimer(max(time.Until(wake), time.Millisecond))
 		select {
-		case <-e.stopCh:
+		case <-e.stopped.Done():
 		case <-progress:
 			due = true
 		case <-t.C:
@@ -145,16 +146,9 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 	asked := time.Now()
 	ctx, cancel := e.callCtx()
 	// A stop request ends a wait for work at once.
-	answered := make(chan struct{})
-	go func() {
-		select {
-		case <-e.stopCh:
-			cancel()
-		case <-answered:
-		}
-	}()
+	unhook := context.AfterFunc(e.stopped, cancel)
 	items, err := e.pay.WaitForWork(ctx, e.workLimit(time.Now(), free), wait)
-	close(answered)
+	unhook()
 	cancel()
 	if err != nil && e.stopping.Load() {
 		return false

@@ -142,8 +142,11 @@ type Executor struct {
 	// (an interrupted call is an unknown outcome).
 	base     context.Context
 	stopping atomic.Bool
-	stopCh   chan struct{}
-	stopOnce sync.Once
+	// stopped is done once a stop is requested (stop): loops and waits
+	// that a stop ends at once select on it.
+	stopped    context.Context
+	stopCancel context.CancelFunc
+	stopOnce   sync.Once
 
 	mu     sync.Mutex
 	active map[string]bool // accounts a worker is on
@@ -196,9 +199,10 @@ func New(cfg Config) (*Executor, error) {
 	}
 	e := &Executor{
 		cfg: cfg, log: cfg.Logger, pay: pay, proxy: proxy, lock: lk,
-		m: newMetrics(cfg.Registry), stopCh: make(chan struct{}), active: map[string]bool{}, cooling: map[string]*cooldown{},
+		m: newMetrics(cfg.Registry), active: map[string]bool{}, cooling: map[string]*cooldown{},
 		unreleased: map[string]toRelease{}, kept: map[string]keptGrant{}, keptCap: maxKeptGrants,
 	}
+	e.stopped, e.stopCancel = context.WithCancel(context.Background())
 	return e, nil
 }
 
@@ -238,7 +242,7 @@ func (e *Executor) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			e.stop()
-		case <-e.stopCh:
+		case <-e.stopped.Done():
 		}
 	}()
 	defer e.stop()
@@ -337,7 +341,7 @@ func (e *Executor) fatalErr() error {
 func (e *Executor) stop() {
 	e.stopOnce.Do(func() {
 		e.stopping.Store(true)
-		close(e.stopCh)
+		e.stopCancel()
 	})
 }
 
@@ -353,7 +357,7 @@ func (e *Executor) sleep(d time.Duration) bool {
 	select {
 	case <-t.C:
 		return true
-	case <-e.stopCh:
+	case <-e.stopped.Done():
 		return false
 	}
 }

@@ -15,9 +15,9 @@ import (
 // its next poll (1 s by default), and asks once per wait instead of once
 // per poll interval.
 
-// workSignal wakes the calls waiting for work when this process creates a
-// payout. A payout created through another payment-resource process over
-// the same paydb is listed when the wait ends, as it would be by a poll.
+// workSignal wakes the calls waiting for work when a payout is created,
+// through this process or, announced (worknotify.go), through another over
+// the same paydb.
 type workSignal struct {
 	mu sync.Mutex
 	ch chan struct{}
@@ -63,18 +63,21 @@ func (s *Service) stopWorkWaits() {
 }
 
 // WaitForWork is Work that, when it finds no work, waits up to wait for a
-// payout created through this process and asks again, until some work is
+// payout to be created (workSignal) and asks again, until some work is
 // listed or the wait ends (then it asks a last time). It answers a second
 // before ctx's deadline at the latest, and with no work when ctx ends or
 // the service stops.
 func (s *Service) WaitForWork(ctx context.Context, limit int, skip []string, wait time.Duration) ([]pc.WorkItem, error) {
+	if wait <= 0 {
+		return s.Work(ctx, limit, skip)
+	}
 	end := time.Now().Add(wait)
 	if dl, ok := ctx.Deadline(); ok && dl.Add(-time.Second).Before(end) {
 		end = dl.Add(-time.Second)
 	}
 	t := time.NewTimer(time.Until(end))
 	defer t.Stop()
-	last := wait <= 0
+	last := false
 	for {
 		// Subscribed before asking: a payout created after the question
 		// was asked wakes this call.

@@ -18,26 +18,8 @@ func TestWorkWaitIsAnsweredWhenAPayoutIsCreated(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.account(t, "acc-1", 1_000)
-	waiting := workWaiting(e.svc)
-	type answer struct {
-		items []pc.WorkItem
-		err   error
-		took  time.Duration
-	}
 	const wait = 8 * time.Second
-	done := make(chan answer, 1)
-	go func() {
-		start := time.Now()
-		items, err := e.exec.WaitForWork(bg, 10, wait)
-		done <- answer{items, err, time.Since(start)}
-	}()
-	select {
-	case <-waiting:
-	case a := <-done:
-		t.Fatalf("GET /work?wait_ms answered before any payout existed: %+v %v", a.items, a.err)
-	case <-time.After(time.Minute):
-		t.Fatal("GET /work?wait_ms never started to wait")
-	}
+	done := waitingCall(t, e.svc, func() ([]pc.WorkItem, error) { return e.exec.WaitForWork(bg, 10, wait) })
 	e.payout(t, "po-1", "acc-1", 1)
 	a := <-done
 	if a.err != nil || len(a.items) != 1 || a.items[0].AccountID != "acc-1" {
@@ -89,22 +71,8 @@ func TestWorkWaitRefusesBadValues(t *testing.T) {
 func TestWorkWaitEndsWhenTheServiceStops(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	waiting := workWaiting(e.svc)
 	const wait = 8 * time.Second
-	type answer struct {
-		items []pc.WorkItem
-		err   error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		items, err := e.exec.WaitForWork(bg, 10, wait)
-		done <- answer{items, err}
-	}()
-	select {
-	case <-waiting:
-	case <-time.After(time.Minute):
-		t.Fatal("GET /work?wait_ms never started to wait")
-	}
+	done := waitingCall(t, e.svc, func() ([]pc.WorkItem, error) { return e.exec.WaitForWork(bg, 10, wait) })
 	start := time.Now()
 	e.svc.stopWorkWaits()
 	a := <-done
@@ -121,9 +89,18 @@ func TestWorkWaitEndsWhenTheServiceStops(t *testing.T) {
 	}
 }
 
-// workWaiting makes svc signal the returned channel each time a GET /work
-// call starts to wait for work.
-func workWaiting(svc *Service) <-chan struct{} {
+// workAnswer is what a call waiting for work answered, and after how long.
+type workAnswer struct {
+	items []pc.WorkItem
+	err   error
+	took  time.Duration
+}
+
+// waitingCall runs call, a GET /work with wait_ms on svc, in the
+// background and returns once svc reports it waiting for work; the call's
+// answer comes on the channel returned.
+func waitingCall(t *testing.T, svc *Service, call func() ([]pc.WorkItem, error)) <-chan workAnswer {
+	t.Helper()
 	waiting := make(chan struct{}, 1)
 	hook := func() {
 		select {
@@ -132,7 +109,20 @@ func workWaiting(svc *Service) <-chan struct{} {
 		}
 	}
 	svc.onWorkWait.Store(&hook)
-	return waiting
+	done := make(chan workAnswer, 1)
+	go func() {
+		start := time.Now()
+		items, err := call()
+		done <- workAnswer{items, err, time.Since(start)}
+	}()
+	select {
+	case <-waiting:
+	case a := <-done:
+		t.Fatalf("GET /work?wait_ms answered before it waited: %+v %v", a.items, a.err)
+	case <-time.After(time.Minute):
+		t.Fatal("GET /work?wait_ms never started to wait")
+	}
+	return done
 }
 
 // A payout created through one payment-resource process answers a call
@@ -155,24 +145,8 @@ func TestWorkWaitIsAnsweredAcrossProcesses(t *testing.T) {
 			t.Errorf("listenForWork: %v", err)
 		}
 	})
-	waiting := workWaiting(other)
 	const wait = 8 * time.Second
-	type answer struct {
-		items []pc.WorkItem
-		err   error
-		took  time.Duration
-	}
-	done := make(chan answer, 1)
-	go func() {
-		start := time.Now()
-		items, err := other.WaitForWork(tctx(t), 10, nil, wait)
-		done <- answer{items, err, time.Since(start)}
-	}()
-	select {
-	case <-waiting:
-	case <-time.After(time.Minute):
-		t.Fatal("the other process's GET /work never started to wait")
-	}
+	done := waitingCall(t, other, func() ([]pc.WorkItem, error) { return other.WaitForWork(tctx(t), 10, nil, wait) })
 	e.payout(t, "po-1", "acc-1", 1)
 	a := <-done
 	if a.err != nil || len(a.items) != 1 || a.items[0].AccountID != "acc-1" {
