@@ -2,7 +2,11 @@ package payment
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -11,9 +15,22 @@ import (
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
-// stateQueryTimeout bounds the query a scrape runs: a slow paydb costs the
-// scrape these series (and counts an error), never the whole /metrics.
+// stateQueryTimeout bounds what a scrape waits for paydb: a slow paydb
+// costs the scrape these series (and counts an error), never the whole
+// /metrics.
 const stateQueryTimeout = 2 * time.Second
+
+// Payouts in a terminal state never leave it and are never deleted, so
+// their count grows with the payouts ever made: counting them is a scan of
+// history. A scrape therefore counts only the open states; the terminal
+// ones are recounted when their count is older than terminalRecountEvery,
+// by a recount that may run for terminalRecountTimeout. A scrape waits for
+// that recount only as long as stateQueryTimeout allows; a longer one goes
+// on in the background and serves the scrapes after it.
+const (
+	terminalRecountEvery   = time.Minute
+	terminalRecountTimeout = time.Minute
+)
 
 // stateCollector reads the payouts per state and the age of the oldest
 // unresolved ambiguous payout from paydb when /metrics is scraped, so the
@@ -25,32 +42,69 @@ type stateCollector struct {
 	sla                               time.Duration
 	byState, oldestAmbiguous, slaDesc *prometheus.Desc
 	errors                            prometheus.Counter
+
+	// every is how old the terminal counts may be before a scrape has
+	// them recounted (terminalRecountEvery; tests shorten it).
+	every time.Duration
+	// stop ends a running recount (Service.Close, before the pool closes).
+	stop       context.Context
+	stopCancel context.CancelFunc
+
+	// onRecount, when set (tests only), runs at the start of each recount.
+	onRecount atomic.Pointer[func()]
+
+	mu sync.Mutex
+	// terminal holds the last terminal counts (nil: none read yet), read
+	// at terminalAt; recounting, when not nil, is closed when the running
+	// recount ends, having set recountErr.
+	terminal   map[string]int64
+	terminalAt time.Time
+	recounting chan struct{}
+	recountErr error
 }
 
 func newStateCollector(pool *pgxpool.Pool, log *slog.Logger, sla time.Duration) *stateCollector {
+	stop, cancel := context.WithCancel(context.Background())
 	return &stateCollector{
-		pool: pool, log: log, sla: sla,
+		pool: pool, log: log, sla: sla, every: terminalRecountEvery, stop: stop, stopCancel: cancel,
 		byState: prometheus.NewDesc("payouts_payment_payouts",
-			"Payouts in each state, read from paydb at scrape time.", []string{"state"}, nil),
+			"Payouts in each state, read from paydb: the open states at scrape time, the terminal states (POSTED, FAILED, ABANDONED) recounted at most once a minute.", []string{"state"}, nil),
 		oldestAmbiguous: prometheus.NewDesc("payouts_payment_oldest_ambiguous_age_seconds",
 			"Age of the oldest payout in RAIL_AMBIGUOUS (since it was submitted to the rail), read from paydb at scrape time; 0 when none is ambiguous.", nil, nil),
 		slaDesc: prometheus.NewDesc("payouts_payment_resolution_sla_seconds",
 			"The resolution SLA (--resolution-sla): an ambiguous payout older than this needs an operator, who may then abandon it.", nil, nil),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "payouts_payment_state_scrape_errors_total",
-			Help: "Scrapes whose paydb query for payouts by state failed or timed out; those scrapes lack payouts_payment_payouts and payouts_payment_oldest_ambiguous_age_seconds.",
+			Help: "Reads of payouts by state from paydb that failed or timed out: a scrape's count of the open states (that scrape lacks payouts_payment_payouts and payouts_payment_oldest_ambiguous_age_seconds) or a recount of the terminal states (scrapes keep the previous terminal counts, or lack them while none was ever read).",
 		}),
 	}
 }
 
-// stateQuery is one statement: the count per state can be answered from
-// payout_state_idx, and the oldest ambiguous payout is looked up through
-// the same index among the (few) RAIL_AMBIGUOUS rows only. The age is
-// measured as the reconciler's ambiguous_over_sla check measures it.
-const stateQuery = `SELECT state, count(*),
+// inList is states as an SQL list of literals: the planner then sees the
+// states a query asks for (the open ones are few and read through
+// payout_state_idx), which a parameter would hide from a generic plan.
+func inList(terminal bool) string {
+	var lits []string
+	for _, s := range pc.States {
+		if s.Terminal() == terminal {
+			lits = append(lits, "'"+string(s)+"'")
+		}
+	}
+	return "(" + strings.Join(lits, ", ") + ")"
+}
+
+// openStateQuery counts the payouts in each open state, the backlog, and
+// finds the oldest ambiguous payout among the (few) RAIL_AMBIGUOUS rows
+// only. The age is measured as the reconciler's ambiguous_over_sla check
+// measures it. It reads no terminal payout.
+var openStateQuery = `SELECT state, count(*),
 	COALESCE(EXTRACT(EPOCH FROM now() - (SELECT min(COALESCE(submitted_at, claimed_at, created_at))
-		FROM payout WHERE state = $1))::float8, 0)
-	FROM payout GROUP BY state`
+		FROM payout WHERE state = '` + string(pc.RailAmbiguous) + `'))::float8, 0)
+	FROM payout WHERE state IN ` + inList(false) + ` GROUP BY state`
+
+// terminalStateQuery counts the payouts in each terminal state: a scan of
+// every payout ever finished (index-only through payout_state_idx).
+var terminalStateQuery = `SELECT state, count(*) FROM payout WHERE state IN ` + inList(true) + ` GROUP BY state`
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.byState
@@ -61,39 +115,114 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.slaDesc, prometheus.GaugeValue, c.sla.Seconds())
-	counts, oldest, err := c.read()
+	defer c.errors.Collect(ch)
+	ctx, cancel := context.WithTimeout(c.stop, stateQueryTimeout)
+	defer cancel()
+	open, oldest, err := c.readOpen(ctx)
 	if err != nil {
 		c.errors.Inc()
 		c.log.Warn("payouts by state could not be read for /metrics", slog.Any("error", err))
-	} else {
-		// Every state, zeros included: a state that empties drops to 0
-		// rather than vanishing from the graphs.
-		for _, s := range pc.States {
-			ch <- prometheus.MustNewConstMetric(c.byState, prometheus.GaugeValue, float64(counts[string(s)]), string(s))
-		}
-		ch <- prometheus.MustNewConstMetric(c.oldestAmbiguous, prometheus.GaugeValue, oldest)
+		return
 	}
-	c.errors.Collect(ch)
+	terminal, err := c.terminalCounts(ctx)
+	if err != nil {
+		c.errors.Inc()
+		c.log.Warn("payouts in terminal states could not be recounted for /metrics; the previous counts stand", slog.Any("error", err))
+	}
+	// Every state, zeros included: a state that empties drops to 0
+	// rather than vanishing from the graphs. Terminal states are left out
+	// only while no count of them was ever read.
+	for _, s := range pc.States {
+		n := open[string(s)]
+		if s.Terminal() {
+			if terminal == nil {
+				continue
+			}
+			n = terminal[string(s)]
+		}
+		ch <- prometheus.MustNewConstMetric(c.byState, prometheus.GaugeValue, float64(n), string(s))
+	}
+	ch <- prometheus.MustNewConstMetric(c.oldestAmbiguous, prometheus.GaugeValue, oldest)
 }
 
-// read runs stateQuery under stateQueryTimeout.
-func (c *stateCollector) read() (map[string]int64, float64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), stateQueryTimeout)
-	defer cancel()
-	rows, err := c.pool.Query(ctx, stateQuery, string(pc.RailAmbiguous))
+// readOpen runs openStateQuery.
+func (c *stateCollector) readOpen(ctx context.Context) (map[string]int64, float64, error) {
+	var oldest float64
+	counts, err := c.count(ctx, openStateQuery, &oldest)
+	return counts, max(oldest, 0), err
+}
+
+// count runs a query of (state, count[, extra]) rows.
+func (c *stateCollector) count(ctx context.Context, sql string, extra ...any) (map[string]int64, error) {
+	rows, err := c.pool.Query(ctx, sql)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	defer rows.Close()
 	counts := map[string]int64{}
-	var oldest float64
 	for rows.Next() {
 		var state string
 		var n int64
-		if err := rows.Scan(&state, &n, &oldest); err != nil {
-			return nil, 0, err
+		if err := rows.Scan(append([]any{&state, &n}, extra...)...); err != nil {
+			return nil, err
 		}
 		counts[state] = n
 	}
-	return counts, max(oldest, 0), rows.Err()
+	return counts, rows.Err()
 }
+
+// terminalCounts returns the terminal counts to report: the last ones read,
+// after a recount when they are older than c.every. It waits for the
+// recount until ctx ends, then returns what it has (nil if nothing was
+// ever read) and, if the recount failed, its error.
+func (c *stateCollector) terminalCounts(ctx context.Context) (map[string]int64, error) {
+	c.mu.Lock()
+	if c.terminal != nil && time.Since(c.terminalAt) < c.every {
+		defer c.mu.Unlock()
+		return c.terminal, nil
+	}
+	done := c.recounting
+	if done == nil {
+		done = make(chan struct{})
+		c.recounting = done
+		go c.recount(done)
+	}
+	c.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-done:
+		return c.terminal, c.recountErr
+	default:
+		if c.terminal == nil {
+			return nil, fmt.Errorf("the recount of terminal states is still running after %s", stateQueryTimeout)
+		}
+		return c.terminal, nil // stale while the recount goes on
+	}
+}
+
+// recount runs terminalStateQuery and closes done.
+func (c *stateCollector) recount(done chan struct{}) {
+	ctx, cancel := context.WithTimeout(c.stop, terminalRecountTimeout)
+	defer cancel()
+	start := time.Now()
+	if f := c.onRecount.Load(); f != nil {
+		(*f)()
+	}
+	counts, err := c.count(ctx, terminalStateQuery)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.recountErr = err
+	if err == nil {
+		c.terminal, c.terminalAt = counts, start
+	}
+	c.recounting = nil
+	close(done)
+}
+
+// close ends a running recount; the pool can then close at once.
+func (c *stateCollector) close() { c.stopCancel() }

@@ -16,6 +16,7 @@ import (
 func TestStateCollector(t *testing.T) {
 	t.Parallel()
 	e := setup(t, func(c *Config) { c.ResolutionSLA = 90 * time.Minute })
+	e.recountEvery(0) // every scrape recounts the terminal states too
 	check := func(want map[pc.State]float64) {
 		t.Helper()
 		all := map[string]float64{}
@@ -77,6 +78,123 @@ func TestStateCollectorWithoutDatabase(t *testing.T) {
 	if n := gaugeValue(t, e.reg, "payouts_payment_resolution_sla_seconds"); n <= 0 {
 		t.Fatalf("resolution SLA gauge %v", n)
 	}
+}
+
+// A scrape reads the open payouts, not the history: with thousands of
+// finished payouts its statement reads the few open ones, where a count of
+// every state reads them all.
+func TestStateScrapeReadsOnlyOpenPayouts(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := tctx(t)
+	e.account(t, "acc-1", 1_000_000)
+	const history = 3000
+	if _, err := e.svc.pool.Exec(ctx, `INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref, state, submitted_at)
+		SELECT 'po-' || g, 'acc-1', 1, 'EUR', 'b', 'po-po-' || g,
+		       CASE WHEN g % 1000 = 0 THEN 'RAIL_AMBIGUOUS' WHEN g % 500 = 0 THEN 'PENDING' ELSE 'POSTED' END, now()
+		  FROM generate_series(1, $1::int) g`, history); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.pool.Exec(ctx, "ANALYZE payout"); err != nil {
+		t.Fatal(err)
+	}
+	if n := rowsRead(t, e.svc.pool, openStateQuery); n > 20 {
+		t.Errorf("a scrape's count of open payouts read %d payout rows of %d, want at most 20 (3 ambiguous, 3 pending)", n, history)
+	}
+	got := series(t, e.reg, "payouts_payment_payouts", "state")
+	want := map[string]float64{}
+	for _, s := range pc.States {
+		want[string(s)] = 0
+	}
+	want[string(pc.Pending)], want[string(pc.RailAmbiguous)], want[string(pc.Posted)] = 3, 3, history-6
+	if !maps.Equal(got, want) {
+		t.Fatalf("payouts_payment_payouts = %v, want %v", got, want)
+	}
+}
+
+// The terminal states are recounted when their count is older than the
+// recount period: in between, scrapes report the open states as they are
+// and the terminal ones as last counted.
+func TestTerminalStatesAreRecountedOncePerPeriod(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.recountEvery(time.Hour)
+	e.account(t, "acc-1", 10_000)
+	if got := series(t, e.reg, "payouts_payment_payouts", "state"); got[string(pc.Posted)] != 0 || len(got) != len(pc.States) {
+		t.Fatalf("first scrape: %v, want every state at 0", got)
+	}
+	e.payout(t, "po-a", "acc-1", 100)
+	e.drive(t, "po-a", pc.Posted, 5, "holder-a")
+	e.payout(t, "po-b", "acc-1", 100)
+	got := series(t, e.reg, "payouts_payment_payouts", "state")
+	if got[string(pc.Pending)] != 1 || got[string(pc.Posted)] != 0 {
+		t.Fatalf("scrape within the period: %v, want PENDING 1 (read now) and POSTED 0 (as counted before)", got)
+	}
+	e.recountEvery(0)
+	if got := series(t, e.reg, "payouts_payment_payouts", "state"); got[string(pc.Pending)] != 1 || got[string(pc.Posted)] != 1 {
+		t.Fatalf("scrape after the period: %v, want PENDING 1 and POSTED 1", got)
+	}
+}
+
+// A recount that outlasts the scrape's budget does not hold the scrape:
+// it answers with the terminal counts it had (none the first time, which
+// counts an error) and the recount's result serves the next scrapes.
+func TestSlowRecountDoesNotHoldTheScrape(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 10_000)
+	e.payout(t, "po-a", "acc-1", 100)
+	e.drive(t, "po-a", pc.Posted, 5, "holder-a")
+	release := make(chan struct{})
+	hold := func() { <-release }
+	e.svc.states.onRecount.Store(&hold)
+
+	start := time.Now()
+	got := series(t, e.reg, "payouts_payment_payouts", "state")
+	if took := time.Since(start); took > stateQueryTimeout+30*time.Second {
+		t.Fatalf("the scrape took %s while the recount was held", took)
+	}
+	if _, ok := got[string(pc.Posted)]; ok || got[string(pc.Pending)] != 0 || len(got) != len(pc.States)-3 {
+		t.Fatalf("first scrape, recount held: %v, want the open states only", got)
+	}
+	if n := gaugeValue(t, e.reg, "payouts_payment_state_scrape_errors_total"); n < 1 {
+		t.Fatalf("scrape errors %v, want the held first recount counted", n)
+	}
+	close(release)
+	// The held recount ends and its count serves the next scrape.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got = series(t, e.reg, "payouts_payment_payouts", "state")
+		if got[string(pc.Posted)] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the recount was released: %v, want POSTED 1", got)
+		}
+	}
+
+	// Held again with a count in hand: the scrape keeps the old count.
+	e.payout(t, "po-b", "acc-1", 100)
+	e.drive(t, "po-b", pc.Posted, 6, "holder-a")
+	release = make(chan struct{})
+	e.recountEvery(0)
+	errs := gaugeValue(t, e.reg, "payouts_payment_state_scrape_errors_total")
+	got = series(t, e.reg, "payouts_payment_payouts", "state")
+	close(release)
+	if got[string(pc.Posted)] != 1 {
+		t.Fatalf("scrape while the recount is held: %v, want POSTED 1 as counted before", got)
+	}
+	if n := gaugeValue(t, e.reg, "payouts_payment_state_scrape_errors_total"); n != errs {
+		t.Fatalf("scrape errors went from %v to %v: a scrape that keeps the previous count is not an error", errs, n)
+	}
+}
+
+// recountEvery sets how old the terminal counts may be before a scrape has
+// them recounted.
+func (e *testBundle) recountEvery(d time.Duration) {
+	e.svc.states.mu.Lock()
+	defer e.svc.states.mu.Unlock()
+	e.svc.states.every = d
 }
 
 // series gathers reg (as a scrape does) and returns the values of family

@@ -85,6 +85,10 @@ type Service struct {
 	// afterRefusal, when set (tests only), runs after a refused mutation's
 	// transaction has ended and before its evidence is recorded.
 	afterRefusal atomic.Pointer[func()]
+
+	// states serves payouts_payment_payouts and its companions
+	// (collector_states.go).
+	states *stateCollector
 }
 
 // New connects to paydb and creates the system accounts (funding and
@@ -128,7 +132,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		pool.Close()
 		return nil, err
 	}
-	cfg.Registry.MustRegister(newStateCollector(pool, s.log, s.sla))
+	s.states = newStateCollector(pool, s.log, s.sla)
+	cfg.Registry.MustRegister(s.states)
 	if !guardEnabled {
 		s.log.Error("NEGATIVE-CONTROL BUILD: guard 1's fence condition is compiled out; stale tokens are accepted. Never run this build in production.")
 	}
@@ -139,6 +144,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 func (s *Service) Close() {
 	s.creates.Wait()
 	s.announce.wg.Wait()
+	s.states.close()
 	s.pool.Close()
 }
 

@@ -231,8 +231,8 @@ func (sys *e2eSystem) waitTerminal(ctx context.Context, o E2EOptions, base int, 
 var metricsClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true}, Timeout: 30 * time.Second}
 
 // terminalPoll is how often waitTerminal reads the payment resources'
-// /metrics. A scrape also counts paydb's payouts by state (a scan of the
-// payout table), which the measured processes pay for; the end of the run
+// /metrics. A scrape also counts paydb's open payouts by state (and, once a
+// minute, the finished ones), which the measured processes pay for; the end of the run
 // is read back from the payouts' own timestamps, so polling more often
 // would only add that cost.
 const terminalPoll = time.Second
