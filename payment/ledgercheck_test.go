@@ -2,6 +2,7 @@ package payment
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -86,5 +87,58 @@ func TestRunLedgerCheck(t *testing.T) {
 	}
 	if g := counterValue(e.svc.m.driftAccounts); g != 0 {
 		t.Fatalf("drift gauge %v on a clean ledger", g)
+	}
+}
+
+// An incremental run of the ledger check sums the groups of the recent
+// entries and reads only the newest part of the ledger, not every entry
+// ever posted; a full sweep still reads it all.
+func TestLedgerCheckReadsRecentEntriesOnly(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := tctx(t)
+	e.account(t, "acc-1", 1_000_000)
+	const history = 100_000 // groups of two entries of a payout, a day old
+	e.payout(t, "po-old", "acc-1", 1)
+	for _, sql := range []string{
+		`ALTER TABLE ledger_entry DISABLE TRIGGER ledger_entry_group_sums_to_zero`,
+		`INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id, payout_id, created_at)
+		 SELECT 'hist-' || g, CASE WHEN side THEN 'acc-1' ELSE 'funding' END, CASE WHEN side THEN -1 ELSE 1 END,
+		        CASE WHEN side THEN 'funding' ELSE 'acc-1' END, 'po-old', now() - interval '1 day'
+		   FROM generate_series(1, ` + strconv.Itoa(history) + `) g, (VALUES (true), (false)) v(side)
+		  ORDER BY g`,
+		`ALTER TABLE ledger_entry ENABLE TRIGGER ledger_entry_group_sums_to_zero`,
+		`UPDATE account SET balance = balance - ` + strconv.Itoa(history) + ` WHERE id = 'acc-1'`,
+		`UPDATE account SET balance = balance + ` + strconv.Itoa(history) + ` WHERE id = 'funding'`,
+	} {
+		if _, err := e.svc.pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.payout(t, "po-1", "acc-1", 100)
+	e.drive(t, "po-1", "POSTED", 1, "h")
+	if _, err := e.svc.pool.Exec(ctx, "VACUUM ANALYZE ledger_entry"); err != nil {
+		t.Fatal(err)
+	}
+	since := time.Now().Add(-time.Hour)
+	rep, err := e.svc.CheckLedger(ctx, since, nil, nil)
+	if err != nil || !rep.Clean() {
+		t.Fatalf("incremental check of a clean ledger: %+v %v", rep, err)
+	}
+	groups := func(since time.Time, named string) int {
+		sql := strings.NewReplacer("$1", "'"+since.Format(time.RFC3339Nano)+"'::timestamptz", "$2", "'"+named+"'").Replace(driftGroupsSQL)
+		return rowsIn(t, explain(t, e.svc.pool, explainAnalyze, sql), "ledger_entry")
+	}
+	for _, named := range []string{"{}", "{hist-7,hist-70000}"} {
+		if n := groups(since, named); n > history/10 {
+			t.Errorf("an incremental run (named groups %s) read %d of %d ledger entries, want at most a tenth", named, n, 2*history)
+		}
+	}
+	rep, err = e.svc.CheckLedger(ctx, since, nil, []string{"hist-7"})
+	if err != nil || !rep.Clean() {
+		t.Fatalf("incremental check naming an old group: %+v %v", rep, err)
+	}
+	if n := groups(time.Time{}, "{}"); n < 2*history {
+		t.Errorf("a full sweep read %d of %d ledger entries, want them all", n, 2*history)
 	}
 }

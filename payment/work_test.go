@@ -96,7 +96,7 @@ func TestWorkFallsBackWhenLongQueuesAreInFront(t *testing.T) {
 
 var (
 	actualRows = regexp.MustCompile(`actual rows=(\d+) loops=(\d+)`)
-	removedBy  = regexp.MustCompile(`Rows Removed by Filter: (\d+)`)
+	removedBy  = regexp.MustCompile(`Rows Removed by (?:Filter|Index Recheck): (\d+)`)
 )
 
 // payoutRowsRead runs sql (a GET /work statement, no accounts skipped)
@@ -133,7 +133,14 @@ const explainAnalyze = "(ANALYZE, TIMING OFF, COSTS OFF)"
 // returned or removed by a filter, over all their loops.
 func payoutRowsIn(t *testing.T, plan string) int {
 	t.Helper()
-	read, loops := 0, 0 // loops: of the payout scan the lines below belong to (0: another node)
+	return rowsIn(t, plan, "payout")
+}
+
+// rowsIn is how many rows an analyzed plan's scans of table read: returned
+// or removed by a filter or an index recheck, over all their loops.
+func rowsIn(t *testing.T, plan, table string) int {
+	t.Helper()
+	read, loops := 0, 0 // loops: of the table scan the lines below belong to (0: another node)
 	for _, line := range strings.Split(plan, "\n") {
 		if m := removedBy.FindStringSubmatch(line); m != nil && loops > 0 {
 			n, _ := strconv.Atoi(m[1])
@@ -144,7 +151,7 @@ func payoutRowsIn(t *testing.T, plan string) int {
 			continue
 		}
 		loops = 0
-		if !strings.Contains(line, "Scan") || !strings.Contains(line, " on payout ") && !strings.Contains(line, " on payout p") {
+		if !strings.Contains(line, "Scan") || !strings.Contains(line, " on "+table+" ") {
 			continue
 		}
 		if m := actualRows.FindStringSubmatch(line); m != nil {
@@ -153,7 +160,7 @@ func payoutRowsIn(t *testing.T, plan string) int {
 			read += r * loops
 		}
 	}
-	t.Logf("%d payout rows read:\n%s", read, plan)
+	t.Logf("%d %s rows read:\n%s", read, table, plan)
 	return read
 }
 
