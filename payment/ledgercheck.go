@@ -33,6 +33,14 @@ type LedgerReport struct {
 // Clean reports whether the check found nothing.
 func (r LedgerReport) Clean() bool { return len(r.Accounts) == 0 && len(r.Groups) == 0 }
 
+// noJITSQL turns JIT compilation off for the ledger check's transaction.
+// driftAccountsSQL's estimate grows with the ledger (a sum of entries per
+// account it might read): with a million payouts it passed
+// jit_above_cost, and PostgreSQL spent 0.50 s compiling it, on every run,
+// for 7 ms of execution. (The reconciler's long scans gain from JIT: it
+// stays on elsewhere.)
+const noJITSQL = "SET LOCAL jit = off"
+
 // driftAccountsSQL lists the accounts changed since $1 (or named in $2)
 // whose balance differs from the sum of their entries.
 const driftAccountsSQL = `
@@ -66,6 +74,9 @@ const driftGroupsSQL = `
 func (s *Service) CheckLedger(ctx context.Context, since time.Time, extraAccounts, extraGroups []string) (LedgerReport, error) {
 	var rep LedgerReport
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, noJITSQL); err != nil {
+			return err
+		}
 		rows, err := tx.Query(ctx, driftAccountsSQL, perCallPlan, since, extraAccounts)
 		rep.Accounts, err = collect(rows, err, func(row pgx.Row) (AccountDrift, error) {
 			var d AccountDrift

@@ -142,3 +142,21 @@ func TestLedgerCheckReadsRecentEntriesOnly(t *testing.T) {
 		t.Errorf("a full sweep read %d of %d ledger entries, want them all", n, 2*history)
 	}
 }
+
+// The ledger check's statements are not JIT-compiled: its transaction turns
+// JIT off, so even with every statement's estimate over jit_above_cost no
+// compilation is paid. Without that setting the same plan is compiled.
+func TestLedgerCheckIsNotJITCompiled(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	sql := strings.NewReplacer("$1", "now() - interval '1 hour'", "$2", "'{acc-1}'::text[]").Replace(driftAccountsSQL)
+	compileAll := []string{"SET LOCAL jit_above_cost = 0", "SET LOCAL jit_inline_above_cost = -1", "SET LOCAL jit_optimize_above_cost = -1"}
+	// (EXPLAIN prints its JIT section only with costs.)
+	if p := explain(t, e.svc.pool, "(ANALYZE)", sql, compileAll...); !strings.Contains(p, "JIT:") {
+		t.Fatalf("no JIT section with jit_above_cost 0: this PostgreSQL cannot show what the setting prevents:\n%s", p)
+	}
+	if p := explain(t, e.svc.pool, "(ANALYZE)", sql, append(compileAll, noJITSQL)...); strings.Contains(p, "JIT:") {
+		t.Fatalf("the ledger check's statement was JIT-compiled in its transaction:\n%s", p)
+	}
+}
