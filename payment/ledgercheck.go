@@ -54,10 +54,9 @@ const driftAccountsSQL = `
 
 // driftGroupsSQL lists the groups with an entry created since $1 (or named
 // in $2: those need no lookup, and an OR of the two would leave the planner
-// no index for the pair) that do not sum to zero. The recent entries are found through
-// ledger_entry_created_brin: both statements are planned for their since
-// on every call (perCallPlan), so a full sweep (since zero) reads the
-// ledger and an incremental run only its newest pages.
+// no index for the pair) that do not sum to zero. The recent entries are
+// found through ledger_entry_created_brin: the statement is planned for its
+// since on every call (perCallPlan), so a run reads the newest pages only.
 const driftGroupsSQL = `
 	SELECT group_id, sum(amount)::bigint
 	  FROM ledger_entry
@@ -65,6 +64,27 @@ const driftGroupsSQL = `
 	 GROUP BY group_id
 	HAVING sum(amount) <> 0
 	 ORDER BY group_id`
+
+// A full sweep (since zero) reads the whole ledger once, in one aggregate
+// per statement. Asked through the incremental statements, it summed each
+// account's entries in a loop over the accounts and joined the ledger with
+// itself: with a million payouts 3.1 s and 15.2 s, where these take 0.6 s
+// and 1.4 s; past about 1.6 million payouts the sweep outgrew its 30 s
+// budget and failed every time.
+const (
+	allAccountsDriftSQL = `
+	SELECT a.id, b.balance, COALESCE(s.total, 0)::bigint
+	  FROM ` + accountFrom + `
+	  LEFT JOIN (SELECT e.account_id, sum(e.amount) AS total FROM ledger_entry e GROUP BY e.account_id) s ON s.account_id = a.id
+	 WHERE b.balance <> COALESCE(s.total, 0)
+	 ORDER BY a.id`
+	allGroupsDriftSQL = `
+	SELECT group_id, sum(amount)::bigint
+	  FROM ledger_entry
+	 GROUP BY group_id
+	HAVING sum(amount) <> 0
+	 ORDER BY group_id`
+)
 
 // CheckLedger is the detective control of INV-03: it compares the balance
 // of every account changed since since (and of the extra accounts named)
@@ -77,7 +97,13 @@ func (s *Service) CheckLedger(ctx context.Context, since time.Time, extraAccount
 		if _, err := tx.Exec(ctx, noJITSQL); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, driftAccountsSQL, perCallPlan, since, extraAccounts)
+		accountsSQL, accountsArgs := driftAccountsSQL, []any{perCallPlan, since, extraAccounts}
+		groupsSQL, groupsArgs := driftGroupsSQL, []any{perCallPlan, since, extraGroups}
+		if since.IsZero() {
+			accountsSQL, accountsArgs = allAccountsDriftSQL, nil
+			groupsSQL, groupsArgs = allGroupsDriftSQL, nil
+		}
+		rows, err := tx.Query(ctx, accountsSQL, accountsArgs...)
 		rep.Accounts, err = collect(rows, err, func(row pgx.Row) (AccountDrift, error) {
 			var d AccountDrift
 			err := row.Scan(&d.AccountID, &d.Balance, &d.LedgerSum)
@@ -87,7 +113,7 @@ func (s *Service) CheckLedger(ctx context.Context, since time.Time, extraAccount
 		if err != nil {
 			return err
 		}
-		rows, err = tx.Query(ctx, driftGroupsSQL, perCallPlan, since, extraGroups)
+		rows, err = tx.Query(ctx, groupsSQL, groupsArgs...)
 		rep.Groups, err = collect(rows, err, func(row pgx.Row) (GroupDrift, error) {
 			var g GroupDrift
 			return g, row.Scan(&g.GroupID, &g.Sum)
