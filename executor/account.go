@@ -251,7 +251,7 @@ func (r *run) list(limit int, states ...pc.State) ([]pc.Payout, error) {
 
 // check is the client-side check before every step (liveness, not safety).
 func (r *run) check() error {
-	if r.e.stopping.Load() {
+	if r.e.stopRequested() {
 		return errStop
 	}
 	if !r.stale && !r.g.Valid() {

@@ -40,7 +40,7 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 	due := true
 	var nextPoll time.Time
 	for {
-		if e.stopping.Load() {
+		if e.stopRequested() {
 			return false
 		}
 		if sess.Lost() {
@@ -150,7 +150,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 	items, err := e.pay.WaitForWork(ctx, e.workLimit(time.Now(), free), wait)
 	unhook()
 	cancel()
-	if err != nil && e.stopping.Load() {
+	if err != nil && e.stopRequested() {
 		return false
 	}
 	if err == nil && len(items) == 0 {
@@ -173,7 +173,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 	}
 	for i := range n {
 		it := items[(start+i)%n]
-		if e.stopping.Load() || !sess.Healthy() {
+		if e.stopRequested() || !sess.Healthy() {
 			return
 		}
 		select {

@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -140,13 +139,11 @@ type Executor struct {
 	// base is the context of every call: it carries no cancellation, so a
 	// stop request lets the current step finish instead of cutting it off
 	// (an interrupted call is an unknown outcome).
-	base     context.Context
-	stopping atomic.Bool
+	base context.Context
 	// stopped is done once a stop is requested (stop): loops and waits
-	// that a stop ends at once select on it.
+	// that a stop ends at once select on it, and stopRequested reads it.
 	stopped    context.Context
 	stopCancel context.CancelFunc
-	stopOnce   sync.Once
 
 	mu     sync.Mutex
 	active map[string]bool // accounts a worker is on
@@ -258,7 +255,7 @@ func (e *Executor) Run(ctx context.Context) error {
 
 	bo := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
 	down := false
-	for !e.stopping.Load() {
+	for !e.stopRequested() {
 		cctx, cancel := e.callCtx()
 		sess, err := e.lock.Open(cctx, e.cfg.Owner)
 		cancel()
@@ -338,11 +335,11 @@ func (e *Executor) fatalErr() error {
 	return e.fatal
 }
 
+// stopRequested reports whether a stop was requested.
+func (e *Executor) stopRequested() bool { return e.stopped.Err() != nil }
+
 func (e *Executor) stop() {
-	e.stopOnce.Do(func() {
-		e.stopping.Store(true)
-		e.stopCancel()
-	})
+	e.stopCancel()
 }
 
 // callCtx bounds one call. It is not cancelled by a stop request.

@@ -69,7 +69,7 @@ func (e *Executor) takeKept(account string) (grant, time.Time) {
 // the oldest kept grant is queued for release, which the poll loop's next
 // pass starts (a round that moved payouts wakes it at once).
 func (e *Executor) keep(account string, g grant, since time.Time) bool {
-	if e.cfg.GrantLinger <= 0 || e.stopping.Load() || !g.Valid() {
+	if e.cfg.GrantLinger <= 0 || e.stopRequested() || !g.Valid() {
 		return false
 	}
 	e.mu.Lock()

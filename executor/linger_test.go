@@ -117,7 +117,6 @@ func TestGrantNotKept(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := lingerExecutor(tc.linger, 1)
-			e.stopped, e.stopCancel = context.WithCancel(context.Background())
 			if tc.stop {
 				e.stop()
 			}

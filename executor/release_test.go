@@ -86,8 +86,10 @@ func TestFailedReleaseIsRetriedUntilItLands(t *testing.T) {
 // newBareExecutor is an Executor with no services, for the bookkeeping
 // tests below.
 func newBareExecutor() *Executor {
-	return &Executor{base: context.Background(), cfg: Config{CallTimeout: DefaultCallTimeout}, m: newMetrics(prometheus.NewRegistry()),
+	e := &Executor{base: context.Background(), cfg: Config{CallTimeout: DefaultCallTimeout}, m: newMetrics(prometheus.NewRegistry()),
 		active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]toRelease{}, kept: map[string]keptGrant{}, keptCap: maxKeptGrants}
+	e.stopped, e.stopCancel = context.WithCancel(context.Background())
+	return e
 }
 
 // TestReleaseRetrySkipsAnAccountWithAWorker: a worker on the account may

@@ -46,9 +46,9 @@ type stateCollector struct {
 	// every is how old the terminal counts may be before a scrape has
 	// them recounted (terminalRecountEvery; tests shorten it).
 	every time.Duration
-	// stop ends a running recount (Service.Close, before the pool closes).
-	stop       context.Context
-	stopCancel context.CancelFunc
+	// stop ends a running recount (the service's stop, before the pool
+	// closes).
+	stop context.Context
 
 	// onRecount, when set (tests only), runs at the start of each recount.
 	onRecount atomic.Pointer[func()]
@@ -63,10 +63,9 @@ type stateCollector struct {
 	recountErr error
 }
 
-func newStateCollector(pool *pgxpool.Pool, log *slog.Logger, sla time.Duration) *stateCollector {
-	stop, cancel := context.WithCancel(context.Background())
+func newStateCollector(pool *pgxpool.Pool, log *slog.Logger, sla time.Duration, stop context.Context) *stateCollector {
 	return &stateCollector{
-		pool: pool, log: log, sla: sla, every: terminalRecountEvery, stop: stop, stopCancel: cancel,
+		pool: pool, log: log, sla: sla, every: terminalRecountEvery, stop: stop,
 		byState: prometheus.NewDesc("payouts_payment_payouts",
 			"Payouts in each state, read from paydb: the open states at scrape time, the terminal states (POSTED, FAILED, ABANDONED) recounted at most once a minute.", []string{"state"}, nil),
 		oldestAmbiguous: prometheus.NewDesc("payouts_payment_oldest_ambiguous_age_seconds",
@@ -223,6 +222,3 @@ func (c *stateCollector) recount(done chan struct{}) {
 	c.recounting = nil
 	close(done)
 }
-
-// close ends a running recount; the pool can then close at once.
-func (c *stateCollector) close() { c.stopCancel() }

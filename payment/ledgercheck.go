@@ -86,6 +86,33 @@ const (
 	 ORDER BY group_id`
 )
 
+// ledgerQuery is one statement of a ledger check and its arguments.
+type ledgerQuery struct {
+	sql  string
+	args []any
+}
+
+// ledgerQueries are the two statements CheckLedger runs: a full sweep's
+// when since is zero, else the incremental ones, planned for since.
+func ledgerQueries(since time.Time, extraAccounts, extraGroups []string) (accounts, groups ledgerQuery) {
+	if since.IsZero() {
+		return ledgerQuery{sql: allAccountsDriftSQL}, ledgerQuery{sql: allGroupsDriftSQL}
+	}
+	return ledgerQuery{driftAccountsSQL, []any{perCallPlan, since, extraAccounts}},
+		ledgerQuery{driftGroupsSQL, []any{perCallPlan, since, extraGroups}}
+}
+
+// inLedgerTx runs fn in a ledger check's transaction: one read-only
+// snapshot, without JIT (noJITSQL).
+func (s *Service) inLedgerTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, noJITSQL); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
 // CheckLedger is the detective control of INV-03: it compares the balance
 // of every account changed since since (and of the extra accounts named)
 // with the sum of its entries, and sums every group with an entry created
@@ -93,17 +120,9 @@ const (
 // Both queries read one snapshot, so a posting in flight is never half-seen.
 func (s *Service) CheckLedger(ctx context.Context, since time.Time, extraAccounts, extraGroups []string) (LedgerReport, error) {
 	var rep LedgerReport
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, noJITSQL); err != nil {
-			return err
-		}
-		accountsSQL, accountsArgs := driftAccountsSQL, []any{perCallPlan, since, extraAccounts}
-		groupsSQL, groupsArgs := driftGroupsSQL, []any{perCallPlan, since, extraGroups}
-		if since.IsZero() {
-			accountsSQL, accountsArgs = allAccountsDriftSQL, nil
-			groupsSQL, groupsArgs = allGroupsDriftSQL, nil
-		}
-		rows, err := tx.Query(ctx, accountsSQL, accountsArgs...)
+	accounts, groups := ledgerQueries(since, extraAccounts, extraGroups)
+	err := s.inLedgerTx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, accounts.sql, accounts.args...)
 		rep.Accounts, err = collect(rows, err, func(row pgx.Row) (AccountDrift, error) {
 			var d AccountDrift
 			err := row.Scan(&d.AccountID, &d.Balance, &d.LedgerSum)
@@ -113,7 +132,7 @@ func (s *Service) CheckLedger(ctx context.Context, since time.Time, extraAccount
 		if err != nil {
 			return err
 		}
-		rows, err = tx.Query(ctx, groupsSQL, groupsArgs...)
+		rows, err = tx.Query(ctx, groups.sql, groups.args...)
 		rep.Groups, err = collect(rows, err, func(row pgx.Row) (GroupDrift, error) {
 			var g GroupDrift
 			return g, row.Scan(&g.GroupID, &g.Sum)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestLedgerCheckDetectsDrift: the continuous INV-03 check finds a balance
@@ -131,13 +133,13 @@ func TestLedgerCheckReadsRecentEntriesOnly(t *testing.T) {
 	if err != nil || !rep.Clean() {
 		t.Fatalf("incremental check of a clean ledger: %+v %v", rep, err)
 	}
-	groups := func(since time.Time, named string) int {
-		sql := strings.NewReplacer("$1", "'"+since.Format(time.RFC3339Nano)+"'::timestamptz", "$2", "'"+named+"'").Replace(driftGroupsSQL)
-		return rowsIn(t, explain(t, e.svc.pool, explainAnalyze, sql), "ledger_entry")
+	groups := func(since time.Time, named []string) int {
+		_, q := ledgerQueries(since, nil, named)
+		return rowsIn(t, e.explainLedger(t, explainAnalyze, q), "ledger_entry")
 	}
-	for _, named := range []string{"{}", "{hist-7,hist-70000}"} {
+	for _, named := range [][]string{nil, {"hist-7", "hist-70000"}} {
 		if n := groups(since, named); n > history/10 {
-			t.Errorf("an incremental run (named groups %s) read %d of %d ledger entries, want at most a tenth", named, n, 2*history)
+			t.Errorf("an incremental run (named groups %v) read %d of %d ledger entries, want at most a tenth", named, n, 2*history)
 		}
 	}
 	rep, err = e.svc.CheckLedger(ctx, since, nil, []string{"hist-7"})
@@ -148,9 +150,33 @@ func TestLedgerCheckReadsRecentEntriesOnly(t *testing.T) {
 		t.Fatalf("full sweep of a clean ledger: %+v %v", rep, err)
 	}
 	// A full sweep reads every entry, once.
-	if n := rowsIn(t, explain(t, e.svc.pool, explainAnalyze, allGroupsDriftSQL), "ledger_entry"); n < 2*history || n > 2*history+10 {
+	if n := groups(time.Time{}, nil); n < 2*history || n > 2*history+10 {
 		t.Errorf("a full sweep of the groups read %d ledger entries, want each of the %d once", n, 2*history+4)
 	}
+}
+
+// explainLedger is the plan of EXPLAIN opts of q, run as CheckLedger runs
+// it: in the ledger check's transaction, with the same arguments and mode.
+func (e *testBundle) explainLedger(t *testing.T, opts string, q ledgerQuery, before ...string) string {
+	t.Helper()
+	var lines []string
+	err := e.svc.inLedgerTx(tctx(t), func(tx pgx.Tx) error {
+		for _, b := range before {
+			if _, err := tx.Exec(tctx(t), b); err != nil {
+				return err
+			}
+		}
+		rows, err := tx.Query(tctx(t), "EXPLAIN "+opts+" "+q.sql, q.args...)
+		if err != nil {
+			return err
+		}
+		lines, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		t.Fatalf("explain %s: %v", q.sql, err)
+	}
+	return strings.Join(lines, "\n") + "\n"
 }
 
 // The ledger check's statements are not JIT-compiled: its transaction turns
@@ -160,13 +186,15 @@ func TestLedgerCheckIsNotJITCompiled(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.account(t, "acc-1", 1_000)
-	sql := strings.NewReplacer("$1", "now() - interval '1 hour'", "$2", "'{acc-1}'::text[]").Replace(driftAccountsSQL)
+	accounts, _ := ledgerQueries(time.Now().Add(-time.Hour), []string{"acc-1"}, nil)
 	compileAll := []string{"SET LOCAL jit_above_cost = 0", "SET LOCAL jit_inline_above_cost = -1", "SET LOCAL jit_optimize_above_cost = -1"}
+	// The same statement outside the check's transaction is compiled.
 	// (EXPLAIN prints its JIT section only with costs.)
+	sql := strings.NewReplacer("$1", "now() - interval '1 hour'", "$2", "'{acc-1}'::text[]").Replace(accounts.sql)
 	if p := explain(t, e.svc.pool, "(ANALYZE)", sql, compileAll...); !strings.Contains(p, "JIT:") {
 		t.Fatalf("no JIT section with jit_above_cost 0: this PostgreSQL cannot show what the setting prevents:\n%s", p)
 	}
-	if p := explain(t, e.svc.pool, "(ANALYZE)", sql, append(compileAll, noJITSQL)...); strings.Contains(p, "JIT:") {
+	if p := e.explainLedger(t, "(ANALYZE)", accounts, compileAll...); strings.Contains(p, "JIT:") {
 		t.Fatalf("the ledger check's statement was JIT-compiled in its transaction:\n%s", p)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"github.com/payouts/payouts/internal/batcher"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -74,10 +73,11 @@ type Service struct {
 	// onWorkWait, when set (tests only), runs each time a waiting GET
 	// /v1/work call has found no work and starts to wait.
 	onWorkWait atomic.Pointer[func()]
-	// workStop ends every wait for work when the service stops
-	// (stopWorkWaits), so a draining server answers them at once.
-	workStop     chan struct{}
-	workStopOnce sync.Once
+	// stopped is done once the service stops (stop): a draining server
+	// answers the calls waiting for work at once, and a running recount
+	// of payouts by state ends.
+	stopped context.Context
+	stop    context.CancelFunc
 	// announce tells the other processes on this paydb of created
 	// payouts (worknotify.go).
 	announce announcer
@@ -122,17 +122,19 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval, sla: cfg.ResolutionSLA, workStop: make(chan struct{})}
+	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval, sla: cfg.ResolutionSLA}
+	s.stopped, s.stop = context.WithCancel(context.Background())
 	s.announce.pool = pool
 	s.creates = batcher.New(s.createPayouts, batcher.Options{
 		MaxBatch: maxCreateBatch, Parallel: createBatchesInFlight, Timeout: createTimeout,
 		Observe: func(n int) { s.m.createBatch.Observe(float64(n)) },
 	})
 	if err := s.ensureSystemAccounts(ctx); err != nil {
+		s.stop()
 		pool.Close()
 		return nil, err
 	}
-	s.states = newStateCollector(pool, s.log, s.sla)
+	s.states = newStateCollector(pool, s.log, s.sla, s.stopped)
 	cfg.Registry.MustRegister(s.states)
 	if !guardEnabled {
 		s.log.Error("NEGATIVE-CONTROL BUILD: guard 1's fence condition is compiled out; stale tokens are accepted. Never run this build in production.")
@@ -144,7 +146,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 func (s *Service) Close() {
 	s.creates.Wait()
 	s.announce.wg.Wait()
-	s.states.close()
+	s.stop()
 	s.pool.Close()
 }
 
@@ -199,7 +201,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	// Calls waiting for work are answered as the server starts draining.
-	defer context.AfterFunc(ctx, svc.stopWorkWaits)()
+	defer context.AfterFunc(ctx, svc.stop)()
 	var g httpx.Group
 	g.Add(srv.Serve)
 	g.Add(svc.RunLedgerCheck)

@@ -56,12 +56,6 @@ func waitParam(r *http.Request) (time.Duration, error) {
 	return time.Duration(ms) * time.Millisecond, nil
 }
 
-// stopWorkWaits answers every call waiting for work, now and from now on,
-// with what it has found (no work): the service is stopping.
-func (s *Service) stopWorkWaits() {
-	s.workStopOnce.Do(func() { close(s.workStop) })
-}
-
 // WaitForWork is Work that, when it finds no work, waits up to wait for a
 // payout to be created (workSignal) and asks again, until some work is
 // listed or the wait ends (then it asks a last time). It answers a second
@@ -96,7 +90,7 @@ func (s *Service) WaitForWork(ctx context.Context, limit int, skip []string, wai
 			last = true
 		case <-ctx.Done():
 			return items, nil
-		case <-s.workStop:
+		case <-s.stopped.Done():
 			return items, nil
 		}
 	}

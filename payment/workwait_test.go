@@ -74,7 +74,7 @@ func TestWorkWaitEndsWhenTheServiceStops(t *testing.T) {
 	const wait = 8 * time.Second
 	done := waitingCall(t, e.svc, func() ([]pc.WorkItem, error) { return e.exec.WaitForWork(bg, 10, wait) })
 	start := time.Now()
-	e.svc.stopWorkWaits()
+	e.svc.stop()
 	a := <-done
 	if a.err != nil || len(a.items) != 0 {
 		t.Fatalf("waiting GET /work as the service stops: %+v %v, want no work", a.items, a.err)
