@@ -6,6 +6,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -45,6 +46,10 @@ type E2EOptions struct {
 	Replicas int
 	// Timeout bounds the wait for every payout to become terminal.
 	Timeout time.Duration
+	// Baseline, when set (BaselineRiver), runs the same work the way a
+	// team would without fencing instead of payouts, on the same local
+	// stack's PostgreSQL and rail stub.
+	Baseline string
 
 	// External system: when PaymentURLs is set, no stack is started.
 	PaymentURLs   []string
@@ -75,6 +80,8 @@ type E2EResult struct {
 	P99Ms         float64            `json:"p99_ms"`
 	Duplicates    int                `json:"duplicates"`
 	CPUPer1000    map[string]float64 `json:"cpu_s_per_1000"`
+	// Baseline is set when the run was the baseline (BaselineRiver).
+	Baseline string `json:"baseline,omitempty"`
 
 	Concurrency   int     `json:"concurrency"`
 	Replicas      int     `json:"replicas"`
@@ -133,6 +140,12 @@ func (o *E2EOptions) defaults() error {
 	if o.Timeout == 0 {
 		o.Timeout = 30 * time.Minute
 	}
+	switch {
+	case o.Baseline != "" && o.Baseline != BaselineRiver:
+		return fmt.Errorf("bench e2e: --baseline %q: the one baseline is %q", o.Baseline, BaselineRiver)
+	case o.Baseline != "" && (len(o.PaymentURLs) > 0 || o.Replicas > 1):
+		return errors.New("bench e2e: --baseline runs on the local stack it starts: no --payment-urls, no --replicas")
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -186,6 +199,9 @@ func RunE2E(ctx context.Context, o E2EOptions) (E2EResult, error) {
 	if err != nil {
 		return E2EResult{}, err
 	}
+	if o.Baseline == BaselineRiver {
+		return runRiverBaseline(ctx, o, sys)
+	}
 	return runE2E(ctx, o, sys)
 }
 
@@ -210,7 +226,7 @@ func bringUp(ctx context.Context, o E2EOptions) (*e2eSystem, error) {
 	} else if err := sys.startStack(ctx, o); err != nil {
 		return sys, err
 	}
-	for i := 1; i <= o.Executors; i++ {
+	for i := 1; i <= o.Executors && o.Baseline == ""; i++ {
 		name := "executor-" + strconv.Itoa(i)
 		// The token travels in the environment, never on a command line.
 		c, err := sys.procs.start(name, []string{"PAYOUTS_TOKEN=" + sys.executorToken}, "run", "executor",
@@ -241,7 +257,11 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 	sys.paymentURLs, sys.proxyURLs = []string{r.PaymentURL}, []string{r.ProxyURL}
 	sys.lockURL, sys.railURL = r.LockURL, r.RailURL
 	sys.executorToken, sys.operatorToken = r.Tokens.Executor, r.Tokens.Operator
-	for _, name := range []string{"lock", "payment", "proxy", "rail"} {
+	measured := []string{"lock", "payment", "proxy", "rail"}
+	if o.Baseline != "" {
+		measured = []string{"rail"} // the other roles sit idle
+	}
+	for _, name := range measured {
 		sys.cpu.add(name, r.PIDs[name], false)
 		sys.logs[name] = r.Logs[name]
 	}

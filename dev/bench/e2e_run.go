@@ -76,15 +76,8 @@ func runE2E(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2EResult, error
 	defer stopLoad()
 	go func() {
 		loadErr <- parallel(lctx, o.Payouts, o.LoadWorkers, func(ctx context.Context, i int) error {
-			if o.Rate > 0 {
-				due := start.Add(time.Duration(float64(i) / o.Rate * float64(time.Second)))
-				if d := time.Until(due); d > 0 {
-					select {
-					case <-time.After(d):
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-				}
+			if err := pace(ctx, start, o.Rate, i); err != nil {
+				return err
 			}
 			_, err := opClients[i%len(opClients)].CreatePayout(ctx, pc.CreatePayoutRequest{
 				ID: e2ePayoutID(run, i), AccountID: e2eAccountID(run, i%o.Accounts), Amount: e2eAmount,
@@ -290,7 +283,6 @@ func sumTransitions(resp *http.Response) (int, error) {
 // time and the per-second timeline. A POSTED payout ends at settled_at; a
 // payout that ended otherwise ends at its last event.
 func collectLatencies(ctx context.Context, c *pc.Client, run string, want int, res *E2EResult) error {
-	type span struct{ created, ended time.Time }
 	var waits []float64 // created to claimed, of the payouts claimed
 	spans := make([]span, 0, want)
 	prefix := run + "-p"
@@ -323,6 +315,17 @@ func collectLatencies(ctx context.Context, c *pc.Client, run string, want int, r
 	if len(spans) != want {
 		return fmt.Errorf("found %d of the run's %d payouts", len(spans), want)
 	}
+	summarize(spans, waits, res)
+	return nil
+}
+
+// span is one payout's life: created to terminal.
+type span struct{ created, ended time.Time }
+
+// summarize fills a result's duration (first created to last terminal),
+// latency quantiles and timeline from the payouts' spans, and the claim
+// wait from waits (ms, any order).
+func summarize(spans []span, waits []float64, res *E2EResult) {
 	first, last := spans[0].created, spans[0].ended
 	lat := make([]float64, len(spans))
 	for i, s := range spans {
@@ -357,7 +360,6 @@ func collectLatencies(ctx context.Context, c *pc.Client, run string, want int, r
 			res.Timeline[k].P50Ms, res.Timeline[k].P99Ms = quantile(l, 0.50), quantile(l, 0.99)
 		}
 	}
-	return nil
 }
 
 func payoutEnd(ctx context.Context, c *pc.Client, p pc.Payout, res *E2EResult) (time.Time, error) {

@@ -103,6 +103,56 @@ func TestE2EBenchShortRun(t *testing.T) {
 	}
 }
 
+// TestE2EBaselineRiverShortRun runs `payouts bench e2e --baseline river`:
+// the same result line, every payout posted with its two ledger lines (the
+// run checks them and fails otherwise), nothing paid twice, and CPU figures
+// for the processes the baseline uses.
+func TestE2EBaselineRiverShortRun(t *testing.T) {
+	bin := proctest.Binary(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "e2e", "--baseline", "river", "--accounts", "10", "--payouts", "200",
+		"--json", "--dir", filepath.Join(dir, "stack"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench e2e --baseline river: %v\nstderr:\n%s", err, tail(stderr.String(), 40))
+	}
+	var res struct {
+		Baseline                      string
+		Payouts, Accounts, Duplicates int
+		Posted, Concurrency           int
+		PayoutsPerSec                 float64            `json:"payouts_per_sec"`
+		P50                           float64            `json:"p50_ms"`
+		P99                           float64            `json:"p99_ms"`
+		CPU                           map[string]float64 `json:"cpu_s_per_1000"`
+	}
+	line := strings.TrimSpace(stdout.String())
+	if err := json.Unmarshal([]byte(line), &res); err != nil {
+		t.Fatalf("result is not one JSON object: %v\n%s", err, line)
+	}
+	if res.Baseline != "river" || res.Payouts != 200 || res.Accounts != 10 || res.Concurrency != 100 {
+		t.Errorf("result does not echo the run's shape (baseline river, 100 workers by default): %s", line)
+	}
+	if res.Posted != 200 || res.Duplicates != 0 {
+		t.Errorf("posted %d (want 200), duplicates %d (want 0): %s", res.Posted, res.Duplicates, line)
+	}
+	if res.PayoutsPerSec <= 0 || res.P50 <= 0 || res.P99 < res.P50 {
+		t.Errorf("implausible throughput or latency: %s", line)
+	}
+	for _, p := range []string{"bench", "rail", "postgres"} {
+		if res.CPU[p] <= 0 {
+			t.Errorf("no CPU figure for %s: %v", p, res.CPU)
+		}
+	}
+	for _, p := range []string{"payment", "proxy", "lock"} {
+		if _, ok := res.CPU[p]; ok {
+			t.Errorf("CPU of %s, which the baseline does not use, is counted: %v", p, res.CPU)
+		}
+	}
+}
+
 func tail(s string, n int) string {
 	lines := strings.Split(s, "\n")
 	if len(lines) > n {
