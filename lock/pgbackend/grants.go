@@ -90,14 +90,85 @@ UNION ALL
 SELECT 'no_session', $1, '', $2, 0, now(), now(), NULL, NULL, NULL, NULL, NULL, 0, true
  WHERE NOT EXISTS (SELECT 1 FROM sess)`
 
+// freeAcquireSQL is the acquire of a free key, the common case, in one
+// conditional statement: the session is read live and FOR SHARE as in
+// acquireSQL, the entry is inserted only when the key has none, and the
+// grant is logged with it (D-9). It returns no row when the key has an
+// entry (held, or a lapsed holder's to take over) or the session is not
+// live; acquireSQL then decides, in a transaction of its own. A token is
+// drawn only when the key had no entry in the statement's snapshot.
+const freeAcquireSQL = `
+WITH sess AS (
+	SELECT s.id, s.owner, s.expires_at FROM lock_session s
+	 WHERE s.id = $2 AND lock_session_live(s.state, s.expires_at)
+	   FOR SHARE
+), fresh AS (
+	INSERT INTO lock_entry (key, owner, session_id, token, acquired_at)
+	SELECT $1, sess.owner, sess.id, nextval('lock_token_seq'), clock_timestamp() FROM sess
+	 WHERE NOT EXISTS (SELECT 1 FROM lock_entry WHERE key = $1)
+	ON CONFLICT (key) DO NOTHING
+	RETURNING key, owner, session_id, token, acquired_at
+), logged AS (
+	INSERT INTO lock_grant (token, key, owner, session_id, granted_at)
+	SELECT token, key, owner, session_id, acquired_at FROM fresh
+)
+SELECT f.key, f.owner, f.session_id, f.token, (SELECT expires_at FROM sess) FROM fresh f`
+
 // Acquire implements backend.Backend.
 func (b *Backend) Acquire(ctx context.Context, key, sessionID string) (backend.Grant, error) {
+	// A free key is granted by freeAcquireSQL alone: it costs PostgreSQL
+	// less than acquireSQL, whose plan carries the held, takeover and
+	// re-acquire cases too.
+	g, granted, err := b.acquireFree(ctx, key, sessionID)
+	if granted || (err != nil && !retryable(err)) {
+		return g, err
+	}
 	for attempt := 0; ; attempt++ {
 		g, retry, err := b.acquireOnce(ctx, key, sessionID)
 		if !retry || attempt >= 20 || ctx.Err() != nil {
 			return g, err
 		}
 	}
+}
+
+// acquireFree runs freeAcquireSQL; granted is false when the key was not
+// free (or the session not live), for acquireSQL to settle.
+func (b *Backend) acquireFree(ctx context.Context, key, sessionID string) (g backend.Grant, granted bool, err error) {
+	br := b.sendAcquire(ctx, key, freeAcquireSQL, key, sessionID)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return g, false, b.classify("acquire", err)
+	}
+	var token int64
+	err = br.QueryRow().Scan(&g.Key, &g.Owner, &g.SessionID, &token, &g.ServerExpiry)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return backend.Grant{}, false, b.classify("acquire", br.Close())
+	}
+	if err != nil {
+		return backend.Grant{}, false, b.classify("acquire", err)
+	}
+	if err := br.Close(); err != nil { // the implicit transaction commits here
+		return backend.Grant{}, false, b.classify("acquire", err)
+	}
+	g.Token = fencing.Token(token)
+	return g, true, nil
+}
+
+// sendAcquire sends an acquire statement after the key's advisory lock, in
+// one implicit transaction (one batch, one round trip).
+//
+// A sequence hands out values in call order, not commit order: two
+// acquires of one key racing inside the database could commit a token
+// below one already granted (and released) for that key. Acquires of a
+// key are therefore serialized by a transaction-scoped advisory lock,
+// taken before the acquire statement, which then takes its snapshot with
+// no other acquire of the key in flight. Releases need no lock: they mint
+// nothing.
+func (b *Backend) sendAcquire(ctx context.Context, key, sql string, args ...any) pgx.BatchResults {
+	batch := &pgx.Batch{}
+	batch.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 7101))`, key)
+	batch.Queue(sql, args...)
+	return b.pool.SendBatch(ctx, batch)
 }
 
 func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g backend.Grant, retry bool, err error) {
@@ -110,18 +181,7 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 		logged                 int64
 		holderLive             bool
 	)
-	// A sequence hands out values in call order, not commit order: two
-	// acquires of one key racing inside the database could commit a token
-	// below one already granted (and released) for that key. Acquires of a
-	// key are therefore serialized by a transaction-scoped advisory lock,
-	// taken in the same implicit transaction (one batch, one round trip)
-	// before the acquire statement, which then takes its snapshot with no
-	// other acquire of the key in flight. Releases need no lock: they mint
-	// nothing.
-	batch := &pgx.Batch{}
-	batch.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 7101))`, key)
-	batch.Queue(acquireSQL, key, sessionID)
-	br := b.pool.SendBatch(ctx, batch)
+	br := b.sendAcquire(ctx, key, acquireSQL, key, sessionID)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return g, retryable(err), b.classify("acquire", err)

@@ -149,6 +149,8 @@ func TestHotPathCostIndependentOfLiveSessions(t *testing.T) {
 		args []any
 	}{
 		{"acquire free key", acquireSQL, []any{"plan:free", a.ID}},
+		{"acquire free key, fast path", freeAcquireSQL, []any{"plan:free", a.ID}},
+		{"acquire held key, fast path", freeAcquireSQL, []any{"plan:held", a.ID}},
 		{"acquire held key", acquireSQL, []any{"plan:held", a.ID}},
 		{"acquire lapsed holder's key", acquireSQL, []any{"plan:lapsed", a.ID}},
 		{"re-acquire own key", acquireSQL, []any{"plan:mine", a.ID}},
