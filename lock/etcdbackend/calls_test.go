@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -16,28 +19,43 @@ import (
 	"github.com/payouts/payouts/lock/etcdbackend"
 )
 
-// rpcCounter counts the unary etcd calls a client makes, by method.
+// rpcCounter records the unary etcd calls a client makes.
 type rpcCounter struct {
 	mu    sync.Mutex
-	calls []string
+	calls []rpcCall
+}
+
+// rpcCall is one unary call: its method and request.
+type rpcCall struct {
+	method string
+	req    any
 }
 
 func (c *rpcCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	c.mu.Lock()
-	c.calls = append(c.calls, method)
+	c.calls = append(c.calls, rpcCall{method, req})
 	c.mu.Unlock()
 	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
-// during returns the calls fn made.
-func (c *rpcCounter) during(fn func()) []string {
+// duringCalls returns the calls made while fn ran (by any goroutine).
+func (c *rpcCounter) duringCalls(fn func()) []rpcCall {
 	c.mu.Lock()
 	start := len(c.calls)
 	c.mu.Unlock()
 	fn()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]string(nil), c.calls[start:]...)
+	return append([]rpcCall(nil), c.calls[start:]...)
+}
+
+// during returns the methods of the calls made while fn ran.
+func (c *rpcCounter) during(fn func()) []string {
+	var methods []string
+	for _, call := range c.duringCalls(fn) {
+		methods = append(methods, call.method)
+	}
+	return methods
 }
 
 // TestOneTransactionPerStep: with the session opened through this service,
@@ -92,4 +110,100 @@ func TestOneTransactionPerStep(t *testing.T) {
 			t.Fatal(err)
 		}
 	}))
+}
+
+// expiryWrites counts the transactions that record a grant as expired: a
+// compare on a grant record's ModRevision.
+func expiryWrites(calls []rpcCall) int {
+	n := 0
+	for _, c := range calls {
+		txn, ok := c.req.(*etcdserverpb.TxnRequest)
+		if !ok {
+			continue
+		}
+		for _, cmp := range txn.Compare {
+			if cmp.Target == etcdserverpb.Compare_MOD && strings.Contains(string(cmp.Key), "/grants/") {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// TestReleaseIsNotFollowedByAnExpiryWrite: the watch sees every deletion of
+// a lock key, and a released grant is already ended, so its deletion must
+// not cost a second write transaction; a lease's expiry still gets its
+// record. Ten releases, then a session's lease revoked under a held lock:
+// once that grant shows as expired (the watch has passed every release),
+// one expiry write was made (or two, should the periodic sweep race the
+// watch), not one per release.
+func TestReleaseIsNotFollowedByAnExpiryWrite(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var rc rpcCounter
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(rc.intercept)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: fmt.Sprintf("/test/%d", seq.Add(1)), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = b.Run(rctx) }()
+	defer func() { stop(); <-done }()
+
+	s, err := b.CreateSession(ctx, "w", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lapsing, err := b.CreateSession(ctx, "lapsing", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := strconv.ParseInt(lapsing.ID, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := rc.duringCalls(func() {
+		for i := range 10 {
+			g, err := b.Acquire(ctx, "payout:quiet", s.ID)
+			if err != nil {
+				t.Fatalf("acquire %d: %v", i, err)
+			}
+			if _, err := b.Release(ctx, "payout:quiet", s.ID, g.Token); err != nil {
+				t.Fatalf("release %d: %v", i, err)
+			}
+		}
+		g, err := b.Acquire(ctx, "payout:lapse", lapsing.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Revoke(ctx, clientv3.LeaseID(lease)); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			recs, err := b.Grants(ctx, g.Token-1, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(recs) == 1 && recs[0].Token == g.Token && recs[0].EndReason == backend.EndExpired {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatal("the revoked lease's grant was never recorded as expired")
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	if n := expiryWrites(calls); n < 1 || n > 2 {
+		t.Errorf("%d expiry-record transactions for 10 releases and 1 expired lease; want 1 (2 if the sweep raced the watch)", n)
+	}
 }

@@ -51,16 +51,29 @@ func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
 	return fencing.Token(resp.Kvs[0].CreateRevision), nil
 }
 
-// recordExpiry ends the grant of a lock key that vanished without a release
-// or revoke transaction (those rewrite the grant record, so the CAS on its
-// ModRevision == token fails and nothing is written twice).
-func (b *Backend) recordExpiry(ctx context.Context, prev *mvccpb.KeyValue) {
+// recordExpiry ends the grant of a lock key that vanished, at revision rev,
+// without a release or revoke transaction (those rewrite the grant record,
+// so the CAS on its ModRevision == token fails and nothing is written
+// twice).
+//
+// Most deletions are releases. A release or revoke deletes the grant's
+// open marker in the same transaction as the lock key; a lease's expiry
+// deletes the lock key alone. So the marker is read as of rev first — a
+// read, which etcd answers without a raft round — and only a grant whose
+// marker was still there gets the conditional write; before this, every
+// release was followed by a second write transaction through raft that
+// could only fail its compare. When the read cannot answer (rev compacted
+// or not yet applied where it was served), the write is tried as before.
+func (b *Backend) recordExpiry(ctx context.Context, prev *mvccpb.KeyValue, rev int64) {
 	var lv lockValue
 	if err := json.Unmarshal(prev.Value, &lv); err != nil {
 		return
 	}
 	key := strings.TrimPrefix(string(prev.Key), b.prefix+"/locks/")
 	b.cache.forgetLock(key, prev.CreateRevision)
+	if r, err := b.cli.Get(ctx, b.openPath(lv.GrantID), clientv3.WithRev(rev), clientv3.WithSerializable(), clientv3.WithCountOnly()); err == nil && r.Count == 0 {
+		return // ended by a release or revoke in that revision (or recorded already)
+	}
 	b.expireGrant(ctx, key, lv, prev.CreateRevision)
 }
 

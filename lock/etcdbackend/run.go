@@ -87,7 +87,7 @@ func (b *Backend) Run(ctx context.Context) error {
 				}
 				key := strings.TrimPrefix(string(ev.Kv.Key), b.prefix+"/locks/")
 				b.signal(key)
-				b.recordExpiry(ctx, ev.PrevKv)
+				b.recordExpiry(ctx, ev.PrevKv, ev.Kv.ModRevision)
 			}
 		}
 	}
