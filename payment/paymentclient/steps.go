@@ -69,27 +69,32 @@ func (r StepResult) MarshalJSON() ([]byte, error) {
 
 // UnmarshalJSON reads either form.
 func (r *StepResult) UnmarshalJSON(b []byte) error {
-	var e struct {
-		PayoutID string          `json:"payout_id"`
-		Error    json.RawMessage `json:"error"`
-	}
-	if err := json.Unmarshal(b, &e); err != nil {
+	var w stepWire
+	if err := json.Unmarshal(b, &w); err != nil {
 		return err
 	}
-	if len(e.Error) > 0 && string(e.Error) != "null" {
+	return w.into(r)
+}
+
+// stepWire is either form of an item on the wire, read in one pass: the
+// payout's fields, or payout_id and error.
+type stepWire struct {
+	Payout
+	PayoutID string          `json:"payout_id"`
+	Error    json.RawMessage `json:"error"`
+}
+
+func (w *stepWire) into(r *StepResult) error {
+	if len(w.Error) > 0 && string(w.Error) != "null" {
 		var pe *problem.Error
-		if !errors.As(problem.DecodeBody(0, e.Error), &pe) {
+		if !errors.As(problem.DecodeBody(0, w.Error), &pe) {
 			return errors.New("paymentclient: an item's error is not a problem")
 		}
 		pe.HTTPStatus = 0
-		*r = StepResult{PayoutID: e.PayoutID, Err: pe}
+		*r = StepResult{PayoutID: w.PayoutID, Err: pe}
 		return nil
 	}
-	*r = StepResult{}
-	if err := json.Unmarshal(b, &r.Payout); err != nil {
-		return err
-	}
-	r.PayoutID = r.Payout.ID
+	*r = StepResult{Payout: w.Payout, PayoutID: w.Payout.ID}
 	return nil
 }
 
@@ -117,8 +122,20 @@ func (c *Client) Steps(ctx context.Context, accountID string, token fencing.Toke
 // (FAILED, RAIL_AMBIGUOUS) ends there, and an item op refused has its
 // problem, as for Steps.
 func (c *Client) StepsThen(ctx context.Context, accountID string, token fencing.Token, holder fencing.Holder, op, then StepOp, items []StepItem) ([]StepResult, error) {
-	var out StepsResponse
-	err := c.c.Post(ctx, "/v1/accounts/"+httpx.PathEscape(accountID)+"/steps",
-		StepsRequest{Token: token, Holder: holder, Op: op, Then: then, Items: items}, &out)
-	return out.Items, err
+	// The answer is decoded straight into the wire form: through
+	// StepResult's UnmarshalJSON each item would be scanned twice more.
+	var out struct {
+		Items []stepWire `json:"items"`
+	}
+	if err := c.c.Post(ctx, "/v1/accounts/"+httpx.PathEscape(accountID)+"/steps",
+		StepsRequest{Token: token, Holder: holder, Op: op, Then: then, Items: items}, &out); err != nil {
+		return nil, err
+	}
+	res := make([]StepResult, len(out.Items))
+	for i := range out.Items {
+		if err := out.Items[i].into(&res[i]); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
 }
