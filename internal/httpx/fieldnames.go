@@ -2,8 +2,10 @@ package httpx
 
 import (
 	"encoding/json"
+	"io"
 	"reflect"
 	"strings"
+	"sync"
 
 	"github.com/payouts/payouts/internal/problem"
 )
@@ -12,49 +14,152 @@ import (
 // compared case-insensitively (encoding/json accepts {"ID":...} for a field
 // tagged "id"): field names must match exactly. It descends into struct,
 // pointer, slice, array and map values; body has already been decoded into
-// a value of type t, so it is well-formed JSON.
+// a value of type t, so it is well-formed JSON. It reads body once, in
+// one walk that decodes nothing but the keys (a walk that unmarshalled each
+// level into a map of raw values read a list's items once per level above
+// them, and cost more than the decode it checks).
 func checkFieldNames(body []byte, t reflect.Type) error {
-	for t.Kind() == reflect.Pointer {
+	w := fieldWalk{b: body}
+	return w.value(t)
+}
+
+// fieldWalk is checkFieldNames' position in the body.
+type fieldWalk struct {
+	b []byte
+	i int
+}
+
+func (w *fieldWalk) peek() byte {
+	for w.i < len(w.b) {
+		switch c := w.b[w.i]; c {
+		case ' ', '\t', '\r', '\n':
+			w.i++
+		default:
+			return c
+		}
+	}
+	return 0
+}
+
+// value walks one value that decodes into t (nil: not checked).
+func (w *fieldWalk) value(t reflect.Type) error {
+	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	switch t.Kind() {
-	case reflect.Struct:
-		var obj map[string]json.RawMessage
-		if json.Unmarshal(body, &obj) != nil || obj == nil {
-			return nil // not an object (null): the decoder already judged it
-		}
-		fields := jsonFields(t)
-		for k, v := range obj {
-			ft, ok := fields[k]
-			if !ok {
-				return problem.New(problem.InvalidRequest, "unknown field %q (field names are case-sensitive)", k)
+	switch w.peek() {
+	case '{':
+		var fields map[string]reflect.Type
+		var elem reflect.Type
+		if t != nil {
+			switch t.Kind() {
+			case reflect.Struct:
+				fields = fieldsOf(t)
+			case reflect.Map:
+				elem = t.Elem()
 			}
-			if err := checkFieldNames(v, ft); err != nil {
+		}
+		w.i++
+		for {
+			switch w.peek() {
+			case '}':
+				w.i++
+				return nil
+			case ',':
+				w.i++
+				continue
+			case '"':
+			default:
+				return nil // not well-formed: the decoder has judged it
+			}
+			key, err := w.str()
+			if err != nil {
+				return nil
+			}
+			if w.peek() != ':' {
+				return nil
+			}
+			w.i++
+			ft := elem
+			if fields != nil {
+				f, ok := fields[key]
+				if !ok {
+					return problem.New(problem.InvalidRequest, "unknown field %q (field names are case-sensitive)", key)
+				}
+				ft = f
+			}
+			at := w.i
+			if err := w.value(ft); err != nil || w.i == at {
 				return err
 			}
 		}
-	case reflect.Slice, reflect.Array:
-		var items []json.RawMessage
-		if json.Unmarshal(body, &items) != nil {
-			return nil
+	case '[':
+		var elem reflect.Type
+		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+			elem = t.Elem()
 		}
-		for _, v := range items {
-			if err := checkFieldNames(v, t.Elem()); err != nil {
-				return err
+		w.i++
+		for {
+			switch w.peek() {
+			case ']':
+				w.i++
+				return nil
+			case ',':
+				w.i++
+			case 0:
+				return nil
+			default:
+				at := w.i
+				if err := w.value(elem); err != nil || w.i == at {
+					return err // w.i == at: not well-formed, judged by the decoder
+				}
 			}
 		}
-	case reflect.Map:
-		var obj map[string]json.RawMessage
-		if json.Unmarshal(body, &obj) != nil {
-			return nil
-		}
-		for _, v := range obj {
-			if err := checkFieldNames(v, t.Elem()); err != nil {
-				return err
+	case '"':
+		_, err := w.str()
+		return err
+	default: // a number, true, false or null
+		for w.i < len(w.b) {
+			switch w.b[w.i] {
+			case ',', ']', '}', ' ', '\t', '\r', '\n':
+				return nil
 			}
+			w.i++
 		}
 	}
 	return nil
+}
+
+// str reads the string at w.i, unescaped.
+func (w *fieldWalk) str() (string, error) {
+	start, escaped := w.i, false
+	for w.i++; w.i < len(w.b); w.i++ {
+		switch w.b[w.i] {
+		case '\\':
+			escaped = true
+			w.i++
+		case '"':
+			w.i++
+			if !escaped {
+				return string(w.b[start+1 : w.i-1]), nil
+			}
+			var s string
+			err := json.Unmarshal(w.b[start:w.i], &s)
+			return s, err
+		}
+	}
+	return "", io.ErrUnexpectedEOF
+}
+
+// fieldNames caches jsonFields by type: a request body's every object
+// would otherwise rebuild its type's map by reflection.
+var fieldNames sync.Map // reflect.Type -> map[string]reflect.Type
+
+func fieldsOf(t reflect.Type) map[string]reflect.Type {
+	if f, ok := fieldNames.Load(t); ok {
+		return f.(map[string]reflect.Type)
+	}
+	f, _ := fieldNames.LoadOrStore(t, jsonFields(t))
+	return f.(map[string]reflect.Type)
 }
 
 // jsonFields maps each JSON name of struct type t (embedded structs

@@ -1,0 +1,109 @@
+package httpx
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+type benchItem struct {
+	PayoutID string `json:"payout_id"`
+	RailRef  string `json:"rail_ref,omitempty"`
+	Outcome  string `json:"outcome,omitempty"`
+}
+
+type benchBody struct {
+	Token  int64       `json:"token"`
+	Holder string      `json:"holder"`
+	Op     string      `json:"op"`
+	Items  []benchItem `json:"items"`
+}
+
+func benchBodyJSON(n int) []byte {
+	var b strings.Builder
+	b.WriteString(`{"token":42,"holder":"exec-1","op":"claim","items":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"payout_id":"po-%03d","rail_ref":"r-%03d","outcome":"settled"}`, i, i)
+	}
+	b.WriteString(`]}`)
+	return []byte(b.String())
+}
+
+// Field names are matched exactly at every depth, whichever item breaks
+// the rule, and the same type's names are judged alike on every request.
+func TestStrictFieldNamesAtEveryDepth(t *testing.T) {
+	for range 2 {
+		var v benchBody
+		if err := DecodeStrict(benchBodyJSON(20), &v); err != nil || len(v.Items) != 20 || v.Items[7].RailRef != "r-007" {
+			t.Fatalf("a well-formed body: %v (%+v)", err, v)
+		}
+		bad := strings.Replace(string(benchBodyJSON(20)), `{"payout_id":"po-013"`, `{"Payout_ID":"po-013"`, 1)
+		if err := DecodeStrict([]byte(bad), &v); err == nil || !strings.Contains(err.Error(), `unknown field "Payout_ID"`) {
+			t.Fatalf("an item's key in another case: %v, want unknown field", err)
+		}
+		if err := DecodeStrict([]byte(`{"TOKEN":1,"holder":"h","op":"claim","items":[]}`), &v); err == nil || !strings.Contains(err.Error(), `unknown field "TOKEN"`) {
+			t.Fatalf("a top-level key in another case: %v, want unknown field", err)
+		}
+	}
+}
+
+// The walk reads keys, not look-alikes: braces, quotes and escapes inside
+// strings, escaped keys, maps, nulls and empty containers.
+func TestStrictFieldNamesTrickyBodies(t *testing.T) {
+	type inner struct {
+		Name string            `json:"name"`
+		Tags map[string]string `json:"tags"`
+		Any  any               `json:"any"`
+	}
+	type outer struct {
+		ID    string   `json:"id"`
+		In    *inner   `json:"in"`
+		List  []inner  `json:"list"`
+		Extra []string `json:"extra"`
+	}
+	for _, c := range []struct {
+		body, bad string
+	}{
+		{`{"id":"a}\"b{[","in":{"name":"x","tags":{"Any":"k","NAME":"v"}},"list":[],"extra":["}",""]}`, ""},
+		{`{"\u0069d":"escaped key","in":null,"list":[{"name":"n","any":{"Whatever":[1,{"X":2}]}}]}`, ""},
+		{` { "id" : "spaces" , "list" : [ { "name" : "n" } , { "tags" : { } } ] } `, ""},
+		{`{"id":"x","list":[{"name":"n"},{"Name":"n2"}]}`, "Name"},
+		{`{"I\u0044":"escaped, wrong case"}`, "ID"},
+		{`{"id":"x","in":{"name":"x","tags":null,"ANY":1}}`, "ANY"},
+	} {
+		var v outer
+		err := DecodeStrict([]byte(c.body), &v)
+		switch {
+		case c.bad == "" && err != nil:
+			t.Errorf("%s: %v", c.body, err)
+		case c.bad != "" && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("unknown field %q", c.bad))):
+			t.Errorf("%s: %v, want unknown field %q", c.body, err, c.bad)
+		}
+	}
+}
+
+func BenchmarkDecodeStrict(b *testing.B) {
+	body := benchBodyJSON(50)
+	b.ReportAllocs()
+	for b.Loop() {
+		var v benchBody
+		if err := DecodeStrict(body, &v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// The walk assumes a body the decoder accepted, but ends on any bytes.
+func FuzzCheckFieldNames(f *testing.F) {
+	f.Add([]byte(`{"token":1,"items":[{"payout_id":"p"}]}`))
+	f.Add([]byte(`[}`))
+	f.Add([]byte(`{"a":}`))
+	f.Add([]byte(`{"items":[{"payout_id":"\`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		_ = checkFieldNames(body, reflect.TypeOf(&benchBody{}))
+	})
+}
