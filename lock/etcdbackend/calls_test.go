@@ -17,6 +17,7 @@ import (
 
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/etcdbackend"
+	"github.com/payouts/payouts/lock/fencing"
 )
 
 // rpcCounter records the unary etcd calls a client makes.
@@ -206,4 +207,106 @@ func TestReleaseIsNotFollowedByAnExpiryWrite(t *testing.T) {
 	if n := expiryWrites(calls); n < 1 || n > 2 {
 		t.Errorf("%d expiry-record transactions for 10 releases and 1 expired lease; want 1 (2 if the sweep raced the watch)", n)
 	}
+}
+
+// TestSweepRecordsWhatTheWatchMissed: a lease that expired while no lock
+// service watched is recorded by the sweep Run starts with, and that sweep
+// reads the open grants and the lock keys in one transaction, not one read
+// per open grant: with 20 grants held it makes one read-only transaction,
+// then a read and a write for the one grant to record.
+func TestSweepRecordsWhatTheWatchMissed(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var rc rpcCounter
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(rc.intercept)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: fmt.Sprintf("/test/%d", seq.Add(1)), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	s, err := b.CreateSession(ctx, "w", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[fencing.Token]bool{}
+	for i := range 20 {
+		g, err := b.Acquire(ctx, fmt.Sprintf("sweep:held:%02d", i), s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held[g.Token] = true
+	}
+	released, err := b.Acquire(ctx, "sweep:released", s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Release(ctx, "sweep:released", s.ID, released.Token); err != nil {
+		t.Fatal(err)
+	}
+	lapsing, err := b.CreateSession(ctx, "lapsing", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lapsed, err := b.Acquire(ctx, "sweep:lapsed", lapsing.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, err := strconv.ParseInt(lapsing.ID, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(lease)); err != nil {
+		t.Fatal(err)
+	}
+
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	calls := rc.duringCalls(func() {
+		go func() { defer close(done); _ = b.Run(rctx) }()
+		for {
+			recs, err := b.Grants(ctx, 0, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range recs {
+				switch {
+				case r.Token == lapsed.Token && r.EndReason == backend.EndExpired:
+					return
+				case held[r.Token] && r.EndedAt != nil:
+					t.Fatalf("held grant %d recorded as ended: %+v", r.Token, r)
+				}
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatal("the lease that expired unwatched was never recorded")
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	stop()
+	<-done
+	var sweep []string
+	for _, c := range calls {
+		if c.method == "/etcdserverpb.Lease/LeaseLeases" {
+			break // the sweep's last call
+		}
+		if strings.HasPrefix(c.method, "/etcdserverpb.KV/") && !isGrantsRead(c.req) {
+			sweep = append(sweep, c.method)
+		}
+	}
+	if want := "[/etcdserverpb.KV/Txn /etcdserverpb.KV/Range /etcdserverpb.KV/Txn]"; fmt.Sprint(sweep) != want {
+		t.Errorf("the first sweep made %v; want one read transaction, the lapsed grant's read and its expiry write: %s", sweep, want)
+	}
+}
+
+// isGrantsRead is a read of the grant log by the test itself (Grants).
+func isGrantsRead(req any) bool {
+	r, ok := req.(*etcdserverpb.RangeRequest)
+	return ok && len(r.RangeEnd) > 0 && strings.HasSuffix(string(r.Key), "/grants/")
 }

@@ -96,28 +96,38 @@ func (b *Backend) expireGrant(ctx context.Context, key string, lv lockValue, tok
 }
 
 // sweep checks every open grant against its lock key and records as
-// expired those whose key is gone or belongs to a newer grant.
+// expired those whose key is gone or belongs to a newer grant. The open
+// markers and the lock keys are read in one read-only transaction (one
+// revision, no raft round), so the sweep costs two range reads however many
+// grants are open, and a further read and write only for a grant to record.
 func (b *Backend) sweep(ctx context.Context) {
-	resp, err := b.cli.Get(ctx, b.prefix+"/open/", clientv3.WithPrefix())
+	resp, err := b.cli.Txn(ctx).Then(
+		clientv3.OpGet(b.prefix+"/open/", clientv3.WithPrefix()),
+		clientv3.OpGet(b.prefix+"/locks/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+	).Commit()
 	if err != nil {
 		if ctx.Err() == nil {
 			b.log.Warn("sweep of open grants failed", "error", err.Error())
 		}
 		return
 	}
-	for _, kv := range resp.Kvs {
+	open, locks := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+	held := make(map[string]int64, len(locks)) // lock key -> its grant's token
+	for _, kv := range locks {
+		held[string(kv.Key)] = kv.CreateRevision
+	}
+	for _, kv := range open {
 		gid := strings.TrimPrefix(string(kv.Key), b.prefix+"/open/")
 		key := string(kv.Value)
 		token := kv.CreateRevision
-		lr, err := b.cli.Get(ctx, b.lockPath(key))
-		if err != nil {
-			return
-		}
-		if len(lr.Kvs) > 0 && lr.Kvs[0].CreateRevision == token {
+		if held[b.lockPath(key)] == token {
 			continue // still held
 		}
 		gr, err := b.cli.Get(ctx, b.grantPath(gid))
-		if err != nil || len(gr.Kvs) == 0 {
+		if err != nil {
+			return
+		}
+		if len(gr.Kvs) == 0 {
 			continue
 		}
 		var gv grantValue
