@@ -71,21 +71,11 @@ func runE2E(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2EResult, error
 
 	log.Info("creating payouts", "payouts", o.Payouts, "offered_rate", o.Rate)
 	start := time.Now()
-	loadErr := make(chan error, 1)
-	lctx, stopLoad := context.WithCancel(ctx)
+	loadErr, stopLoad := startLoad(ctx, o, run, start, func(ctx context.Context, i int, p pc.CreatePayoutRequest) error {
+		_, err := opClients[i%len(opClients)].CreatePayout(ctx, p)
+		return err
+	})
 	defer stopLoad()
-	go func() {
-		loadErr <- parallel(lctx, o.Payouts, o.LoadWorkers, func(ctx context.Context, i int) error {
-			if err := pace(ctx, start, o.Rate, i); err != nil {
-				return err
-			}
-			_, err := opClients[i%len(opClients)].CreatePayout(ctx, pc.CreatePayoutRequest{
-				ID: e2ePayoutID(run, i), AccountID: e2eAccountID(run, i%o.Accounts), Amount: e2eAmount,
-				Currency: "EUR", BeneficiaryRef: "bench-beneficiary-" + strconv.Itoa(i%97),
-			})
-			return err
-		})
-	}()
 	if err := sys.waitTerminal(ctx, o, base, loadErr); err != nil {
 		return E2EResult{}, err
 	}
@@ -183,7 +173,7 @@ func (sys *e2eSystem) waitExecutors(ctx context.Context) error {
 // waitTerminal waits until the payment resources have made want more
 // terminal transitions than base, a loader fails, an executor exits, or
 // the timeout passes.
-func (sys *e2eSystem) waitTerminal(ctx context.Context, o E2EOptions, base int, loadErr chan error) error {
+func (sys *e2eSystem) waitTerminal(ctx context.Context, o E2EOptions, base int, loadErr <-chan error) error {
 	deadline := time.Now().Add(o.Timeout)
 	lastLog := time.Now()
 	for {

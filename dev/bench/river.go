@@ -21,6 +21,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/payouts/payouts/internal/httpx"
+	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
 )
 
@@ -255,20 +256,10 @@ func runRiverBaseline(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2ERes
 	}
 	log.Info("creating payouts", "payouts", o.Payouts, "offered_rate", o.Rate, "baseline", BaselineRiver)
 	start := time.Now()
-	loadErr := make(chan error, 1)
-	lctx, stopLoad := context.WithCancel(ctx)
+	loadErr, stopLoad := startLoad(ctx, o, run, start, func(ctx context.Context, _ int, p pc.CreatePayoutRequest) error {
+		return api.create(ctx, riverCreate(p))
+	})
 	defer stopLoad()
-	go func() {
-		loadErr <- parallel(lctx, o.Payouts, o.LoadWorkers, func(ctx context.Context, i int) error {
-			if err := pace(ctx, start, o.Rate, i); err != nil {
-				return err
-			}
-			return api.create(ctx, riverCreate{
-				ID: e2ePayoutID(run, i), AccountID: e2eAccountID(run, i%o.Accounts), Amount: e2eAmount,
-				Currency: "EUR", BeneficiaryRef: "bench-beneficiary-" + strconv.Itoa(i%97),
-			})
-		})
-	}()
 	deadline := time.Now().Add(o.Timeout)
 	lastLog := time.Now()
 	for done.Load() < int64(o.Payouts) {
@@ -360,14 +351,9 @@ func runRiverBaseline(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2ERes
 	return res, nil
 }
 
-// riverCreate is the baseline API's create request.
-type riverCreate struct {
-	ID             string `json:"id"`
-	AccountID      string `json:"account_id"`
-	Amount         int64  `json:"amount"`
-	Currency       string `json:"currency"`
-	BeneficiaryRef string `json:"beneficiary_ref"`
-}
+// riverCreate is the baseline API's create request: the fields of the
+// payment resource's.
+type riverCreate pc.CreatePayoutRequest
 
 // riverAPI is the baseline's payout service: POST /v1/payouts creates the
 // payout and its job in one transaction, over HTTP on loopback as payouts'
@@ -441,6 +427,26 @@ func (a *riverAPI) create(ctx context.Context, c riverCreate) error {
 func (a *riverAPI) close() {
 	_ = a.srv.Close()
 	a.client.CloseIdleConnections()
+}
+
+// startLoad creates run's payouts with o.LoadWorkers loaders, payout i
+// due at o.Rate from start, through create; the channel receives the
+// loaders' first error (or nil) when they are done.
+func startLoad(ctx context.Context, o E2EOptions, run string, start time.Time, create func(ctx context.Context, i int, p pc.CreatePayoutRequest) error) (<-chan error, context.CancelFunc) {
+	loadErr := make(chan error, 1)
+	lctx, stop := context.WithCancel(ctx)
+	go func() {
+		loadErr <- parallel(lctx, o.Payouts, o.LoadWorkers, func(ctx context.Context, i int) error {
+			if err := pace(ctx, start, o.Rate, i); err != nil {
+				return err
+			}
+			return create(ctx, i, pc.CreatePayoutRequest{
+				ID: e2ePayoutID(run, i), AccountID: e2eAccountID(run, i%o.Accounts), Amount: e2eAmount,
+				Currency: "EUR", BeneficiaryRef: "bench-beneficiary-" + strconv.Itoa(i%97),
+			})
+		})
+	}()
+	return loadErr, stop
 }
 
 // pace waits until payout i is due at the offered rate (0: at once).

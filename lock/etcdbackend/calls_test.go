@@ -59,6 +59,25 @@ func (c *rpcCounter) during(fn func()) []string {
 	return methods
 }
 
+// countedBackend is a backend on the test cluster, under a prefix of its
+// own, whose etcd client records every unary call in rc.
+func countedBackend(t *testing.T, ctx context.Context) (rc *rpcCounter, cli *clientv3.Client, b *etcdbackend.Backend) {
+	t.Helper()
+	rc = &rpcCounter{}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(rc.intercept)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	b, err = etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: fmt.Sprintf("/test/%d", seq.Add(1)), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return rc, cli, b
+}
+
 // TestOneTransactionPerStep: with the session opened through this service,
 // an acquire is one Txn (no session Get, no TimeToLive), and a release and
 // a revoke of a grant it made are one Txn each.
@@ -66,18 +85,7 @@ func TestOneTransactionPerStep(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var rc rpcCounter
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(rc.intercept)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: fmt.Sprintf("/test/%d", seq.Add(1)), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	rc, _, b := countedBackend(t, ctx)
 	s, err := b.CreateSession(ctx, "w", "p", 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -143,18 +151,7 @@ func TestReleaseIsNotFollowedByAnExpiryWrite(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var rc rpcCounter
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(rc.intercept)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: fmt.Sprintf("/test/%d", seq.Add(1)), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	rc, cli, b := countedBackend(t, ctx)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = b.Run(rctx) }()
@@ -218,18 +215,7 @@ func TestSweepRecordsWhatTheWatchMissed(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var rc rpcCounter
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(rc.intercept)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: fmt.Sprintf("/test/%d", seq.Add(1)), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	rc, cli, b := countedBackend(t, ctx)
 	s, err := b.CreateSession(ctx, "w", "p", time.Minute)
 	if err != nil {
 		t.Fatal(err)

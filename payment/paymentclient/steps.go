@@ -131,9 +131,14 @@ func (c *Client) StepsThen(ctx context.Context, accountID string, token fencing.
 		StepsRequest{Token: token, Holder: holder, Op: op, Then: then, Items: items}, &out); err != nil {
 		return nil, err
 	}
-	res := make([]StepResult, len(out.Items))
-	for i := range out.Items {
-		if err := out.Items[i].into(&res[i]); err != nil {
+	return stepResults(out.Items)
+}
+
+// stepResults turns the answer's items into results.
+func stepResults(items []stepWire) ([]StepResult, error) {
+	res := make([]StepResult, len(items))
+	for i := range items {
+		if err := items[i].into(&res[i]); err != nil {
 			return nil, err
 		}
 	}

@@ -45,11 +45,9 @@ func TestStepWireDecodesBothForms(t *testing.T) {
 	if err := json.Unmarshal(body, &wire); err != nil {
 		t.Fatal(err)
 	}
-	viaWire := make([]StepResult, len(wire.Items))
-	for i := range wire.Items {
-		if err := wire.Items[i].into(&viaWire[i]); err != nil {
-			t.Fatal(err)
-		}
+	viaWire, err := stepResults(wire.Items)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(viaWire, viaResult.Items) {
 		t.Fatalf("wire decode differs:\n got %+v\nwant %+v", viaWire, viaResult.Items)
@@ -82,11 +80,8 @@ func BenchmarkStepsDecode(b *testing.B) {
 			if err := json.Unmarshal(body, &out); err != nil {
 				b.Fatal(err)
 			}
-			res := make([]StepResult, len(out.Items))
-			for i := range out.Items {
-				if err := out.Items[i].into(&res[i]); err != nil {
-					b.Fatal(err)
-				}
+			if _, err := stepResults(out.Items); err != nil {
+				b.Fatal(err)
 			}
 		}
 	})
