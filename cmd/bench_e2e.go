@@ -30,16 +30,14 @@ terminal. It prints payouts/s (first created to last terminal), p50/p99 latency 
 terminal, CPU seconds per 1,000 payouts of every process (from /proc), and the client references
 the rail settled more than once (must be 0). docs/benchmarks.md describes the method.
 
---baseline river runs, instead of payouts, the same work done the way a team would without
-fencing: each payout created with a River job in one transaction, River workers (--concurrency of
-them; default 100) holding the funds, paying at the same rail stub and posting two ledger lines, on the same
-local PostgreSQL. It reports the same fields, with "baseline": "river".`,
+--baseline river first runs the same work done the way a team would without fencing, on the same
+local PostgreSQL and rail stub: each payout created over HTTP with a River job in one transaction,
+River workers (--baseline-workers) holding the funds, paying at the rail and posting two ledger
+lines. The result line then also has "baseline", "baseline_payouts_per_sec", "baseline_p50_ms",
+"baseline_p99_ms", "baseline_cpu_s_per_1000" and "ratio" (payouts' rate divided by the baseline's).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Logger = a.logger(cmd, "bench")
-			if o.Baseline != "" && !cmd.Flags().Changed("concurrency") {
-				o.Concurrency = bench.DefaultRiverWorkers
-			}
 			res, err := bench.RunE2E(cmd.Context(), o)
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -58,6 +56,9 @@ local PostgreSQL. It reports the same fields, with "baseline": "river".`,
 			if res.Duplicates != 0 {
 				return &ExitError{Code: 1, Err: fmt.Errorf("%d payouts were paid more than once at the rail", res.Duplicates)}
 			}
+			if res.BaselineDuplicates != 0 {
+				return &ExitError{Code: 1, Err: fmt.Errorf("baseline: %d payouts were paid more than once at the rail", res.BaselineDuplicates)}
+			}
 			return nil
 		},
 	}
@@ -71,7 +72,8 @@ local PostgreSQL. It reports the same fields, with "baseline": "river".`,
 	fl.Float64Var(&o.Rate, "rate", 0, "payouts created per second (0: as fast as the loaders go)")
 	fl.IntVar(&o.LoadWorkers, "load-workers", 16, "payouts created at once")
 	fl.IntVar(&o.Replicas, "replicas", 1, "payment-resource and rail-proxy processes over the same databases (local stack only); executors are spread over them")
-	fl.StringVar(&o.Baseline, "baseline", "", `run the baseline instead of payouts: "river" (a River job queue on the same PostgreSQL, no fencing)`)
+	fl.StringVar(&o.Baseline, "baseline", "", `also run the baseline, first: "river" (the same work on a River job queue on the same PostgreSQL, no fencing)`)
+	fl.IntVar(&o.BaselineWorkers, "baseline-workers", bench.DefaultRiverWorkers, "the baseline's River workers")
 	fl.DurationVar(&o.Timeout, "timeout", 30*time.Minute, "give up when the payouts are not all terminal by then")
 	fl.StringSliceVar(&o.PaymentURLs, "payment-urls", nil, "use these payment resources instead of starting a stack (comma-separated)")
 	fl.StringSliceVar(&o.ProxyURLs, "proxy-urls", nil, "rail proxies of the given system (comma-separated)")
@@ -99,18 +101,11 @@ func writePlot(path string, res bench.E2EResult) error {
 }
 
 func printE2E(w io.Writer, r bench.E2EResult) {
-	if r.Baseline != "" {
-		fmt.Fprintf(w, "baseline %s: payouts %d  accounts %d  workers %d  rail latency %d ms  load %s\n",
-			r.Baseline, r.Payouts, r.Accounts, r.Concurrency, r.RailLatencyMs, r.LoadAvg)
-	} else {
-		fmt.Fprintf(w, "payouts %d  accounts %d  executors %d x %d  replicas %d  rail latency %d ms  load %s\n",
-			r.Payouts, r.Accounts, r.Executors, r.Concurrency, r.Replicas, r.RailLatencyMs, r.LoadAvg)
-	}
+	fmt.Fprintf(w, "payouts %d  accounts %d  executors %d x %d  replicas %d  rail latency %d ms  load %s\n",
+		r.Payouts, r.Accounts, r.Executors, r.Concurrency, r.Replicas, r.RailLatencyMs, r.LoadAvg)
 	fmt.Fprintf(w, "%.1f payouts/s over %.2f s   latency p50 %.1f ms  p99 %.1f ms  max %.1f ms\n",
 		r.PayoutsPerSec, r.Seconds, r.P50Ms, r.P99Ms, r.MaxMs)
-	if r.Baseline == "" {
-		fmt.Fprintf(w, "of which waiting to be claimed (created to claimed): p50 %.1f ms  p99 %.1f ms\n", r.ClaimWaitP50Ms, r.ClaimWaitP99Ms)
-	}
+	fmt.Fprintf(w, "of which waiting to be claimed (created to claimed): p50 %.1f ms  p99 %.1f ms\n", r.ClaimWaitP50Ms, r.ClaimWaitP99Ms)
 	fmt.Fprintf(w, "posted %d  failed %d  ambiguous %d  duplicates at the rail %d\n", r.Posted, r.Failed, r.Ambiguous, r.Duplicates)
 	names := make([]string, 0, len(r.CPUPer1000))
 	total := 0.0
@@ -124,4 +119,17 @@ func printE2E(w io.Writer, r bench.E2EResult) {
 		fmt.Fprintf(w, "  %-12s %7.3f\n", n, r.CPUPer1000[n])
 	}
 	fmt.Fprintf(w, "  %-12s %7.3f\n", strings.Repeat("-", 5)+" total", total)
+	if r.Baseline != "" {
+		fmt.Fprintf(w, "baseline %s (%d workers): %.1f payouts/s  latency p50 %.1f ms  p99 %.1f ms  duplicates %d  CPU per 1,000 %.3f s\n",
+			r.Baseline, r.BaselineWorkers, r.BaselinePayoutsPerSec, r.BaselineP50Ms, r.BaselineP99Ms, r.BaselineDuplicates, sumValues(r.BaselineCPUPer1000))
+		fmt.Fprintf(w, "ratio (payouts / baseline): %.3f\n", r.Ratio)
+	}
+}
+
+func sumValues(m map[string]float64) float64 {
+	t := 0.0
+	for _, v := range m {
+		t += v
+	}
+	return t
 }

@@ -46,10 +46,13 @@ type E2EOptions struct {
 	Replicas int
 	// Timeout bounds the wait for every payout to become terminal.
 	Timeout time.Duration
-	// Baseline, when set (BaselineRiver), runs the same work the way a
-	// team would without fencing instead of payouts, on the same local
-	// stack's PostgreSQL and rail stub.
+	// Baseline, when set (BaselineRiver), also runs the same work the way
+	// a team would without fencing, first, on the same local stack's
+	// PostgreSQL and rail stub, and reports it beside payouts' result.
 	Baseline string
+	// BaselineWorkers is the baseline's River workers (default
+	// DefaultRiverWorkers).
+	BaselineWorkers int
 
 	// External system: when PaymentURLs is set, no stack is started.
 	PaymentURLs   []string
@@ -80,8 +83,16 @@ type E2EResult struct {
 	P99Ms         float64            `json:"p99_ms"`
 	Duplicates    int                `json:"duplicates"`
 	CPUPer1000    map[string]float64 `json:"cpu_s_per_1000"`
-	// Baseline is set when the run was the baseline (BaselineRiver).
-	Baseline string `json:"baseline,omitempty"`
+	// The baseline run (--baseline), when there was one: what it is, its
+	// figures, and payouts' rate divided by its rate.
+	Baseline              string             `json:"baseline,omitempty"`
+	BaselinePayoutsPerSec float64            `json:"baseline_payouts_per_sec,omitempty"`
+	BaselineP50Ms         float64            `json:"baseline_p50_ms,omitempty"`
+	BaselineP99Ms         float64            `json:"baseline_p99_ms,omitempty"`
+	BaselineDuplicates    int                `json:"baseline_duplicates,omitempty"`
+	BaselineCPUPer1000    map[string]float64 `json:"baseline_cpu_s_per_1000,omitempty"`
+	BaselineWorkers       int                `json:"baseline_workers,omitempty"`
+	Ratio                 float64            `json:"ratio,omitempty"`
 
 	Concurrency   int     `json:"concurrency"`
 	Replicas      int     `json:"replicas"`
@@ -140,11 +151,16 @@ func (o *E2EOptions) defaults() error {
 	if o.Timeout == 0 {
 		o.Timeout = 30 * time.Minute
 	}
+	if o.BaselineWorkers == 0 {
+		o.BaselineWorkers = DefaultRiverWorkers
+	}
 	switch {
+	case o.BaselineWorkers < 1 || o.BaselineWorkers > 1000:
+		return errors.New("bench e2e: --baseline-workers must be from 1 to 1000")
 	case o.Baseline != "" && o.Baseline != BaselineRiver:
 		return fmt.Errorf("bench e2e: --baseline %q: the one baseline is %q", o.Baseline, BaselineRiver)
-	case o.Baseline != "" && (len(o.PaymentURLs) > 0 || o.Replicas > 1):
-		return errors.New("bench e2e: --baseline runs on the local stack it starts: no --payment-urls, no --replicas")
+	case o.Baseline != "" && len(o.PaymentURLs) > 0:
+		return errors.New("bench e2e: --baseline runs on the local stack the bench starts: not with --payment-urls")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -199,10 +215,26 @@ func RunE2E(ctx context.Context, o E2EOptions) (E2EResult, error) {
 	if err != nil {
 		return E2EResult{}, err
 	}
-	if o.Baseline == BaselineRiver {
-		return runRiverBaseline(ctx, o, sys)
+	if o.Baseline == "" {
+		return runE2E(ctx, o, sys)
 	}
-	return runE2E(ctx, o, sys)
+	// The baseline goes first, on fresh tables of its own; payouts then
+	// runs on the same machine, PostgreSQL and rail stub.
+	base, err := runRiverBaseline(ctx, o, sys)
+	if err != nil {
+		return E2EResult{}, fmt.Errorf("baseline %s: %w", o.Baseline, err)
+	}
+	res, err := runE2E(ctx, o, sys)
+	if err != nil {
+		return res, err
+	}
+	res.Baseline, res.BaselineWorkers = base.Baseline, o.BaselineWorkers
+	res.BaselinePayoutsPerSec, res.BaselineP50Ms, res.BaselineP99Ms = base.PayoutsPerSec, base.P50Ms, base.P99Ms
+	res.BaselineDuplicates, res.BaselineCPUPer1000 = base.Duplicates, base.CPUPer1000
+	if base.PayoutsPerSec > 0 {
+		res.Ratio = round3(res.PayoutsPerSec / base.PayoutsPerSec)
+	}
+	return res, nil
 }
 
 // bringUp starts the stack (or adopts the given URLs) and the executors.
@@ -226,7 +258,7 @@ func bringUp(ctx context.Context, o E2EOptions) (*e2eSystem, error) {
 	} else if err := sys.startStack(ctx, o); err != nil {
 		return sys, err
 	}
-	for i := 1; i <= o.Executors && o.Baseline == ""; i++ {
+	for i := 1; i <= o.Executors; i++ {
 		name := "executor-" + strconv.Itoa(i)
 		// The token travels in the environment, never on a command line.
 		c, err := sys.procs.start(name, []string{"PAYOUTS_TOKEN=" + sys.executorToken}, "run", "executor",
@@ -257,11 +289,7 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 	sys.paymentURLs, sys.proxyURLs = []string{r.PaymentURL}, []string{r.ProxyURL}
 	sys.lockURL, sys.railURL = r.LockURL, r.RailURL
 	sys.executorToken, sys.operatorToken = r.Tokens.Executor, r.Tokens.Operator
-	measured := []string{"lock", "payment", "proxy", "rail"}
-	if o.Baseline != "" {
-		measured = []string{"rail"} // the other roles sit idle
-	}
-	for _, name := range measured {
+	for _, name := range []string{"lock", "payment", "proxy", "rail"} {
 		sys.cpu.add(name, r.PIDs[name], false)
 		sys.logs[name] = r.Logs[name]
 	}

@@ -36,26 +36,26 @@ func TestE2EQuantile(t *testing.T) {
 	}
 }
 
-// --baseline names the one baseline there is, and runs only on the stack
-// the bench starts itself.
+// --baseline names the one baseline there is, runs only on the stack the
+// bench starts itself, and has a bounded number of workers.
 func TestE2EOptionsRefuseBadBaseline(t *testing.T) {
 	for _, c := range []struct {
 		o    E2EOptions
 		want string
 	}{
 		{E2EOptions{Accounts: 1, Payouts: 1, Baseline: "sidekiq"}, `the one baseline is "river"`},
-		{E2EOptions{Accounts: 1, Payouts: 1, Baseline: BaselineRiver, Replicas: 2}, "no --replicas"},
+		{E2EOptions{Accounts: 1, Payouts: 1, Baseline: BaselineRiver, BaselineWorkers: -1}, "--baseline-workers must be"},
 		{E2EOptions{Accounts: 1, Payouts: 1, Baseline: BaselineRiver, PaymentURLs: []string{"http://127.0.0.1:1"},
 			ProxyURLs: []string{"http://127.0.0.1:2"}, LockURL: "http://127.0.0.1:3", RailURL: "http://127.0.0.1:4",
-			ExecutorToken: "x", OperatorToken: "y"}, "no --payment-urls"},
+			ExecutorToken: "x", OperatorToken: "y"}, "not with --payment-urls"},
 	} {
 		err := c.o.defaults()
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("defaults(%+v) = %v, want an error saying %q", c.o, err, c.want)
 		}
 	}
-	ok := E2EOptions{Accounts: 1, Payouts: 1, Baseline: BaselineRiver}
-	if err := ok.defaults(); err != nil {
-		t.Errorf("the river baseline on the local stack: %v", err)
+	ok := E2EOptions{Accounts: 1, Payouts: 1, Baseline: BaselineRiver, Replicas: 2}
+	if err := ok.defaults(); err != nil || ok.BaselineWorkers != DefaultRiverWorkers {
+		t.Errorf("the river baseline on the local stack: %v (workers %d, want %d by default)", err, ok.BaselineWorkers, DefaultRiverWorkers)
 	}
 }

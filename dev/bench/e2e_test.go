@@ -104,16 +104,16 @@ func TestE2EBenchShortRun(t *testing.T) {
 }
 
 // TestE2EBaselineRiverShortRun runs `payouts bench e2e --baseline river`:
-// the same result line, every payout posted with its two ledger lines (the
-// run checks them and fails otherwise), nothing paid twice, and CPU figures
-// for the processes the baseline uses.
+// the baseline first, then payouts, on one stack, in one result line with
+// both figures and their ratio; every payout posted by both (the baseline
+// checks its own ledger lines and fails otherwise), nothing paid twice.
 func TestE2EBaselineRiverShortRun(t *testing.T) {
 	bin := proctest.Binary(t)
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "bench", "e2e", "--baseline", "river", "--accounts", "10", "--payouts", "200",
-		"--json", "--dir", filepath.Join(dir, "stack"))
+	cmd := exec.CommandContext(ctx, bin, "bench", "e2e", "--baseline", "river", "--baseline-workers", "20",
+		"--accounts", "10", "--payouts", "200", "--json", "--dir", filepath.Join(dir, "stack"))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -122,33 +122,44 @@ func TestE2EBaselineRiverShortRun(t *testing.T) {
 	var res struct {
 		Baseline                      string
 		Payouts, Accounts, Duplicates int
-		Posted, Concurrency           int
+		Posted                        int
 		PayoutsPerSec                 float64            `json:"payouts_per_sec"`
-		P50                           float64            `json:"p50_ms"`
-		P99                           float64            `json:"p99_ms"`
 		CPU                           map[string]float64 `json:"cpu_s_per_1000"`
+		BaselineWorkers               int                `json:"baseline_workers"`
+		BaselineRate                  float64            `json:"baseline_payouts_per_sec"`
+		BaselineP50                   float64            `json:"baseline_p50_ms"`
+		BaselineP99                   float64            `json:"baseline_p99_ms"`
+		BaselineDuplicates            int                `json:"baseline_duplicates"`
+		BaselineCPU                   map[string]float64 `json:"baseline_cpu_s_per_1000"`
+		Ratio                         float64
 	}
 	line := strings.TrimSpace(stdout.String())
 	if err := json.Unmarshal([]byte(line), &res); err != nil {
 		t.Fatalf("result is not one JSON object: %v\n%s", err, line)
 	}
-	if res.Baseline != "river" || res.Payouts != 200 || res.Accounts != 10 || res.Concurrency != 100 {
-		t.Errorf("result does not echo the run's shape (baseline river, 100 workers by default): %s", line)
+	if res.Baseline != "river" || res.BaselineWorkers != 20 || res.Payouts != 200 || res.Accounts != 10 {
+		t.Errorf("result does not echo the run's shape: %s", line)
 	}
-	if res.Posted != 200 || res.Duplicates != 0 {
-		t.Errorf("posted %d (want 200), duplicates %d (want 0): %s", res.Posted, res.Duplicates, line)
+	if res.Posted != 200 || res.Duplicates != 0 || res.BaselineDuplicates != 0 {
+		t.Errorf("posted %d (want 200), duplicates %d and %d (want 0): %s", res.Posted, res.Duplicates, res.BaselineDuplicates, line)
 	}
-	if res.PayoutsPerSec <= 0 || res.P50 <= 0 || res.P99 < res.P50 {
+	if res.PayoutsPerSec <= 0 || res.BaselineRate <= 0 || res.BaselineP50 <= 0 || res.BaselineP99 < res.BaselineP50 {
 		t.Errorf("implausible throughput or latency: %s", line)
 	}
+	if want := float64(int64(res.PayoutsPerSec/res.BaselineRate*1000+0.5)) / 1000; res.Ratio != want {
+		t.Errorf("ratio %v, want payouts' rate over the baseline's, %v", res.Ratio, want)
+	}
 	for _, p := range []string{"bench", "rail", "postgres"} {
-		if res.CPU[p] <= 0 {
-			t.Errorf("no CPU figure for %s: %v", p, res.CPU)
+		if res.BaselineCPU[p] <= 0 {
+			t.Errorf("no baseline CPU figure for %s: %v", p, res.BaselineCPU)
 		}
 	}
-	for _, p := range []string{"payment", "proxy", "lock"} {
-		if _, ok := res.CPU[p]; ok {
-			t.Errorf("CPU of %s, which the baseline does not use, is counted: %v", p, res.CPU)
+	for _, p := range []string{"payment", "proxy", "lock", "executor-1"} {
+		if _, ok := res.BaselineCPU[p]; ok {
+			t.Errorf("the baseline counts CPU of %s, which it does not use: %v", p, res.BaselineCPU)
+		}
+		if res.CPU[p] <= 0 {
+			t.Errorf("no CPU figure for %s in the payouts run: %v", p, res.CPU)
 		}
 	}
 }

@@ -29,11 +29,11 @@ import (
 // funds, pay at the rail stub, post two ledger lines) done the way a team
 // would without fencing: a River job queue on the same PostgreSQL, workers
 // in one process, no lock service, no guards, no proxy. It is the yardstick
-// payouts is measured against on the machine at hand.
+// payouts is measured against on the machine at hand, in the same run.
 const BaselineRiver = "river"
 
-// DefaultRiverWorkers is the baseline's River workers unless --concurrency
-// says otherwise. A River producer fetches at most as many jobs as it has
+// DefaultRiverWorkers is the baseline's River workers unless
+// --baseline-workers says otherwise. A River producer fetches at most as many jobs as it has
 // idle workers, at most once per FetchCooldown (100 ms by default): 8
 // workers cap the queue at 80 jobs/s and 32 at 320 whatever the machine,
 // so the baseline runs with the 100 workers River's own examples use (on
@@ -164,7 +164,9 @@ func (w *riverWorker) work(ctx context.Context, id string) error {
 // runRiverBaseline runs the baseline on the stack's PostgreSQL and rail
 // stub: accounts and payouts as the payouts run has them, each payout
 // created through the baseline's HTTP API with its job in one transaction,
-// River's workers (--concurrency of them) in this process.
+// River's workers (--baseline-workers of them) in this process. Its CPU
+// figures are this process's, PostgreSQL's and the rail stub's: the
+// payouts roles started for the run after it sit idle meanwhile.
 func runRiverBaseline(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2EResult, error) {
 	log := o.Logger
 	pg := sys.st.PG()
@@ -176,7 +178,7 @@ func runRiverBaseline(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2ERes
 		return E2EResult{}, err
 	}
 	// Every worker and loader has a connection, and River its own few.
-	cfg.MaxConns = int32(o.Concurrency + o.LoadWorkers + 8)
+	cfg.MaxConns = int32(o.BaselineWorkers + o.LoadWorkers + 8)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return E2EResult{}, err
@@ -212,7 +214,7 @@ func runRiverBaseline(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2ERes
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &riverWorker{pool: pool, rail: rail, done: &done, errs: &errs, log: log})
 	client, err := river.NewClient(driver, &river.Config{
-		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: o.Concurrency}},
+		Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: o.BaselineWorkers}},
 		Workers: workers,
 		Logger:  slog.New(slog.DiscardHandler),
 	})
@@ -289,11 +291,13 @@ func runRiverBaseline(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2ERes
 	stopClient()
 
 	res := E2EResult{
-		Payouts: o.Payouts, Accounts: o.Accounts, Concurrency: o.Concurrency, Baseline: BaselineRiver,
+		Payouts: o.Payouts, Accounts: o.Accounts, Concurrency: o.BaselineWorkers, Baseline: BaselineRiver,
 		RailLatencyMs: ms, OfferedRate: o.Rate, LoadAvg: loadavg, CPUPer1000: map[string]float64{},
 	}
-	for name, d := range cpu {
-		res.CPUPer1000[name] = round3(d.Seconds() * 1000 / float64(o.Payouts))
+	for _, name := range []string{"bench", "postgres", "rail"} {
+		if d, ok := cpu[name]; ok {
+			res.CPUPer1000[name] = round3(d.Seconds() * 1000 / float64(o.Payouts))
+		}
 	}
 	spans := make([]span, 0, o.Payouts)
 	prows, err := pool.Query(ctx, `SELECT state, created_at, ended_at FROM payout WHERE id LIKE $1 || '-p%'`, run)
