@@ -108,17 +108,15 @@ func printE2E(w io.Writer, r bench.E2EResult) {
 	fmt.Fprintf(w, "of which waiting to be claimed (created to claimed): p50 %.1f ms  p99 %.1f ms\n", r.ClaimWaitP50Ms, r.ClaimWaitP99Ms)
 	fmt.Fprintf(w, "posted %d  failed %d  ambiguous %d  duplicates at the rail %d\n", r.Posted, r.Failed, r.Ambiguous, r.Duplicates)
 	names := make([]string, 0, len(r.CPUPer1000))
-	total := 0.0
-	for n, v := range r.CPUPer1000 {
+	for n := range r.CPUPer1000 {
 		names = append(names, n)
-		total += v
 	}
 	sort.Strings(names)
 	fmt.Fprintln(w, "CPU seconds per 1,000 payouts:")
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-12s %7.3f\n", n, r.CPUPer1000[n])
 	}
-	fmt.Fprintf(w, "  %-12s %7.3f\n", strings.Repeat("-", 5)+" total", total)
+	fmt.Fprintf(w, "  %-12s %7.3f\n", strings.Repeat("-", 5)+" total", sumValues(r.CPUPer1000))
 	if r.Baseline != "" {
 		fmt.Fprintf(w, "baseline %s (%d workers): %.1f payouts/s  latency p50 %.1f ms  p99 %.1f ms  duplicates %d  CPU per 1,000 %.3f s\n",
 			r.Baseline, r.BaselineWorkers, r.BaselinePayoutsPerSec, r.BaselineP50Ms, r.BaselineP99Ms, r.BaselineDuplicates, sumValues(r.BaselineCPUPer1000))

@@ -170,22 +170,31 @@ func (sys *e2eSystem) waitExecutors(ctx context.Context) error {
 	return nil
 }
 
-// waitTerminal waits until the payment resources have made want more
-// terminal transitions than base, a loader fails, an executor exits, or
-// the timeout passes.
+// waitTerminal waits until the payment resources have made o.Payouts more
+// terminal transitions than base (waitFor).
 func (sys *e2eSystem) waitTerminal(ctx context.Context, o E2EOptions, base int, loadErr <-chan error) error {
+	return sys.waitFor(ctx, o, loadErr, terminalPoll, func(ctx context.Context) (int, error) {
+		n, err := terminalCount(ctx, sys.paymentURLs)
+		return n - base, err
+	})
+}
+
+// waitFor waits until terminal, read every poll, reports o.Payouts
+// terminal payouts, a loader fails, a child process exits, or o.Timeout
+// passes.
+func (sys *e2eSystem) waitFor(ctx context.Context, o E2EOptions, loadErr <-chan error, poll time.Duration, terminal func(context.Context) (int, error)) error {
 	deadline := time.Now().Add(o.Timeout)
 	lastLog := time.Now()
 	for {
-		n, err := terminalCount(ctx, sys.paymentURLs)
+		n, err := terminal(ctx)
 		if err != nil {
 			return err
 		}
-		if n-base >= o.Payouts {
+		if n >= o.Payouts {
 			return nil
 		}
 		if time.Since(lastLog) > 5*time.Second {
-			o.Logger.Info("waiting for payouts to become terminal", "terminal", n-base, "payouts", o.Payouts)
+			o.Logger.Info("waiting for payouts to become terminal", "terminal", n, "payouts", o.Payouts)
 			lastLog = time.Now()
 		}
 		for _, c := range sys.procs.all {
@@ -194,7 +203,7 @@ func (sys *e2eSystem) waitTerminal(ctx context.Context, o E2EOptions, base int, 
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("only %d of %d payouts terminal after %s", n-base, o.Payouts, o.Timeout)
+			return fmt.Errorf("only %d of %d payouts terminal after %s", n, o.Payouts, o.Timeout)
 		}
 		select {
 		case err := <-loadErr:
@@ -204,7 +213,7 @@ func (sys *e2eSystem) waitTerminal(ctx context.Context, o E2EOptions, base int, 
 			loadErr = nil
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(terminalPoll):
+		case <-time.After(poll):
 		}
 	}
 }

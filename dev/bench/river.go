@@ -262,26 +262,11 @@ func runRiverBaseline(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2ERes
 		return api.create(ctx, riverCreate(p))
 	})
 	defer stopLoad()
-	deadline := time.Now().Add(o.Timeout)
-	lastLog := time.Now()
-	for done.Load() < int64(o.Payouts) {
-		if time.Now().After(deadline) {
-			return E2EResult{}, fmt.Errorf("only %d of %d payouts terminal after %s", done.Load(), o.Payouts, o.Timeout)
-		}
-		if time.Since(lastLog) > 5*time.Second {
-			log.Info("waiting for payouts to become terminal", "terminal", done.Load(), "payouts", o.Payouts, "job_errors", errs.Load())
-			lastLog = time.Now()
-		}
-		select {
-		case err := <-loadErr:
-			if err != nil {
-				return E2EResult{}, fmt.Errorf("create payouts: %w", err)
-			}
-			loadErr = nil
-		case <-ctx.Done():
-			return E2EResult{}, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
+	// The workers count what they finish: nothing to read from outside.
+	if err := sys.waitFor(ctx, o, loadErr, 50*time.Millisecond, func(context.Context) (int, error) {
+		return int(done.Load()), nil
+	}); err != nil {
+		return E2EResult{}, err
 	}
 	cpu, err := sys.cpu.since()
 	if err != nil {

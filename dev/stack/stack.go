@@ -112,17 +112,15 @@ func choosePorts(base int) (ports, error) {
 		}
 		return p, nil
 	}
-	// The servers bind port 0 themselves (see listen in Start); PostgreSQL
-	// and etcd need theirs chosen here.
-	var out [3]int
-	for i := range out {
-		n, err := infra.FreePort()
-		if err != nil {
-			return ports{}, err
-		}
-		out[i] = n
+	// The servers bind port 0 themselves (see listen in Start), and etcd
+	// picks its own (infra.StartEtcdCluster, which picks again when another
+	// process took one before etcd could listen); PostgreSQL needs its port
+	// chosen here.
+	n, err := infra.FreePort()
+	if err != nil {
+		return ports{}, err
 	}
-	return ports{pg: out[0], etcdClient: out[1], etcdPeer: out[2]}, nil
+	return ports{pg: n}, nil
 }
 
 func (o *Options) defaults() error {
@@ -195,8 +193,12 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 	}
 	etcdLog := filepath.Join(dir, "logs", "etcd.log")
 	opts.Logger.Info("starting embedded etcd", "dir", filepath.Join(dir, "etcd"), "members", opts.EtcdNodes, "log", etcdLog)
+	var etcdPorts []int
+	if opts.PortBase > 0 {
+		etcdPorts = []int{p.etcdClient, p.etcdPeer}
+	}
 	s.etcd, err = infra.StartEtcdCluster(ctx, infra.EtcdOptions{Dir: filepath.Join(dir, "etcd"), Nodes: opts.EtcdNodes,
-		Ports: []int{p.etcdClient, p.etcdPeer}, LogFile: etcdLog, LogLevel: obs.LevelOf(opts.Logger)})
+		Ports: etcdPorts, LogFile: etcdLog, LogLevel: obs.LevelOf(opts.Logger)})
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd did not start: %w", err)
 	}

@@ -17,6 +17,15 @@ import (
 // executes (after its snapshot), so a grant never appears to start before
 // the end of the grant it follows; expiry decisions use now() (D-11).
 
+// liveSessionCTE is both acquire statements' read of the acquiring session
+// ($2): live, and locked FOR SHARE so that a statement ending it
+// concurrently is waited for and no grant is made to it.
+const liveSessionCTE = `sess AS (
+	SELECT s.id, s.owner, s.expires_at FROM lock_session s
+	 WHERE s.id = $2 AND lock_session_live(s.state, s.expires_at)
+	   FOR SHARE
+)`
+
 // acquireSQL is the acquire: one conditional statement. The key is free
 // when it has no entry, or its entry's session is no longer live by the
 // database's now() (then the entry is taken over with a compare-and-swap on
@@ -36,11 +45,7 @@ import (
 const acquireSQL = `
 WITH ts AS MATERIALIZED (
 	SELECT clock_timestamp() AS at
-), sess AS (
-	SELECT s.id, s.owner, s.expires_at FROM lock_session s
-	 WHERE s.id = $2 AND lock_session_live(s.state, s.expires_at)
-	   FOR SHARE
-), cur AS (
+), ` + liveSessionCTE + `, cur AS (
 	SELECT e.key, e.owner, e.session_id, e.token, e.acquired_at, ls.expires_at, ls.state,
 	       lock_session_live(ls.state, ls.expires_at) AS live
 	  FROM lock_entry e JOIN lock_session ls ON ls.id = e.session_id
@@ -98,11 +103,7 @@ SELECT 'no_session', $1, '', $2, 0, now(), now(), NULL, NULL, NULL, NULL, NULL, 
 // live; acquireSQL then decides, in a transaction of its own. A token is
 // drawn only when the key had no entry in the statement's snapshot.
 const freeAcquireSQL = `
-WITH sess AS (
-	SELECT s.id, s.owner, s.expires_at FROM lock_session s
-	 WHERE s.id = $2 AND lock_session_live(s.state, s.expires_at)
-	   FOR SHARE
-), fresh AS (
+WITH ` + liveSessionCTE + `, fresh AS (
 	INSERT INTO lock_entry (key, owner, session_id, token, acquired_at)
 	SELECT $1, sess.owner, sess.id, nextval('lock_token_seq'), clock_timestamp() FROM sess
 	 WHERE NOT EXISTS (SELECT 1 FROM lock_entry WHERE key = $1)
