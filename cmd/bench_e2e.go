@@ -34,10 +34,20 @@ the rail settled more than once (must be 0). docs/benchmarks.md describes the me
 local PostgreSQL and rail stub: each payout created over HTTP with a River job in one transaction,
 River workers (--baseline-workers) holding the funds, paying at the rail and posting two ledger
 lines. The result line then also has "baseline", "baseline_payouts_per_sec", "baseline_p50_ms",
-"baseline_p99_ms", "baseline_cpu_s_per_1000" and "ratio" (payouts' rate divided by the baseline's).`,
+"baseline_p99_ms", "baseline_cpu_s_per_1000" and "ratio" (payouts' rate divided by the baseline's).
+
+--rounds N runs each system N times, alternating with the baseline (baseline, payouts, payouts,
+baseline, ...) so that the machine's drift falls on both alike. The result line then pools the
+rounds (payouts and seconds summed, CPU the mean, latencies the median) and "rounds" lists each
+run's rate, p99 and CPU in the order they ran.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Logger = a.logger(cmd, "bench")
+			if o.Rounds < 1 {
+				// 0 would mean the default to the library: on the command
+				// line it is a mistake.
+				return &ExitError{Code: 2, Err: fmt.Errorf("bench e2e: --rounds must be from 1 to 10")}
+			}
 			res, err := bench.RunE2E(cmd.Context(), o)
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -74,6 +84,7 @@ lines. The result line then also has "baseline", "baseline_payouts_per_sec", "ba
 	fl.IntVar(&o.Replicas, "replicas", 1, "payment-resource and rail-proxy processes over the same databases (local stack only); executors are spread over them")
 	fl.StringVar(&o.Baseline, "baseline", "", `also run the baseline, first: "river" (the same work on a River job queue on the same PostgreSQL, no fencing)`)
 	fl.IntVar(&o.BaselineWorkers, "baseline-workers", bench.DefaultRiverWorkers, "the baseline's River workers")
+	fl.IntVar(&o.Rounds, "rounds", 1, "runs of each system, alternating with the baseline; the result pools them")
 	fl.DurationVar(&o.Timeout, "timeout", 30*time.Minute, "give up when the payouts are not all terminal by then")
 	fl.StringSliceVar(&o.PaymentURLs, "payment-urls", nil, "use these payment resources instead of starting a stack (comma-separated)")
 	fl.StringSliceVar(&o.ProxyURLs, "proxy-urls", nil, "rail proxies of the given system (comma-separated)")
@@ -116,18 +127,16 @@ func printE2E(w io.Writer, r bench.E2EResult) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-12s %7.3f\n", n, r.CPUPer1000[n])
 	}
-	fmt.Fprintf(w, "  %-12s %7.3f\n", strings.Repeat("-", 5)+" total", sumValues(r.CPUPer1000))
+	fmt.Fprintf(w, "  %-12s %7.3f\n", strings.Repeat("-", 5)+" total", bench.SumCPU(r.CPUPer1000))
 	if r.Baseline != "" {
 		fmt.Fprintf(w, "baseline %s (%d workers): %.1f payouts/s  latency p50 %.1f ms  p99 %.1f ms  duplicates %d  CPU per 1,000 %.3f s\n",
-			r.Baseline, r.BaselineWorkers, r.BaselinePayoutsPerSec, r.BaselineP50Ms, r.BaselineP99Ms, r.BaselineDuplicates, sumValues(r.BaselineCPUPer1000))
+			r.Baseline, r.BaselineWorkers, r.BaselinePayoutsPerSec, r.BaselineP50Ms, r.BaselineP99Ms, r.BaselineDuplicates, bench.SumCPU(r.BaselineCPUPer1000))
 		fmt.Fprintf(w, "ratio (payouts / baseline): %.3f\n", r.Ratio)
 	}
-}
-
-func sumValues(m map[string]float64) float64 {
-	t := 0.0
-	for _, v := range m {
-		t += v
+	if len(r.Rounds) > 0 {
+		fmt.Fprintln(w, "rounds (in the order they ran):")
+		for _, rd := range r.Rounds {
+			fmt.Fprintf(w, "  %d  %-8s %7.1f payouts/s  p99 %9.1f ms  CPU per 1,000 %.3f s\n", rd.Round, rd.System, rd.PayoutsPerSec, rd.P99Ms, rd.CPUPer1000)
+		}
 	}
-	return t
 }

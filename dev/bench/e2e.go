@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -53,6 +54,12 @@ type E2EOptions struct {
 	// BaselineWorkers is the baseline's River workers (default
 	// DefaultRiverWorkers).
 	BaselineWorkers int
+	// Rounds is how many times each system runs (default 1). With a
+	// baseline the runs alternate, the baseline first in odd rounds and
+	// payouts first in even ones (baseline, payouts, payouts, baseline,
+	// ...), so that drift in the machine's speed during the run falls on
+	// both alike. The result pools the rounds (E2EResult.Rounds).
+	Rounds int
 
 	// External system: when PaymentURLs is set, no stack is started.
 	PaymentURLs   []string
@@ -93,6 +100,14 @@ type E2EResult struct {
 	BaselineCPUPer1000    map[string]float64 `json:"baseline_cpu_s_per_1000,omitempty"`
 	BaselineWorkers       int                `json:"baseline_workers,omitempty"`
 	Ratio                 float64            `json:"ratio,omitempty"`
+	// Rounds lists every run in the order they ran when there was more
+	// than one round. The figures above then pool them: payouts, posted,
+	// failed, ambiguous, duplicates and seconds are sums, so the rate is
+	// every round's payouts over every round's time; CPU per 1,000
+	// payouts is the mean of the rounds' (each ran the same payouts);
+	// p50, p99 and the claim waits are the median of the rounds'; max is
+	// the largest.
+	Rounds []E2ERound `json:"rounds,omitempty"`
 
 	Concurrency   int     `json:"concurrency"`
 	Replicas      int     `json:"replicas"`
@@ -112,6 +127,15 @@ type E2EResult struct {
 
 	// Timeline is completions and latency per second of the run (for the plot).
 	Timeline []E2ESecond `json:"-"`
+}
+
+// E2ERound is one run of one system within a multi-round run.
+type E2ERound struct {
+	Round         int     `json:"round"`
+	System        string  `json:"system"` // "payouts" or the baseline's name
+	PayoutsPerSec float64 `json:"payouts_per_sec"`
+	P99Ms         float64 `json:"p99_ms"`
+	CPUPer1000    float64 `json:"cpu_s_per_1000"` // every process's, summed
 }
 
 // E2ESecond is one second of a run.
@@ -154,7 +178,12 @@ func (o *E2EOptions) defaults() error {
 	if o.BaselineWorkers == 0 {
 		o.BaselineWorkers = DefaultRiverWorkers
 	}
+	if o.Rounds == 0 {
+		o.Rounds = 1
+	}
 	switch {
+	case o.Rounds < 1 || o.Rounds > 10:
+		return errors.New("bench e2e: --rounds must be from 1 to 10")
 	case o.BaselineWorkers < 1 || o.BaselineWorkers > 1000:
 		return errors.New("bench e2e: --baseline-workers must be from 1 to 1000")
 	case o.Baseline != "" && o.Baseline != BaselineRiver:
@@ -215,26 +244,108 @@ func RunE2E(ctx context.Context, o E2EOptions) (E2EResult, error) {
 	if err != nil {
 		return E2EResult{}, err
 	}
-	if o.Baseline == "" {
-		return runE2E(ctx, o, sys)
+	var mine, base []E2EResult
+	var rounds []E2ERound
+	for r := range o.Rounds {
+		systems := []string{"payouts"}
+		if o.Baseline != "" {
+			// The baseline runs on fresh tables of its own, on the same
+			// machine, PostgreSQL and rail stub as payouts.
+			systems = []string{o.Baseline, "payouts"}
+			if r%2 == 1 {
+				systems = []string{"payouts", o.Baseline}
+			}
+		}
+		for _, system := range systems {
+			if o.Rounds > 1 {
+				o.Logger.Info("round", "round", r+1, "rounds", o.Rounds, "system", system)
+			}
+			var res E2EResult
+			if system == "payouts" {
+				res, err = runE2E(ctx, o, sys)
+				mine = append(mine, res)
+			} else {
+				res, err = runRiverBaseline(ctx, o, sys)
+				base = append(base, res)
+			}
+			if err != nil {
+				if system != "payouts" {
+					err = fmt.Errorf("baseline %s: %w", o.Baseline, err)
+				}
+				return res, err
+			}
+			rounds = append(rounds, E2ERound{Round: r + 1, System: system, PayoutsPerSec: res.PayoutsPerSec,
+				P99Ms: res.P99Ms, CPUPer1000: round3(SumCPU(res.CPUPer1000))})
+		}
 	}
-	// The baseline goes first, on fresh tables of its own; payouts then
-	// runs on the same machine, PostgreSQL and rail stub.
-	base, err := runRiverBaseline(ctx, o, sys)
-	if err != nil {
-		return E2EResult{}, fmt.Errorf("baseline %s: %w", o.Baseline, err)
+	res := poolRounds(mine)
+	if o.Rounds > 1 {
+		res.Rounds = rounds
 	}
-	res, err := runE2E(ctx, o, sys)
-	if err != nil {
-		return res, err
-	}
-	res.Baseline, res.BaselineWorkers = base.Baseline, o.BaselineWorkers
-	res.BaselinePayoutsPerSec, res.BaselineP50Ms, res.BaselineP99Ms = base.PayoutsPerSec, base.P50Ms, base.P99Ms
-	res.BaselineDuplicates, res.BaselineCPUPer1000 = base.Duplicates, base.CPUPer1000
-	if base.PayoutsPerSec > 0 {
-		res.Ratio = round3(res.PayoutsPerSec / base.PayoutsPerSec)
+	if o.Baseline != "" {
+		b := poolRounds(base)
+		res.Baseline, res.BaselineWorkers = o.Baseline, o.BaselineWorkers
+		res.BaselinePayoutsPerSec, res.BaselineP50Ms, res.BaselineP99Ms = b.PayoutsPerSec, b.P50Ms, b.P99Ms
+		res.BaselineDuplicates, res.BaselineCPUPer1000 = b.Duplicates, b.CPUPer1000
+		if b.PayoutsPerSec > 0 {
+			res.Ratio = round3(res.PayoutsPerSec / b.PayoutsPerSec)
+		}
 	}
 	return res, nil
+}
+
+// poolRounds is one system's rounds as one result (see E2EResult.Rounds);
+// the shape, load average and timeline are the last round's.
+func poolRounds(rs []E2EResult) E2EResult {
+	res := rs[len(rs)-1]
+	if len(rs) == 1 {
+		return res
+	}
+	res.Payouts, res.Posted, res.Failed, res.Ambiguous, res.Duplicates, res.Seconds = 0, 0, 0, 0, 0, 0
+	res.CPUPer1000 = map[string]float64{}
+	var p50, p99, w50, w99 []float64
+	for _, r := range rs {
+		res.Payouts += r.Payouts
+		res.Posted += r.Posted
+		res.Failed += r.Failed
+		res.Ambiguous += r.Ambiguous
+		res.Duplicates += r.Duplicates
+		res.Seconds += r.Seconds
+		res.MaxMs = max(res.MaxMs, r.MaxMs)
+		for name, v := range r.CPUPer1000 {
+			res.CPUPer1000[name] += v / float64(len(rs))
+		}
+		p50, p99 = append(p50, r.P50Ms), append(p99, r.P99Ms)
+		w50, w99 = append(w50, r.ClaimWaitP50Ms), append(w99, r.ClaimWaitP99Ms)
+	}
+	for name, v := range res.CPUPer1000 {
+		res.CPUPer1000[name] = round3(v)
+	}
+	res.Seconds = round3(res.Seconds)
+	res.PayoutsPerSec = round3(float64(res.Payouts) / res.Seconds)
+	res.P50Ms, res.P99Ms = median(p50), median(p99)
+	res.ClaimWaitP50Ms, res.ClaimWaitP99Ms = median(w50), median(w99)
+	return res
+}
+
+// median of xs (not empty): the middle value, or the mean of the two.
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return round3((s[n/2-1] + s[n/2]) / 2)
+}
+
+// SumCPU is every process's CPU per 1,000 payouts, summed.
+func SumCPU(m map[string]float64) float64 {
+	t := 0.0
+	for _, v := range m {
+		t += v
+	}
+	return t
 }
 
 // bringUp starts the stack (or adopts the given URLs) and the executors.

@@ -37,7 +37,8 @@ func TestE2EQuantile(t *testing.T) {
 }
 
 // --baseline names the one baseline there is, runs only on the stack the
-// bench starts itself, and has a bounded number of workers.
+// bench starts itself, and has a bounded number of workers; --rounds is
+// bounded too.
 func TestE2EOptionsRefuseBadBaseline(t *testing.T) {
 	for _, c := range []struct {
 		o    E2EOptions
@@ -48,6 +49,8 @@ func TestE2EOptionsRefuseBadBaseline(t *testing.T) {
 		{E2EOptions{Accounts: 1, Payouts: 1, Baseline: BaselineRiver, PaymentURLs: []string{"http://127.0.0.1:1"},
 			ProxyURLs: []string{"http://127.0.0.1:2"}, LockURL: "http://127.0.0.1:3", RailURL: "http://127.0.0.1:4",
 			ExecutorToken: "x", OperatorToken: "y"}, "not with --payment-urls"},
+		{E2EOptions{Accounts: 1, Payouts: 1, Rounds: -1}, "--rounds must be from 1 to 10"},
+		{E2EOptions{Accounts: 1, Payouts: 1, Baseline: BaselineRiver, Rounds: 11}, "--rounds must be from 1 to 10"},
 	} {
 		err := c.o.defaults()
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -55,7 +58,43 @@ func TestE2EOptionsRefuseBadBaseline(t *testing.T) {
 		}
 	}
 	ok := E2EOptions{Accounts: 1, Payouts: 1, Baseline: BaselineRiver, Replicas: 2}
-	if err := ok.defaults(); err != nil || ok.BaselineWorkers != DefaultRiverWorkers {
-		t.Errorf("the river baseline on the local stack: %v (workers %d, want %d by default)", err, ok.BaselineWorkers, DefaultRiverWorkers)
+	if err := ok.defaults(); err != nil || ok.BaselineWorkers != DefaultRiverWorkers || ok.Rounds != 1 {
+		t.Errorf("the river baseline on the local stack: %v (workers %d, want %d by default; rounds %d, want 1)", err, ok.BaselineWorkers, DefaultRiverWorkers, ok.Rounds)
+	}
+}
+
+func TestPoolRounds(t *testing.T) {
+	rs := []E2EResult{
+		{Payouts: 100, Posted: 99, Failed: 1, Seconds: 2, P50Ms: 10, P99Ms: 50, MaxMs: 70, ClaimWaitP50Ms: 1, ClaimWaitP99Ms: 5,
+			CPUPer1000: map[string]float64{"payment": 1, "postgres": 2}, LoadAvg: "first"},
+		{Payouts: 100, Posted: 100, Duplicates: 1, Seconds: 3, P50Ms: 30, P99Ms: 90, MaxMs: 95, ClaimWaitP50Ms: 3, ClaimWaitP99Ms: 9,
+			CPUPer1000: map[string]float64{"payment": 2, "postgres": 4}, LoadAvg: "second"},
+		{Payouts: 100, Posted: 100, Seconds: 5, P50Ms: 20, P99Ms: 60, MaxMs: 80, ClaimWaitP50Ms: 2, ClaimWaitP99Ms: 6,
+			CPUPer1000: map[string]float64{"payment": 3, "postgres": 3}, LoadAvg: "third"},
+	}
+	got := poolRounds(rs)
+	if got.Payouts != 300 || got.Posted != 299 || got.Failed != 1 || got.Duplicates != 1 || got.Seconds != 10 {
+		t.Errorf("counts and time not summed: %+v", got)
+	}
+	if got.PayoutsPerSec != 30 {
+		t.Errorf("rate %v, want 300 payouts over 10 s = 30", got.PayoutsPerSec)
+	}
+	if got.P50Ms != 20 || got.P99Ms != 60 || got.ClaimWaitP50Ms != 2 || got.ClaimWaitP99Ms != 6 || got.MaxMs != 95 {
+		t.Errorf("latencies: want the medians (20, 60, 2, 6) and the largest max (95): %+v", got)
+	}
+	if got.CPUPer1000["payment"] != 2 || got.CPUPer1000["postgres"] != 3 {
+		t.Errorf("CPU per 1,000: want each process's mean (2, 3): %v", got.CPUPer1000)
+	}
+	if got.LoadAvg != "third" {
+		t.Errorf("load average %q, want the last round's", got.LoadAvg)
+	}
+	if rs[0].CPUPer1000["payment"] != 1 {
+		t.Error("pooling changed a round's own figures")
+	}
+	if m := median([]float64{4, 1}); m != 2.5 {
+		t.Errorf("median of two: %v, want their mean 2.5", m)
+	}
+	if one := poolRounds(rs[1:2]); one.Payouts != 100 || one.PayoutsPerSec != rs[1].PayoutsPerSec {
+		t.Errorf("one round is not reported as it ran: %+v", one)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -112,7 +113,7 @@ func TestE2EBaselineRiverShortRun(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "bench", "e2e", "--baseline", "river", "--baseline-workers", "20",
+	cmd := exec.CommandContext(ctx, bin, "bench", "e2e", "--baseline", "river", "--baseline-workers", "20", "--rounds", "2",
 		"--accounts", "10", "--payouts", "200", "--json", "--dir", filepath.Join(dir, "stack"))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -132,16 +133,36 @@ func TestE2EBaselineRiverShortRun(t *testing.T) {
 		BaselineDuplicates            int                `json:"baseline_duplicates"`
 		BaselineCPU                   map[string]float64 `json:"baseline_cpu_s_per_1000"`
 		Ratio                         float64
+		Seconds                       float64
+		Rounds                        []struct {
+			Round         int
+			System        string
+			PayoutsPerSec float64 `json:"payouts_per_sec"`
+		}
 	}
 	line := strings.TrimSpace(stdout.String())
 	if err := json.Unmarshal([]byte(line), &res); err != nil {
 		t.Fatalf("result is not one JSON object: %v\n%s", err, line)
 	}
-	if res.Baseline != "river" || res.BaselineWorkers != 20 || res.Payouts != 200 || res.Accounts != 10 {
+	// Two rounds of 200 payouts each: the figures pool both.
+	if res.Baseline != "river" || res.BaselineWorkers != 20 || res.Payouts != 400 || res.Accounts != 10 {
 		t.Errorf("result does not echo the run's shape: %s", line)
 	}
-	if res.Posted != 200 || res.Duplicates != 0 || res.BaselineDuplicates != 0 {
-		t.Errorf("posted %d (want 200), duplicates %d and %d (want 0): %s", res.Posted, res.Duplicates, res.BaselineDuplicates, line)
+	if res.Posted != 400 || res.Duplicates != 0 || res.BaselineDuplicates != 0 {
+		t.Errorf("posted %d (want 400), duplicates %d and %d (want 0): %s", res.Posted, res.Duplicates, res.BaselineDuplicates, line)
+	}
+	var order []string
+	for _, rd := range res.Rounds {
+		order = append(order, fmt.Sprintf("%d:%s", rd.Round, rd.System))
+		if rd.PayoutsPerSec <= 0 {
+			t.Errorf("round %d of %s has no rate: %s", rd.Round, rd.System, line)
+		}
+	}
+	if got, want := strings.Join(order, " "), "1:river 1:payouts 2:payouts 2:river"; got != want {
+		t.Errorf("rounds ran in the order %q, want %q (alternating)", got, want)
+	}
+	if want := float64(int64(400/res.Seconds*1000+0.5)) / 1000; res.Seconds <= 0 || res.PayoutsPerSec != want {
+		t.Errorf("payouts/s %v over %v s: want both rounds' payouts over both rounds' time, %v", res.PayoutsPerSec, res.Seconds, want)
 	}
 	if res.PayoutsPerSec <= 0 || res.BaselineRate <= 0 || res.BaselineP50 <= 0 || res.BaselineP99 < res.BaselineP50 {
 		t.Errorf("implausible throughput or latency: %s", line)
