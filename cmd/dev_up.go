@@ -26,7 +26,7 @@ func newDevUpCmd(a *app) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			logger := a.logger(cmd, "dev")
 			ctx := cmd.Context()
-			st, err := stack.Start(ctx, stack.Options{Dir: dir, PortBase: portBase, Logger: logger, SettlementWindow: settlement, TLS: useTLS})
+			st, err := stack.Start(ctx, stack.Options{Dir: dir, PortBase: portBase, Logger: logger, SettlementWindow: settlement, TLS: useTLS, KeepRailPayments: true})
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
 			}

@@ -15,13 +15,16 @@ func newServeRailCmd(a *app) *cobra.Command {
 		sf     serverFlags
 		window time.Duration
 		f      railclient.Faults
+		state  string
 	)
 	c := &cobra.Command{
 		Use:   "rail",
 		Short: "Run the rail stub: an in-memory, non-idempotent stand-in for the external payment network",
 		Long: `Run the rail stub. Every accepted POST /v1/payments is a new payment (duplicates are real money
 moved twice). Faults can be injected at start with the flags below or later with PUT /v1/faults.
-GET /v1/settlement-report lists every payment ever accepted (operator only).`,
+GET /v1/settlement-report lists every payment ever accepted (operator only). The payments live in
+memory; with --state-file they are also appended to that file before each is answered, and read
+back on start, so the stub remembers what it paid across its restarts as a real rail does.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			env, err := sf.setup(cmd, a)
@@ -30,7 +33,7 @@ GET /v1/settlement-report lists every payment ever accepted (operator only).`,
 			}
 			cfg := rail.Config{
 				Addr: sf.listen, Logger: env.Logger, Registry: env.Registry, Auth: env.Auth, TLS: env.TLS,
-				SettlementWindow: window, Faults: f,
+				SettlementWindow: window, Faults: f, StateFile: state,
 			}
 			return env.run(cmd.Context(), func(ctx context.Context) error { return rail.Run(ctx, cfg) })
 		},
@@ -43,6 +46,7 @@ GET /v1/settlement-report lists every payment ever accepted (operator only).`,
 	fl.Float64Var(&f.ErrorAfterAccept, "error-after-accept", 0, "rate (0..1) of payments made and then answered with a 5xx")
 	fl.Float64Var(&f.ErrorBeforeAccept, "error-before-accept", 0, "rate (0..1) of requests answered with a 5xx and no payment")
 	fl.Int64Var(&f.LatencyMS, "latency-ms", 0, "latency added to every payment request, in milliseconds")
+	fl.StringVar(&state, "state-file", "", "keep the payments in this file (created 0600; one JSON line per payment) across restarts; empty: in memory only")
 	fl.StringVar(&f.DeclineBeneficiaryPrefix, "decline-beneficiary-prefix", railclient.DefaultDeclinePrefix, "beneficiary refs starting with this are declined")
 	return c
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/internal/httpx"
 	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/rail/railclient"
 )
 
 // devUp runs `payouts dev up --json` on the bundle's directory and returns
@@ -93,7 +94,8 @@ func alive(pid int) bool {
 // TestDevUpReadyStopRestart: dev up comes up with every role answering,
 // stops on Ctrl-C (SIGINT) with exit 0, a clean console and no error in any
 // role's log or etcd's, leaves nothing running, and a second run on the
-// same directory reuses its data and tokens and stops on SIGTERM alike.
+// same directory reuses its data, tokens and the rail's payments, and stops
+// on SIGTERM alike.
 func TestDevUpReadyStopRestart(t *testing.T) {
 	b := setup(t)
 	c, ready := b.devUp(nil, 0)
@@ -112,6 +114,15 @@ func TestDevUpReadyStopRestart(t *testing.T) {
 		t.Fatalf("GET /v1/accounts with the operator token: %v %v", err, resp)
 	}
 	resp.Body.Close()
+	// A payment the rail made in this run (the rail proxy's credential).
+	railPx, err := railclient.New(ready.RailURL, ready.Tokens.Proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paid, err := railPx.Pay(context.Background(), railclient.PaymentRequest{ClientRef: "devup-kept-1", Amount: 100, Currency: "EUR", BeneficiaryRef: "ben-1"})
+	if err != nil {
+		t.Fatalf("pay at the dev stack's rail: %v", err)
+	}
 	// The stack's tables start empty and grow: autovacuum looks often, so
 	// the planner's statistics (and the plans of prepared statements)
 	// follow them instead of keeping sequential scans made for empty tables.
@@ -158,6 +169,17 @@ func TestDevUpReadyStopRestart(t *testing.T) {
 	c2, ready2 := b.devUp(nil, 0)
 	if ready2.Tokens != ready.Tokens {
 		t.Error("second run generated new tokens instead of reusing DIR/auth.json")
+	}
+	// The rail still knows what it paid, as the databases still hold the
+	// payouts it was paid for: otherwise every payout posted in an earlier
+	// run reads as posted but never settled.
+	railPx2, err := railclient.New(ready2.RailURL, ready2.Tokens.Proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	look, err := railPx2.Find(context.Background(), "devup-kept-1")
+	if err != nil || len(look.Items) != 1 || look.Items[0].RailRef != paid.RailRef || look.Items[0].Amount != 100 {
+		t.Errorf("the second run's rail does not have the first run's payment %s: %+v %v", paid.RailRef, look, err)
 	}
 	stopClean(t, c2, syscall.SIGTERM, "dev up (second run)")
 }

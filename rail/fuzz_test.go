@@ -1,45 +1,20 @@
 package rail
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/payouts/payouts/dev/fuzzhttp"
-	"github.com/payouts/payouts/internal/auth"
-	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/rail/railclient"
 )
 
 // startFuzzRail runs a rail stub (no faults) until the fuzz target ends.
 func startFuzzRail(tb testing.TB) (*Server, string) {
 	tb.Helper()
-	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + operatorToken + `","role":"operator","name":"op"},{"token":"` + proxyToken + `","role":"proxy","name":"px"}]}`))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	s, err := New(Config{Addr: "127.0.0.1:0", Logger: obs.NewLogger(io.Discard, slog.LevelInfo, "rail"), Auth: a, SettlementWindow: time.Minute})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	addr, err := s.Listen()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx) }()
-	tb.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			tb.Error(err)
-		}
-	})
-	return s, "http://" + addr.String()
+	s, url, _ := serveRail(tb, Config{SettlementWindow: time.Minute})
+	return s, url
 }
 
 // railState is what a refused request must leave as it was.

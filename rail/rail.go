@@ -1,5 +1,6 @@
 // Package rail is the rail stub (`payouts serve rail`): an in-memory
-// stand-in for the external payment network. It is deliberately not
+// stand-in for the external payment network, optionally kept in a state
+// file across its restarts (Config.StateFile). It is deliberately not
 // idempotent — every accepted payment request is a new payment, so a
 // duplicate submission is money moved twice — and it can be made slow and
 // ambiguous on purpose (see Faults). Its settlement report is the project's
@@ -48,6 +49,10 @@ type Config struct {
 	Now func() time.Time
 	// Rand returns a uniform number in [0,1) (tests); math/rand when nil.
 	Rand func() float64
+	// StateFile, when set, keeps the payments across restarts: each is
+	// appended to it before it is answered, and the file is read back on
+	// start (journal.go). Empty: the payments live in memory only.
+	StateFile string
 }
 
 // Fault mode names, used in logs and the faults metric.
@@ -71,6 +76,7 @@ type Server struct {
 	refs     refIndex             // every client_ref, for the paged report
 	attempts map[string]time.Time // client_ref -> newest attempt (accepted or not)
 	started  time.Time
+	journal  *journal // nil without Config.StateFile
 
 	paymentsTotal *prometheus.CounterVec
 	faultsTotal   *prometheus.CounterVec
@@ -115,6 +121,19 @@ func New(cfg Config) (*Server, error) {
 			Name: "payouts_rail_faults_injected_total", Help: "Faults the rail stub injected into payment requests, by mode.",
 		}, []string{"mode"}),
 	}
+	if cfg.StateFile != "" {
+		j, ps, err := openJournal(cfg.StateFile, cfg.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("rail: %w", err)
+		}
+		for _, p := range ps {
+			s.record(p)
+			// A lookup is final a window after the newest attempt; the
+			// stub's start counts as one (find), so these need no more.
+		}
+		s.journal = j
+		cfg.Logger.Info("rail state file read", "file", cfg.StateFile, "payments", len(ps))
+	}
 	cfg.Registry.MustRegister(s.paymentsTotal, s.faultsTotal)
 	s.http = httpx.NewServer(httpx.Config{Role: "rail", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth, TLS: cfg.TLS})
 	s.routes(s.http.Router())
@@ -136,8 +155,19 @@ func Run(ctx context.Context, cfg Config) error {
 // Listen binds the listen address.
 func (s *Server) Listen() (net.Addr, error) { return s.http.Listen() }
 
-// Serve serves until ctx is done.
-func (s *Server) Serve(ctx context.Context) error { return s.http.Serve(ctx) }
+// Serve serves until ctx is done, then closes the state file.
+func (s *Server) Serve(ctx context.Context) error {
+	err := s.http.Serve(ctx)
+	if s.journal != nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if cerr := s.journal.close(); cerr != nil && err == nil {
+			err = fmt.Errorf("rail: close the state file: %w", cerr)
+		}
+		s.journal = nil
+	}
+	return err
+}
 
 // Handler is the full HTTP handler.
 func (s *Server) Handler() http.Handler { return s.http.Handler() }
@@ -207,7 +237,11 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) error {
 		return problem.New(problem.Unavailable, "rail temporarily unavailable (injected before acceptance)")
 	}
 
-	p := s.accept(req, f.DeclineBeneficiaryPrefix)
+	p, err := s.accept(req, f.DeclineBeneficiaryPrefix)
+	if err != nil {
+		log.Error("could not record the payment in the state file; nothing was paid", obs.KeyError, err.Error())
+		return problem.New(problem.Unavailable, "the rail could not record the payment; nothing was paid")
+	}
 	log.Info("payment accepted", "rail_ref", p.RailRef, "status", p.Status, "amount", p.Amount)
 
 	if s.draw(f.TimeoutAfterAccept) {
@@ -234,8 +268,9 @@ func (s *Server) fault(log *slog.Logger, mode string) {
 }
 
 // accept makes the payment: from here on, money has moved (or, for a
-// declined beneficiary, a decline is on record).
-func (s *Server) accept(req railclient.PaymentRequest, declinePrefix string) railclient.Payment {
+// declined beneficiary, a decline is on record). With a state file the
+// payment is written there first; if that fails, nothing was paid.
+func (s *Server) accept(req railclient.PaymentRequest, declinePrefix string) (railclient.Payment, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.Now()
@@ -251,14 +286,26 @@ func (s *Server) accept(req railclient.PaymentRequest, declinePrefix string) rai
 	if declinePrefix != "" && strings.HasPrefix(req.BeneficiaryRef, declinePrefix) {
 		p.Status, p.DeclineCode = railclient.StatusDeclined, railclient.DeclineCodeBeneficiary
 	}
-	if len(s.byRef[req.ClientRef]) == 0 {
-		s.refs.add(req.ClientRef)
+	if s.journal != nil {
+		if err := s.journal.append(p); err != nil {
+			return p, err
+		}
 	}
-	s.byRef[req.ClientRef] = append(s.byRef[req.ClientRef], len(s.payments))
-	s.payments = append(s.payments, p)
+	s.record(p)
 	s.attempts[req.ClientRef] = now
 	s.paymentsTotal.WithLabelValues(p.Status).Inc()
-	return p
+	return p, nil
+}
+
+// record adds a payment made (by accept, or read from the state file) to
+// what lookups and the report read. Called with mu held, or before
+// serving.
+func (s *Server) record(p railclient.Payment) {
+	if len(s.byRef[p.ClientRef]) == 0 {
+		s.refs.add(p.ClientRef)
+	}
+	s.byRef[p.ClientRef] = append(s.byRef[p.ClientRef], len(s.payments))
+	s.payments = append(s.payments, p)
 }
 
 func (s *Server) find(w http.ResponseWriter, r *http.Request) error {

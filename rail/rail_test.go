@@ -44,35 +44,57 @@ type bundle struct {
 	clk            *clock
 }
 
-func setup(t *testing.T, window time.Duration) *bundle {
-	t.Helper()
-	b := &bundle{}
-	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + operatorToken + `","role":"operator","name":"op"},
-		{"token":"` + executorToken + `","role":"executor","name":"ex"},
-		{"token":"` + proxyToken + `","role":"proxy","name":"px"},
-		{"token":"` + reconcilerToken + `","role":"reconciler","name":"rc"}]}`))
-	if err != nil {
-		t.Fatal(err)
+// testAuth holds a token per role.
+const testAuth = `{"tokens":[{"token":"` + operatorToken + `","role":"operator","name":"op"},
+	{"token":"` + executorToken + `","role":"executor","name":"ex"},
+	{"token":"` + proxyToken + `","role":"proxy","name":"px"},
+	{"token":"` + reconcilerToken + `","role":"reconciler","name":"rc"}]}`
+
+// serveRail runs a rail stub built from cfg on a loopback port (with a
+// discarding logger and testAuth unless cfg has its own) and returns it,
+// its URL, and a stop that ends it and waits, also run at the end.
+func serveRail(tb testing.TB, cfg Config) (s *Server, url string, stop func()) {
+	tb.Helper()
+	cfg.Addr = "127.0.0.1:0"
+	if cfg.Logger == nil {
+		cfg.Logger = obs.NewLogger(io.Discard, slog.LevelInfo, "rail")
 	}
-	b.clk = &clock{t: time.Now()}
-	s, err := New(Config{Addr: "127.0.0.1:0", Logger: obs.NewLogger(io.Discard, slog.LevelInfo, "rail"), Auth: a, SettlementWindow: window, Now: b.clk.Now})
+	if cfg.Auth == nil {
+		a, err := auth.Parse([]byte(testAuth))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cfg.Auth = a
+	}
+	s, err := New(cfg)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	addr, err := s.Listen()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
-	url := "http://" + addr.String()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				tb.Error(err)
+			}
+		})
+	}
+	tb.Cleanup(stop)
+	return s, "http://" + addr.String(), stop
+}
+
+func setup(t *testing.T, window time.Duration) *bundle {
+	t.Helper()
+	b := &bundle{clk: &clock{t: time.Now()}}
+	_, url, _ := serveRail(t, Config{SettlementWindow: window, Now: b.clk.Now})
+	var err error
 	if b.op, err = railclient.New(url, operatorToken); err != nil {
 		t.Fatal(err)
 	}

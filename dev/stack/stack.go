@@ -44,6 +44,11 @@ type Options struct {
 	// TLS runs every role over HTTPS with a throwaway CA made for this run
 	// (DIR/tls/ca.pem is the CA clients trust).
 	TLS bool
+	// KeepRailPayments has the rail stub keep its payments in
+	// DIR/rail/payments.jsonl across runs, as the databases are kept: a
+	// stack started again on the same DIR (dev up) then still has the rail
+	// that paid its earlier payouts.
+	KeepRailPayments bool
 }
 
 // Ready is the ready line of DESIGN §4b.
@@ -272,7 +277,15 @@ func (s *Stack) startServers(ctx context.Context, p ports) error {
 	if err != nil {
 		return err
 	}
-	if r.RailURL, err = s.startServer(rctx, "rail", listen(p.rail), "serve", "rail", "--settlement-window", opts.SettlementWindow.String()); err != nil {
+	railArgs := []string{"serve", "rail", "--settlement-window", opts.SettlementWindow.String()}
+	if opts.KeepRailPayments {
+		railDir := filepath.Join(opts.Dir, "rail")
+		if err := os.MkdirAll(railDir, 0o700); err != nil {
+			return err
+		}
+		railArgs = append(railArgs, "--state-file", filepath.Join(railDir, "payments.jsonl"))
+	}
+	if r.RailURL, err = s.startServer(rctx, "rail", listen(p.rail), railArgs...); err != nil {
 		return err
 	}
 	if r.LockURL, err = s.startServer(rctx, "lock", listen(p.lock), "serve", "lock", "--backend", "etcd", "--etcd-endpoints", strings.Join(r.Etcd, ",")); err != nil {
