@@ -74,7 +74,8 @@ DOCKER ?= docker
 DOCKER_BUILDKIT ?= 0
 
 image:
-	mkdir -p $(IMAGE_CONTEXT)
+	rm -rf $(IMAGE_CONTEXT)/state
+	mkdir -p $(IMAGE_CONTEXT)/state
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS) -s -w" -o $(IMAGE_CONTEXT)/payouts .
 	DOCKER_BUILDKIT=$(DOCKER_BUILDKIT) $(DOCKER) build -f deploy/Dockerfile \
 		--build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) \

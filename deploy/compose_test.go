@@ -244,3 +244,46 @@ func TestComposePrometheusConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestComposeStateOnVolumes: a payouts role that keeps state on disk
+// (--state-file) writes it under a named volume mounted in its service: the
+// root filesystem is read-only, and anything else would be lost with the
+// container. The rail stub keeps its payments so, as postgres keeps the
+// payouts they paid for; otherwise a restarted stub makes every earlier
+// payout read as posted but never settled.
+func TestComposeStateOnVolumes(t *testing.T) {
+	project := loadCompose(t)
+	stateFiles := map[string]string{}
+	for name, s := range project.Services {
+		if !strings.HasPrefix(s.Image, "payouts:") {
+			continue
+		}
+		for i, a := range s.Command {
+			var path string
+			switch {
+			case a == "--state-file" && i+1 < len(s.Command):
+				path = s.Command[i+1]
+			case strings.HasPrefix(a, "--state-file="):
+				path = strings.TrimPrefix(a, "--state-file=")
+			default:
+				continue
+			}
+			stateFiles[name] = path
+			onVolume := false
+			for _, v := range s.Volumes {
+				if v.Type == types.VolumeTypeVolume && v.Source != "" && strings.HasPrefix(path, strings.TrimSuffix(v.Target, "/")+"/") {
+					if _, declared := project.Volumes[v.Source]; !declared {
+						t.Errorf("%s: volume %q is not declared", name, v.Source)
+					}
+					onVolume = true
+				}
+			}
+			if !onVolume {
+				t.Errorf("%s: --state-file %s is not under a named volume mounted in the service", name, path)
+			}
+		}
+	}
+	if !strings.HasPrefix(stateFiles["rail"], "/var/lib/payouts/") {
+		t.Errorf("the rail stub keeps no state file under the image's /var/lib/payouts: %v", stateFiles)
+	}
+}

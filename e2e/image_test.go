@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -26,6 +27,10 @@ import (
 
 // The image runs as this numeric user (deploy/Dockerfile).
 const imageUID = 65532
+
+// imageStateDir is the image's directory for state kept on a volume, owned
+// by its user (deploy/Dockerfile).
+const imageStateDir = "/var/lib/payouts"
 
 // maxImageBytes is the size budget of the image.
 const maxImageBytes = 50 << 20
@@ -110,7 +115,13 @@ func TestImage(t *testing.T) {
 		return d.run(t, role, mounts, image, args...)
 	}
 	containers := map[string]string{}
-	containers["rail"] = server("rail", railPort, "--settlement-window", "2s")
+	// The rail stub keeps its payments on a volume of its own, as compose
+	// runs it: the image's state directory belongs to its user.
+	railVolume := d.prefix + "-rail"
+	t.Cleanup(func() { _ = d.cmd("volume", "rm", "--force", railVolume).Run() })
+	containers["rail"] = d.run(t, "rail", append(slices.Clone(mounts), railVolume+":"+imageStateDir), image,
+		"serve", "rail", "--listen", "127.0.0.1:"+strconv.Itoa(railPort), "--auth-file", "/run/secrets/auth.json",
+		"--settlement-window", "2s", "--state-file", imageStateDir+"/rail-payments.jsonl")
 	containers["lock"] = server("lock", lockPort, "--backend", "etcd", "--etcd-endpoints", strings.Join(etcd.Endpoints(), ","))
 	containers["payment"] = server("payment", payPort, "--migrate", "--database-url-file", "/run/secrets/paydb_url")
 	containers["proxy"] = server("proxy", proxyPort, "--migrate", "--database-url-file", "/run/secrets/proxydb_url",
@@ -138,11 +149,13 @@ func TestImage(t *testing.T) {
 	for i, id := range ids {
 		s.createPayout(t, id, fmt.Sprintf("img-acc-%d", i%2+1), int64(1000+i), "NL00BANK"+strconv.Itoa(i))
 	}
+	var refs []string
 	for _, id := range ids {
 		p := s.waitPayoutState(t, id, 5*time.Minute, pc.Posted)
 		if paid := s.railPayments(t)[p.ClientRef]; len(paid) != 1 {
 			t.Errorf("payout %s: %d payments at the rail, want 1", id, len(paid))
 		}
+		refs = append(refs, p.ClientRef)
 	}
 
 	// Every role ran as the image's user on a read-only root filesystem.
@@ -182,6 +195,20 @@ func TestImage(t *testing.T) {
 		code := strings.TrimSpace(string(out))
 		if code != "0" || took > 10*time.Second {
 			t.Errorf("%s: exit %s after %s on SIGTERM, want 0 within 10s\n%s", role, code, took.Round(time.Millisecond), d.logs(id))
+		}
+	}
+
+	// Started again on its volume, the rail stub still has what it paid.
+	if out, err := d.cmd("start", containers["rail"]).CombinedOutput(); err != nil {
+		t.Fatalf("docker start rail: %v\n%s", err, out)
+	}
+	if err := proctest.WaitReady(ctxT(t, 2*time.Minute), url(railPort)); err != nil {
+		t.Fatalf("rail restarted in the image: %v\n%s", err, d.logs(containers["rail"]))
+	}
+	paid := s.railPayments(t)
+	for _, ref := range refs {
+		if len(paid[ref]) != 1 {
+			t.Errorf("after a restart the rail has %d payments for %s, want the 1 it made before", len(paid[ref]), ref)
 		}
 	}
 }
