@@ -126,10 +126,11 @@ func New(cfg Config) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("rail: %w", err)
 		}
+		// No attempt times are restored: find counts the stub's start as
+		// an attempt on every reference, so a lookup is final only a
+		// window after the restart, in case one was in flight then.
 		for _, p := range ps {
 			s.record(p)
-			// A lookup is final a window after the newest attempt; the
-			// stub's start counts as one (find), so these need no more.
 		}
 		s.journal = j
 		cfg.Logger.Info("rail state file read", "file", cfg.StateFile, "payments", len(ps))
