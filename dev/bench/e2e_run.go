@@ -38,13 +38,9 @@ func runE2E(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2EResult, error
 		}
 		opClients[i] = c
 	}
-	rail, err := railclient.New(sys.railURL, sys.operatorToken, httpx.WithTimeout(5*time.Minute))
+	rail, ms, err := sys.operatorRail(ctx, o)
 	if err != nil {
 		return E2EResult{}, err
-	}
-	ms := o.RailLatency.Milliseconds()
-	if _, err := rail.SetFaults(ctx, railclient.FaultsUpdate{LatencyMS: &ms}); err != nil {
-		return E2EResult{}, fmt.Errorf("set the rail's latency: %w", err)
 	}
 
 	log.Info("loading accounts", "accounts", o.Accounts)
@@ -102,12 +98,8 @@ func runE2E(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2EResult, error
 		res.Seconds = elapsed.Seconds()
 	}
 	res.PayoutsPerSec = round3(float64(o.Payouts) / res.Seconds)
-	report, err := rail.SettlementReport(ctx)
-	if err != nil {
-		return res, fmt.Errorf("read the rail's settlement report: %w", err)
-	}
-	res.Duplicates = countDuplicates(report, pc.ClientRef(run+"-"))
-	return res, nil
+	res.Duplicates, err = railDuplicates(ctx, rail, pc.ClientRef(run+"-"))
+	return res, err
 }
 
 func e2eAccountID(run string, i int) string { return fmt.Sprintf("%s-a%06d", run, i) }
@@ -392,6 +384,31 @@ func quantile(sorted []float64, q float64) float64 {
 	}
 	i := int(q*float64(len(sorted))+0.5) - 1
 	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// operatorRail is the rail stub as the bench's operator sees it, with
+// o.RailLatency (ms, returned) set for the run about to start: the payouts
+// run and the baseline's alike.
+func (sys *e2eSystem) operatorRail(ctx context.Context, o E2EOptions) (*railclient.Client, int64, error) {
+	rail, err := railclient.New(sys.railURL, sys.operatorToken, httpx.WithTimeout(5*time.Minute))
+	if err != nil {
+		return nil, 0, err
+	}
+	ms := o.RailLatency.Milliseconds()
+	if _, err := rail.SetFaults(ctx, railclient.FaultsUpdate{LatencyMS: &ms}); err != nil {
+		return nil, 0, fmt.Errorf("set the rail's latency: %w", err)
+	}
+	return rail, ms, nil
+}
+
+// railDuplicates reads the rail's settlement report and counts the client
+// references with the given prefix it settled more than once.
+func railDuplicates(ctx context.Context, rail *railclient.Client, prefix string) (int, error) {
+	report, err := rail.SettlementReport(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("read the rail's settlement report: %w", err)
+	}
+	return countDuplicates(report, prefix), nil
 }
 
 // countDuplicates counts client references with the given prefix that the

@@ -201,13 +201,9 @@ func runRiverBaseline(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2ERes
 	if err != nil {
 		return E2EResult{}, err
 	}
-	opRail, err := railclient.New(sys.railURL, sys.operatorToken, httpx.WithTimeout(5*time.Minute))
+	opRail, ms, err := sys.operatorRail(ctx, o)
 	if err != nil {
 		return E2EResult{}, err
-	}
-	ms := o.RailLatency.Milliseconds()
-	if _, err := opRail.SetFaults(ctx, railclient.FaultsUpdate{LatencyMS: &ms}); err != nil {
-		return E2EResult{}, fmt.Errorf("set the rail's latency: %w", err)
 	}
 
 	var done, errs atomic.Int64
@@ -329,11 +325,9 @@ func runRiverBaseline(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2ERes
 	}
 	summarize(spans, nil, &res)
 	res.PayoutsPerSec = round3(float64(o.Payouts) / res.Seconds)
-	report, err := opRail.SettlementReport(ctx)
-	if err != nil {
-		return res, fmt.Errorf("read the rail's settlement report: %w", err)
+	if res.Duplicates, err = railDuplicates(ctx, opRail, "river-"+run+"-"); err != nil {
+		return res, err
 	}
-	res.Duplicates = countDuplicates(report, "river-"+run+"-")
 	if n := errs.Load(); n > 0 {
 		return res, fmt.Errorf("%d payout jobs failed and were retried; see the log", n)
 	}
