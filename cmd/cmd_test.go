@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/payouts/payouts/dev/stack"
 )
 
 // runArgs runs the command line in-process and returns its exit code,
@@ -161,5 +165,40 @@ func TestRemovedFlagsAreUsageErrors(t *testing.T) {
 	code, _, errOut := runArgs(t, "lock", "list", "--proxy-url", "http://127.0.0.1:7103", "--token", "x")
 	if code != 2 || !strings.Contains(errOut, "unknown flag: --proxy-url") {
 		t.Fatalf("lock list --proxy-url: exit %d, %q", code, errOut)
+	}
+}
+
+// TestDevUpLeavesTheReconcilerPortFree: a stack from `dev up`'s default
+// --port-base listens on none of the addresses the roles' own default
+// --listen flags name, except each server's own: a continuous reconciler
+// (`reconcile --interval ...`, default 127.0.0.1:7105) starts beside it.
+func TestDevUpLeavesTheReconcilerPortFree(t *testing.T) {
+	root := NewRoot()
+	find := func(path ...string) *cobra.Command {
+		c, _, err := root.Find(path)
+		if err != nil || c.Name() != path[len(path)-1] {
+			t.Fatalf("no command %v: %v", path, err)
+		}
+		return c
+	}
+	base, err := strconv.Atoi(find("dev", "up").Flags().Lookup("port-base").DefValue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[int]string{}
+	for what, port := range stack.PortLayout(base) {
+		used[port] = what
+	}
+	for _, path := range [][]string{{"reconcile"}, {"serve", "lock"}, {"serve", "payment"}, {"serve", "proxy"}, {"serve", "rail"}} {
+		def := find(path...).Flags().Lookup("listen").DefValue
+		_, p, err := net.SplitHostPort(def)
+		if err != nil {
+			t.Fatalf("%v --listen default %q: %v", path, def, err)
+		}
+		port, _ := strconv.Atoi(p)
+		role := path[len(path)-1]
+		if what, ok := used[port]; ok && what != role {
+			t.Errorf("`%s` listens on %s by default, where `dev up` (--port-base %d) puts its %s", strings.Join(path, " "), def, base, what)
+		}
 	}
 }

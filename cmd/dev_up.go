@@ -56,7 +56,7 @@ func newDevUpCmd(a *app) *cobra.Command {
 	}
 	c.Flags().StringVar(&dir, "dir", ".dev/stack", "directory for the databases, etcd data, auth file and logs (reused on the next run)")
 	out.register(c, true)
-	c.Flags().IntVar(&portBase, "port-base", 7100, "ports: lock +1, payment +2, proxy +3, rail +4, PostgreSQL +5, etcd +6/+7; 0 picks free ports")
+	c.Flags().IntVar(&portBase, "port-base", 7100, "ports: lock +1, payment +2, proxy +3, rail +4, etcd +6/+7, PostgreSQL +8 (+5 stays free for a reconciler's default --listen); 0 picks free ports")
 	c.Flags().DurationVar(&settlement, "settlement-window", 3*time.Second, "the rail stub's settlement window")
 	c.Flags().BoolVar(&useTLS, "tls", false, "run every role over HTTPS with a throwaway CA made for this run (DIR/tls/ca.pem: pass it as --ca-file)")
 	return c

@@ -31,7 +31,7 @@ var wantSeries = []string{
 	"payouts_payment_ledger_drift_accounts", "payouts_payment_ledger_unbalanced_groups",
 	"payouts_payment_payouts", "payouts_payment_oldest_ambiguous_age_seconds", "payouts_payment_resolution_sla_seconds",
 	"payouts_proxy_fenced_out_total", "payouts_proxy_duplicate_attempts_total", "payouts_proxy_submissions_total",
-	"payouts_proxy_guard_disabled", "payouts_rail_payments_total",
+	"payouts_payment_guard_disabled", "payouts_proxy_guard_disabled", "payouts_rail_payments_total",
 	"payouts_executor_payouts_total", "payouts_executor_step_duration_seconds_bucket",
 	"payouts_reconcile_findings", "payouts_reconcile_last_success_timestamp_seconds",
 	"payouts_http_requests_total", "payouts_build_info",

@@ -30,3 +30,11 @@ func TestNegativeControlStaleWriteLands(t *testing.T) {
 		t.Fatalf("fence must still record the highest token: %+v", a)
 	}
 }
+
+// TestNegativeControlGuardDisabledIsOne: the negative-control build says
+// so on /metrics, where the PayoutsGuardDisabled alert pages on it.
+func TestNegativeControlGuardDisabledIsOne(t *testing.T) {
+	if v := guardDisabledGauge(t); v != 1 {
+		t.Fatalf("negativecontrol build: payouts_payment_guard_disabled = %v, want 1", v)
+	}
+}

@@ -16,6 +16,7 @@ type metrics struct {
 	workFallbacks       prometheus.Counter
 	workWaits           prometheus.Counter
 	createBatch         prometheus.Histogram
+	guardDisabled       prometheus.Gauge // 1 in a negativecontrol build
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -65,8 +66,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Payouts created per database statement: creations that arrive while one is written go out together.",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
 		}),
+		guardDisabled: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "payouts_payment_guard_disabled",
+			Help: "1 when this binary was built with the negativecontrol tag (guard 1's fence condition and the transition table compiled out). Must be 0 in production.",
+		}),
 	}
 	reg.MustRegister(m.transitions, m.fencedOut, m.tokenRegressions, m.rejectedTransitions,
-		m.safetyWriteFailures, m.driftAccounts, m.driftGroups, m.driftChecks, m.workFallbacks, m.workWaits, m.createBatch)
+		m.safetyWriteFailures, m.driftAccounts, m.driftGroups, m.driftChecks, m.workFallbacks, m.workWaits, m.createBatch,
+		m.guardDisabled)
+	if !guardEnabled || !transitionTableEnabled {
+		m.guardDisabled.Set(1)
+	}
 	return m
 }

@@ -36,3 +36,11 @@ func TestReleaseBuildGuardCondition(t *testing.T) {
 		t.Fatal("release build: guard 1 lost its fence condition")
 	}
 }
+
+// TestReleaseBuildGuardDisabledIsZero: a release build exports
+// payouts_payment_guard_disabled 0 (the PayoutsGuardDisabled alert pages on 1).
+func TestReleaseBuildGuardDisabledIsZero(t *testing.T) {
+	if v := guardDisabledGauge(t); v != 0 {
+		t.Fatalf("release build: payouts_payment_guard_disabled = %v, want 0", v)
+	}
+}

@@ -107,9 +107,24 @@ type Stack struct {
 
 type ports struct{ lock, payment, proxy, rail, pg, etcdClient, etcdPeer int }
 
+// PortLayout is where a stack started with --port-base base listens, by
+// what listens there: the four servers at +1..+4 (their own defaults,
+// 7101..7104, from the default base), etcd at +6/+7 and PostgreSQL at +8.
+// +5 is left free: it is a continuous reconciler's default --listen
+// (7105), so a reconciler runs beside a default stack.
+func PortLayout(base int) map[string]int {
+	p := layout(base)
+	return map[string]int{"lock": p.lock, "payment": p.payment, "proxy": p.proxy, "rail": p.rail,
+		"postgres": p.pg, "etcd-client": p.etcdClient, "etcd-peer": p.etcdPeer}
+}
+
+func layout(base int) ports {
+	return ports{lock: base + 1, payment: base + 2, proxy: base + 3, rail: base + 4, etcdClient: base + 6, etcdPeer: base + 7, pg: base + 8}
+}
+
 func choosePorts(base int) (ports, error) {
 	if base > 0 {
-		p := ports{base + 1, base + 2, base + 3, base + 4, base + 5, base + 6, base + 7}
+		p := layout(base)
 		for _, n := range []int{p.lock, p.payment, p.proxy, p.rail, p.pg, p.etcdClient, p.etcdPeer} {
 			if !infra.PortFree(n) {
 				return p, fmt.Errorf("port %d is already in use (another `payouts dev up`?); stop it or choose --port-base", n)
