@@ -2,7 +2,9 @@ package lock_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -258,6 +260,90 @@ func TestBadInput(t *testing.T) {
 		}
 		if hi, err := cl.HighToken(ctx); err != nil || hi != 0 {
 			t.Fatalf("bad input minted tokens: %d %v", hi, err)
+		}
+	})
+}
+
+// TestEscapedKeyIsTheKey: a key sent percent-escaped (payout%3Aacc-1, as
+// encodeURIComponent sends payout:acc-1) is the same key: the grant names
+// it unescaped, a read of the plain path sees it held, and the release by
+// either spelling ends it.
+func TestEscapedKeyIsTheKey(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, kind string) {
+		svc := setup(t, kind).svc
+		ctx := testCtx(t)
+		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		status, body := rawPost(t, svc.URL+"/v1/locks/payout%3Aesc-1/acquire", executorToken, `{"session_id":"`+s.ID()+`"}`)
+		if status != http.StatusOK || !strings.Contains(body, `"key":"payout:esc-1"`) {
+			t.Fatalf("acquire of payout%%3Aesc-1: %d %s; want 200 naming payout:esc-1", status, body)
+		}
+		var g struct {
+			Token int64 `json:"token"`
+		}
+		if err := json.Unmarshal([]byte(body), &g); err != nil || g.Token <= 0 {
+			t.Fatalf("grant %s: %v", body, err)
+		}
+		l, err := s.Client().Lock(ctx, "payout:esc-1")
+		if err != nil || !l.Held || int64(l.Token) != g.Token {
+			t.Fatalf("payout:esc-1 after the escaped acquire: %+v, %v; want held under token %d", l, err, g.Token)
+		}
+		status, body = rawPost(t, svc.URL+"/v1/locks/payout%3aesc-1/release", executorToken,
+			fmt.Sprintf(`{"session_id":"%s","token":%d}`, s.ID(), g.Token))
+		if status != http.StatusOK {
+			t.Fatalf("release of payout%%3aesc-1: %d %s", status, body)
+		}
+		if l, err := s.Client().Lock(ctx, "payout:esc-1"); err != nil || l.Held {
+			t.Fatalf("payout:esc-1 after the escaped release: %+v, %v; want free", l, err)
+		}
+	})
+}
+
+// TestSessionShapeAfterEnd: GET /v1/sessions/{id} answers every member
+// DESIGN §4 names, for a closed session too (a time the backend no longer
+// knows is null, not left out).
+func TestSessionShapeAfterEnd(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, kind string) {
+		svc := setup(t, kind).svc
+		ctx := testCtx(t)
+		s, err := lockclient.Open(ctx, svc.URL, "shape", lockclient.WithToken(executorToken))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := s.ID()
+		get := func() map[string]any {
+			t.Helper()
+			req, _ := http.NewRequest(http.MethodGet, svc.URL+"/v1/sessions/"+id, nil)
+			req.Header.Set("Authorization", "Bearer "+executorToken)
+			resp, err := httpClient().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var m map[string]any
+			if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("GET session: %d %v", resp.StatusCode, err)
+			}
+			return m
+		}
+		for _, when := range []string{"open", "closed"} {
+			if when == "closed" {
+				if err := s.Close(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m := get()
+			for _, k := range []string{"session_id", "owner", "ttl_ms", "state", "last_heartbeat_at", "expires_at"} {
+				if _, ok := m[k]; !ok {
+					t.Errorf("%s session: no %q in %v", when, k, m)
+				}
+			}
+			if want := map[string]string{"open": "ACTIVE", "closed": "CLOSED"}[when]; m["state"] != want {
+				t.Errorf("%s session: state %v, want %s", when, m["state"], want)
+			}
 		}
 	})
 }

@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
@@ -19,7 +17,7 @@ import (
 // Lock handlers: acquire (waiting), release, revoke and introspection.
 
 func keyParam(r *http.Request) (string, error) {
-	key := chi.URLParam(r, "key")
+	key := httpx.PathParam(r, "key")
 	return key, backend.CheckKey(key)
 }
 

@@ -5,8 +5,6 @@ import (
 	"io"
 	"net/http"
 
-	"github.com/go-chi/chi/v5"
-
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
@@ -44,7 +42,7 @@ func (s *Service) createSession(w http.ResponseWriter, r *http.Request) error {
 }
 
 func sessionParam(r *http.Request) (string, error) {
-	id := chi.URLParam(r, "id")
+	id := httpx.PathParam(r, "id")
 	return id, backend.CheckSessionID(id)
 }
 

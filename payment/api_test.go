@@ -210,3 +210,24 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("bad input moved the fence: %+v", a)
 	}
 }
+
+// TestEscapedPathIDs: an id sent percent-escaped (po%2D1, acc%2D1, as some
+// clients escape every byte they are unsure of) names the same payout or
+// account; an escaped byte no id may hold is still not found.
+func TestEscapedPathIDs(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	e.payout(t, "po-1", "acc-1", 100)
+	for path, want := range map[string]int{
+		"/v1/payouts/po%2D1":        http.StatusOK,
+		"/v1/payouts/po%2d1/events": http.StatusOK,
+		"/v1/accounts/acc%2D1":      http.StatusOK,
+		"/v1/payouts/po%2F1":        http.StatusNotFound,
+		"/v1/payouts/po%3A1":        http.StatusNotFound,
+	} {
+		if got := e.getStatus(t, path, operatorBearer); got != want {
+			t.Errorf("GET %s: %d, want %d", path, got, want)
+		}
+	}
+}

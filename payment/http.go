@@ -67,7 +67,7 @@ func actor(r *http.Request) string {
 
 // pathID reads an id from the path; an id that cannot exist is not found.
 func pathID(r *http.Request, what string) (string, error) {
-	id := chi.URLParam(r, "id")
+	id := httpx.PathParam(r, "id")
 	if !wire.IDPattern.MatchString(id) {
 		return "", problem.New(problem.NotFound, "no %s %q", what, id)
 	}

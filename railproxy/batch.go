@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payouts/payouts/internal/httpx"
@@ -129,7 +128,7 @@ type batchAnswer struct {
 // single submission's is (forward), detached from the caller, at most
 // maxBatchForwards at once; the answer comes when all are done.
 func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
-	account := chi.URLParam(r, "id")
+	account := httpx.PathParam(r, "id")
 	if err := wire.ValidID("account_id", account); err != nil {
 		return refusedUnforwarded(err, "")
 	}

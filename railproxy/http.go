@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/payouts/payouts/internal/httpx"
@@ -60,7 +59,7 @@ func refusedUnforwarded(err error, payoutID string) error {
 // payoutParam reads the payout id of the path: an id that cannot exist is
 // not found, and never reaches SQL.
 func payoutParam(r *http.Request) (string, error) {
-	id := chi.URLParam(r, "payout_id")
+	id := httpx.PathParam(r, "payout_id")
 	if !wire.IDPattern.MatchString(id) {
 		return "", problem.New(problem.NotFound, "no payout %q: payout ids are 1-%d characters of A-Z a-z 0-9 . _ -", id, wire.MaxIDLen)
 	}

@@ -194,23 +194,46 @@ func WithPrincipal(ctx context.Context, p Principal) context.Context {
 }
 
 // Middleware authenticates every request: 401 without a valid bearer token.
-func (a *Authenticator) Middleware(next http.Handler) http.Handler {
+// routed, when not nil, is asked about a request that fails
+// authentication: one it reports no route (path and method) for goes on to
+// next unauthenticated, so that the router answers what it answers
+// everyone, 404 or 405, and no handler runs. Asked only on a failure, it
+// costs a request that authenticates nothing.
+func (a *Authenticator) Middleware(next http.Handler, routed func(*http.Request) bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h := r.Header.Get("Authorization")
-		token, found := strings.CutPrefix(h, "Bearer ")
+		token, found := bearerToken(r.Header.Get("Authorization"))
 		if !found && !a.insecure {
+			if routed != nil && !routed(r) {
+				next.ServeHTTP(w, r)
+				return
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="payouts"`)
 			problem.Write(w, problem.New(problem.Unauthorized, "a bearer token is required (Authorization: Bearer <token>)"))
 			return
 		}
-		p, ok := a.Authenticate(strings.TrimSpace(token))
+		p, ok := a.Authenticate(token)
 		if !ok {
+			if routed != nil && !routed(r) {
+				next.ServeHTTP(w, r)
+				return
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="payouts", error="invalid_token"`)
 			problem.Write(w, problem.New(problem.Unauthorized, "the bearer token is not valid"))
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), p)))
 	})
+}
+
+// bearerToken is the token of an Authorization header of the Bearer
+// scheme, whose name is case-insensitive (RFC 9110 §11.1): "Bearer t",
+// "bearer t" and "BEARER t" alike.
+func bearerToken(h string) (string, bool) {
+	scheme, token, found := strings.Cut(h, " ")
+	if !found || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(token), true
 }
 
 // Require answers 403 unless the caller has one of roles.

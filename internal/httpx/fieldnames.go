@@ -12,7 +12,10 @@ import (
 
 // checkFieldNames refuses object keys that name a field of t only when
 // compared case-insensitively (encoding/json accepts {"ID":...} for a field
-// tagged "id"): field names must match exactly. It descends into struct,
+// tagged "id"): field names must match exactly. It also refuses a key
+// given twice in one object, which encoding/json takes silently (the last
+// wins): {"amount":5,...,"amount":999999} reads as one amount to one parser
+// and as another to the next (a log, a proxy, an audit copy of the body). It descends into struct,
 // pointer, slice, array and map values; body has already been decoded into
 // a value of type t, so it is well-formed JSON. It reads body once, in
 // one walk that decodes nothing but the keys (a walk that unmarshalled each
@@ -59,6 +62,7 @@ func (w *fieldWalk) value(t reflect.Type) error {
 			}
 		}
 		w.i++
+		var seen keySet
 		for {
 			switch w.peek() {
 			case '}':
@@ -79,6 +83,9 @@ func (w *fieldWalk) value(t reflect.Type) error {
 				return nil
 			}
 			w.i++
+			if !seen.add(key) {
+				return problem.New(problem.InvalidRequest, "field %q is given twice", key)
+			}
 			ft := elem
 			if fields != nil {
 				f, ok := fields[key]
@@ -127,6 +134,42 @@ func (w *fieldWalk) value(t reflect.Type) error {
 		}
 	}
 	return nil
+}
+
+// keySet is the keys of one object seen so far: a short list while the
+// object is small (request objects have a handful of keys), a map once it
+// is not, so a body of many keys is not read quadratically.
+type keySet struct {
+	list [16]string
+	n    int
+	m    map[string]struct{}
+}
+
+// add records key and reports whether it was new.
+func (k *keySet) add(key string) bool {
+	if k.m != nil {
+		if _, dup := k.m[key]; dup {
+			return false
+		}
+		k.m[key] = struct{}{}
+		return true
+	}
+	for _, s := range k.list[:k.n] {
+		if s == key {
+			return false
+		}
+	}
+	if k.n < len(k.list) {
+		k.list[k.n] = key
+		k.n++
+		return true
+	}
+	k.m = make(map[string]struct{}, 2*k.n)
+	for _, s := range k.list[:k.n] {
+		k.m[s] = struct{}{}
+	}
+	k.m[key] = struct{}{}
+	return true
 }
 
 // str reads the string at w.i, unescaped.

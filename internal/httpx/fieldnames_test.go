@@ -107,3 +107,56 @@ func FuzzCheckFieldNames(f *testing.F) {
 		_ = checkFieldNames(body, reflect.TypeOf(&benchBody{}))
 	})
 }
+
+// A key given twice in one object is refused at every depth, escaped or
+// not, in maps too and in objects of more keys than the short list holds;
+// the same key in two different objects is no duplicate.
+func TestDuplicateKeysRefused(t *testing.T) {
+	type inner struct {
+		Name string         `json:"name"`
+		Tags map[string]int `json:"tags"`
+	}
+	type outer struct {
+		Amount int64   `json:"amount"`
+		ID     string  `json:"id"`
+		List   []inner `json:"list"`
+		In     *inner  `json:"in"`
+		Any    any     `json:"any"`
+	}
+	many := func(dup bool) string {
+		var b strings.Builder
+		b.WriteString(`{"tags":{`)
+		for i := range 40 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `"k%d":%d`, i, i)
+		}
+		if dup {
+			b.WriteString(`,"k3":0`)
+		}
+		b.WriteString(`}}`)
+		return `{"in":` + b.String() + `}`
+	}
+	for _, c := range []struct {
+		body, dup string
+	}{
+		{`{"id":"p-x","amount":5,"amount":999999}`, "amount"},
+		{`{"amount":5,"\u0061mount":6}`, "amount"},
+		{`{"list":[{"name":"a"},{"name":"b","name":"c"}]}`, "name"},
+		{`{"in":{"tags":{"a":1,"a":2}}}`, "a"},
+		{`{"any":{"x":1,"x":2}}`, "x"},
+		{many(true), "k3"},
+		{many(false), ""},
+		{`{"list":[{"name":"a"},{"name":"b"}],"in":{"name":"c"},"id":"name"}`, ""},
+	} {
+		var v outer
+		err := DecodeStrict([]byte(c.body), &v)
+		switch {
+		case c.dup == "" && err != nil:
+			t.Errorf("%s: %v", c.body, err)
+		case c.dup != "" && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("field %q is given twice", c.dup))):
+			t.Errorf("%s: %v, want field %q given twice", c.body, err, c.dup)
+		}
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-chi/chi/v5"
+
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
@@ -240,5 +242,64 @@ func TestReadyzTurns503OnShutdownAndInFlightFinishes(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("serve: %v", err)
+	}
+}
+
+// TestAuthAfterRouting: a request no route takes is answered 404 or 405
+// with or without a token (routes mounted under a prefix, as every role
+// mounts /v1, included), while a routed request without a valid token is
+// 401 and reaches no handler; the Bearer scheme's name is matched in any
+// case; HEAD is answered wherever GET is, under the same authentication.
+func TestAuthAfterRouting(t *testing.T) {
+	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + execToken + `","role":"executor","name":"exec-1"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := httpx.NewServer(httpx.Config{Role: "test", Auth: a})
+	ran := 0
+	s.Router().Route("/v1/sub", func(r chi.Router) {
+		r.Get("/things/{id}", httpx.Handler(func(w http.ResponseWriter, r *http.Request) error {
+			ran++
+			httpx.WriteJSON(w, http.StatusOK, map[string]string{"id": httpx.PathParam(r, "id")})
+			return nil
+		}))
+	})
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	for _, c := range []struct {
+		method, path, authz string
+		status              int
+		allow               string
+	}{
+		{http.MethodDelete, "/v1/sub/things/x", "", http.StatusMethodNotAllowed, "GET, HEAD"},
+		{http.MethodDelete, "/v1/sub/things/x", "Bearer not-a-real-token-at-all", http.StatusMethodNotAllowed, "GET, HEAD"},
+		{http.MethodDelete, "/v1/sub/things/x", "Bearer " + execToken, http.StatusMethodNotAllowed, "GET, HEAD"},
+		{http.MethodGet, "/v1/sub/nowhere", "", http.StatusNotFound, ""},
+		{http.MethodGet, "/v1/sub/things/x", "", http.StatusUnauthorized, ""},
+		{http.MethodGet, "/v1/sub/things/x", "Bearer not-a-real-token-at-all", http.StatusUnauthorized, ""},
+		{http.MethodGet, "/v1/sub/things/x", "Basic " + execToken, http.StatusUnauthorized, ""},
+		{http.MethodGet, "/v1/sub/things/x", "Bearer", http.StatusUnauthorized, ""},
+		{http.MethodGet, "/v1/sub/things/x", "Bearer " + execToken, http.StatusOK, ""},
+		{http.MethodGet, "/v1/sub/things/x", "bearer " + execToken, http.StatusOK, ""},
+		{http.MethodGet, "/v1/sub/things/x", "BEARER  " + execToken, http.StatusOK, ""},
+		{http.MethodHead, "/v1/sub/things/x", "", http.StatusUnauthorized, ""},
+		{http.MethodHead, "/v1/sub/things/x", "Bearer " + execToken, http.StatusOK, ""},
+		{http.MethodHead, "/healthz", "", http.StatusOK, ""},
+	} {
+		req, _ := http.NewRequest(c.method, ts.URL+c.path, nil)
+		if c.authz != "" {
+			req.Header.Set("Authorization", c.authz)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.status || resp.Header.Get("Allow") != c.allow {
+			t.Errorf("%s %s (Authorization %q): %d Allow=%q, want %d Allow=%q", c.method, c.path, c.authz, resp.StatusCode, resp.Header.Get("Allow"), c.status, c.allow)
+		}
+	}
+	if ran != 4 {
+		t.Errorf("the handler ran %d times, want 4 (the authenticated GETs and HEAD only)", ran)
 	}
 }

@@ -2,6 +2,7 @@ package httpx
 
 import (
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/go-chi/chi/v5"
@@ -31,14 +32,14 @@ func metricMethod(m string) string {
 // hands a custom handler no list, so it is asked route by route). A method
 // on a path no route has is a plain 404.
 func methodNotAllowed(mux chi.Routes, w http.ResponseWriter, r *http.Request) {
-	path := r.URL.RawPath
-	if path == "" {
-		path = r.URL.Path
-	}
+	path := routePath(r)
 	var allowed []string
 	for _, m := range metricMethods {
 		if m != http.MethodOptions && mux.Match(chi.NewRouteContext(), m, path) {
 			allowed = append(allowed, m)
+			if m == http.MethodGet {
+				allowed = append(allowed, http.MethodHead) // answered by the GET route
+			}
 		}
 	}
 	if len(allowed) == 0 {
@@ -49,4 +50,32 @@ func methodNotAllowed(mux chi.Routes, w http.ResponseWriter, r *http.Request) {
 	e := problem.New(problem.InvalidRequest, "method %q is not allowed on %s; allowed: %s", r.Method, r.URL.Path, strings.Join(allowed, ", "))
 	e.HTTPStatus = http.StatusMethodNotAllowed
 	problem.Write(w, e)
+}
+
+// PathParam is the path parameter name as the client meant it, decoded
+// exactly once. chi matches on the request's escaped path when it has one
+// (r.URL.RawPath: the client escaped a byte the default encoding would
+// not, as encodeURIComponent does with ':') and then hands the parameter
+// over as sent (payout%3Aacc-1); otherwise on the decoded path, so the
+// parameter is decoded already and must not be decoded again (a%2541 is
+// the id "a%41", never "aA"). A parameter that does not decode is given
+// as sent, for the caller's validation to refuse.
+func PathParam(r *http.Request, name string) string {
+	v := chi.URLParam(r, name)
+	if r.URL.RawPath == "" {
+		return v
+	}
+	if d, err := url.PathUnescape(v); err == nil {
+		return d
+	}
+	return v
+}
+
+// routePath is the path chi matches a request on: the escaped one when the
+// request has one.
+func routePath(r *http.Request) string {
+	if r.URL.RawPath != "" {
+		return r.URL.RawPath
+	}
+	return r.URL.Path
 }

@@ -3,6 +3,7 @@ package httpx_test
 import (
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -23,8 +24,8 @@ func TestMethodNotAllowed(t *testing.T) {
 		allow        string
 	}{
 		{http.MethodGet, "/v1/echo", http.StatusMethodNotAllowed, "POST"},
-		{http.MethodDelete, "/healthz", http.StatusMethodNotAllowed, "GET"},
-		{"XMETHOD1", "/healthz", http.StatusMethodNotAllowed, "GET"},
+		{http.MethodDelete, "/healthz", http.StatusMethodNotAllowed, "GET, HEAD"},
+		{"XMETHOD1", "/healthz", http.StatusMethodNotAllowed, "GET, HEAD"},
 		{"XMETHOD1", "/v1/nowhere", http.StatusNotFound, ""},
 		{http.MethodGet, "/v1/nowhere", http.StatusNotFound, ""},
 	}
@@ -94,3 +95,35 @@ type nopWriter struct{ h http.Header }
 func (w nopWriter) Header() http.Header         { return w.h }
 func (w nopWriter) Write(b []byte) (int, error) { return len(b), nil }
 func (w nopWriter) WriteHeader(int)             {}
+
+// A path parameter is what the client meant, however it escaped it:
+// escaped bytes are decoded once (payout%3Aacc-1 is payout:acc-1, p%2D1 is
+// p-1), never twice (a%2541 is "a%41").
+func TestPathParamDecodedOnce(t *testing.T) {
+	s := httpx.NewServer(httpx.Config{Role: "test", Auth: auth.Insecure()})
+	s.Router().Get("/v1/things/{key}/x", httpx.Handler(func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.WriteString(w, httpx.PathParam(r, "key"))
+		return nil
+	}))
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	for raw, want := range map[string]string{
+		"payout:acc-1":   "payout:acc-1",
+		"payout%3Aacc-1": "payout:acc-1",
+		"payout%3aacc-1": "payout:acc-1",
+		"p%2D1":          "p-1",
+		"a%20b":          "a b",
+		"a%2541":         "a%41",
+		"a%2F%3A":        "a/:",
+	} {
+		resp, err := http.Get(ts.URL + "/v1/things/" + raw + "/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(body) != want {
+			t.Errorf("%s: %d %q, want %q", raw, resp.StatusCode, body, want)
+		}
+	}
+}

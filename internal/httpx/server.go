@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -91,6 +92,9 @@ func NewServer(cfg Config) *Server {
 
 	r := chi.NewRouter()
 	r.Use(s.instrument)
+	// HEAD is answered wherever GET is (RFC 9110 §9.3.2), by the GET
+	// route with the body left out: probes and load balancers send it.
+	r.Use(middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		problem.Write(w, problem.New(problem.NotFound, "no route for %s %s", r.Method, r.URL.Path))
 	})
@@ -140,7 +144,17 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			problem.Write(w, problem.New(problem.Unauthorized, "server has no authentication configured"))
 		})
 	}
-	return s.cfg.Auth.Middleware(next)
+	return s.cfg.Auth.Middleware(next, s.routed)
+}
+
+// routed reports whether some route has the request's path and method (a
+// mounted router's routes included).
+func (s *Server) routed(r *http.Request) bool {
+	method := r.Method
+	if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RouteMethod != "" {
+		method = rctx.RouteMethod // GET for a HEAD (GetHead)
+	}
+	return s.root.Match(chi.NewRouteContext(), method, routePath(r))
 }
 
 func (s *Server) deadline(next http.Handler) http.Handler {

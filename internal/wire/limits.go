@@ -81,7 +81,11 @@ func ValidRef(field, v string) error { return ValidText(field, v, MaxRefLen, tru
 // when allowZero).
 func ValidAmount(field string, v int64, allowZero bool) error {
 	if v < 0 || (v == 0 && !allowZero) {
-		return BadField(field, "must be a positive integer number of minor units, got %d", v)
+		want := "a positive"
+		if allowZero {
+			want = "zero or a positive"
+		}
+		return BadField(field, "must be %s integer number of minor units, got %d", want, v)
 	}
 	if v >= MaxAmount {
 		return BadField(field, "must be below 10^15 minor units, got %d", v)

@@ -102,7 +102,9 @@ func (b *Backend) KeepAlive(ctx context.Context, id string) (backend.Session, er
 }
 
 // Session implements backend.Backend. etcd does not record heartbeats: the
-// last one is inferred from the lease's remaining TTL.
+// last one is what this process saw of the lease's renewal when that agrees
+// with the lease's remaining TTL (a keepalive through this process: known
+// to the millisecond), else inferred from that TTL.
 func (b *Backend) Session(ctx context.Context, id string) (backend.Session, error) {
 	lease, ok := parseSessionID(id)
 	if !ok {
@@ -131,8 +133,9 @@ func (b *Backend) Session(ctx context.Context, id string) (backend.Session, erro
 	now := time.Now()
 	granted, remaining := time.Duration(ttl.GrantedTTL)*time.Second, time.Duration(ttl.TTL)*time.Second
 	s.TTL = granted
-	s.ExpiresAt = now.Add(remaining)
-	s.LastHeartbeatAt = now.Add(remaining - granted)
+	known, _ := b.cache.session(id)
+	s.LastHeartbeatAt = heartbeat(now.Add(remaining-granted), s.CreatedAt, now, known.renewed)
+	s.ExpiresAt = s.LastHeartbeatAt.Add(granted)
 	s.State = backend.SessionState(s.LastHeartbeatAt, now, granted)
 	return s, nil
 }
@@ -184,4 +187,25 @@ func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session,
 	}
 	s.State = backend.StateClosed
 	return s, nil
+}
+
+// heartbeat is a session's last renewal as best known. etcd answers the
+// remaining TTL in whole seconds, rounded down, so the renewal it implies
+// (inferred) is up to a second before the real one; a renewal this process
+// saw itself (seen, zero if none) is the real one when it falls in that
+// second (or just before it: seen is when the keepalive was sent), and
+// otherwise the lease was renewed elsewhere since. Never before the
+// session's creation, never after now.
+func heartbeat(inferred, created, now, seen time.Time) time.Time {
+	hb := inferred
+	if !seen.IsZero() && !seen.Before(inferred.Add(-time.Second)) && !seen.After(now) {
+		hb = seen
+	}
+	if hb.Before(created) {
+		hb = created
+	}
+	if hb.After(now) {
+		hb = now
+	}
+	return hb
 }

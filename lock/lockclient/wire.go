@@ -17,15 +17,17 @@ type CreateSessionRequest struct {
 
 // SessionInfo is a session as the service reports it: the answer to POST
 // /v1/sessions, POST /v1/sessions/{id}/keepalive, DELETE and GET
-// /v1/sessions/{id}. State is ACTIVE, SUSPECT, EXPIRED or CLOSED.
+// /v1/sessions/{id}. State is ACTIVE, SUSPECT, EXPIRED or CLOSED. The
+// heartbeat and expiry are always present, null when the service no longer
+// knows them (an ended session on the etcd backend).
 type SessionInfo struct {
 	SessionID       string     `json:"session_id"`
 	Owner           string     `json:"owner"`
 	TTLMS           int64      `json:"ttl_ms"`
 	State           string     `json:"state"`
 	CreatedAt       *time.Time `json:"created_at,omitempty"`
-	LastHeartbeatAt *time.Time `json:"last_heartbeat_at,omitempty"`
-	ExpiresAt       *time.Time `json:"expires_at,omitempty"`
+	LastHeartbeatAt *time.Time `json:"last_heartbeat_at"`
+	ExpiresAt       *time.Time `json:"expires_at"`
 }
 
 // AcquireRequest is the body of POST /v1/locks/{key}/acquire. WaitMS 0

@@ -131,3 +131,36 @@ func testUnknownSession(t *testing.T, st Store) {
 		t.Fatalf("a refused acquire left a lock: %+v %v", l, err)
 	}
 }
+
+// testSessionTimes: a session's reported times agree with each other and
+// with what the service last did: the last heartbeat is never before the
+// session was created, is what the last keepalive reported (read twice,
+// the same), and the expiry is the heartbeat plus the TTL.
+func testSessionTimes(t *testing.T, st Store) {
+	b := st.Open(t)
+	s := session(t, b, "times", 10*time.Second)
+	check := func(what string, want time.Time) {
+		t.Helper()
+		for range 2 {
+			r, err := b.Session(ctx(t), s.ID)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			if r.LastHeartbeatAt.Before(r.CreatedAt) {
+				t.Errorf("%s: last heartbeat %s before creation %s", what, r.LastHeartbeatAt, r.CreatedAt)
+			}
+			if d := r.LastHeartbeatAt.Sub(want); d < -time.Millisecond || d > time.Millisecond {
+				t.Errorf("%s: last heartbeat %s, want %s (%s apart)", what, r.LastHeartbeatAt, want, d)
+			}
+			if d := r.ExpiresAt.Sub(r.LastHeartbeatAt.Add(r.TTL)); d < -time.Millisecond || d > time.Millisecond {
+				t.Errorf("%s: expires %s, want last heartbeat %s + TTL %s", what, r.ExpiresAt, r.LastHeartbeatAt, r.TTL)
+			}
+		}
+	}
+	check("after create", s.LastHeartbeatAt)
+	k, err := b.KeepAlive(ctx(t), s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("after keepalive", k.LastHeartbeatAt)
+}

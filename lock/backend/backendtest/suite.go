@@ -38,6 +38,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Store) {
 		{"CloseFreesEveryLock", testClose},
 		{"ExpiryFreesEveryLock", testExpiry},
 		{"KeepAliveNeverRevives", testKeepAliveNeverRevives},
+		{"SessionTimesAgree", testSessionTimes},
 		{"Revoke", testRevoke},
 		{"GrantLogAndHighToken", testGrantLog},
 		{"Introspection", testIntrospection},
