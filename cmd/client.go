@@ -58,7 +58,7 @@ func (f *clientFlags) register(c *cobra.Command, role string, calls ...service) 
 func (f *clientFlags) bearer() (string, error) {
 	tok, err := secret("token", f.token, f.tokenFile)
 	if err == nil && tok == "" {
-		err = fmt.Errorf("--token-file or --token (or %s) is required: the %s's bearer token", EnvName("token-file"), f.role)
+		err = fmt.Errorf("--token-file or --token (or %s or %s) is required: the %s's bearer token", EnvName("token-file"), EnvName("token"), f.role)
 	}
 	if err != nil {
 		return "", &ExitError{Code: 2, Err: err}

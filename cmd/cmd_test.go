@@ -4,10 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/spf13/cobra"
@@ -54,9 +60,11 @@ func TestOutputFormatIsChecked(t *testing.T) {
 	}
 }
 
-// walk calls fn on every runnable command of the tree.
+// walk calls fn on every command of the tree that does something: runnable
+// and no group (a group, such as `payouts lock`, runs only to print its
+// help or refuse an unknown subcommand).
 func walk(c *cobra.Command, fn func(*cobra.Command)) {
-	if c.Runnable() {
+	if c.Runnable() && !c.HasSubCommands() {
 		fn(c)
 	}
 	for _, sub := range c.Commands() {
@@ -200,5 +208,62 @@ func TestDevUpLeavesTheReconcilerPortFree(t *testing.T) {
 		if what, ok := used[port]; ok && what != role {
 			t.Errorf("`%s` listens on %s by default, where `dev up` (--port-base %d) puts its %s", strings.Join(path, " "), def, base, what)
 		}
+	}
+}
+
+// TestUsageErrorsExitTwo: every way of calling the binary wrongly is a
+// usage error, exit 2 — never 1, which `reconcile` uses for findings and
+// `status` for a role down: unknown commands (at the root and in a group),
+// wrong positional arguments, and a PAYOUTS_* value the flag cannot take.
+func TestUsageErrorsExitTwo(t *testing.T) {
+	for _, args := range [][]string{
+		{"no-such-command"},
+		{"lock", "no-such-command"},
+		{"payout", "show"},
+		{"payout", "show", "a", "b"},
+		{"reconcile", "--once", "extra"},
+		{"status", "extra"},
+		{"lock", "show", ""},
+		{"payout", "cancel", " ", "--reason", "r"},
+	} {
+		if code, _, errOut := runArgs(t, args...); code != 2 {
+			t.Errorf("payouts %s: exit %d, want 2 (%s)", strings.Join(args, " "), code, errOut)
+		}
+	}
+	t.Setenv("PAYOUTS_AMBIGUITY_SLA", "not-a-duration")
+	code, _, errOut := runArgs(t, "reconcile", "--once")
+	if code != 2 || !strings.Contains(errOut, "PAYOUTS_AMBIGUITY_SLA") {
+		t.Errorf("reconcile with PAYOUTS_AMBIGUITY_SLA=not-a-duration: exit %d, want 2 naming the variable (%s)", code, errOut)
+	}
+}
+
+// TestCommandLineBeatsTheEnvironment: a flag given on the command line
+// keeps out the variable of its pair's other flag, so PAYOUTS_TOKEN in
+// the environment and --token-file on the line is not "mutually
+// exclusive": the file's token is sent.
+func TestCommandLineBeatsTheEnvironment(t *testing.T) {
+	var got []string
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"items":[],"next":""}`)
+	}))
+	defer srv.Close()
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("token-from-the-file-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PAYOUTS_TOKEN", "token-from-the-environment-0123")
+	code, _, errOut := runArgs(t, "lock", "list", "--lock-url", srv.URL, "--token-file", file, "-o", "json")
+	if code != 0 {
+		t.Fatalf("lock list --token-file with PAYOUTS_TOKEN set: exit %d (%s)", code, errOut)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) == 0 || got[0] != "Bearer token-from-the-file-0123456789" {
+		t.Fatalf("sent %q, want the file's token", got)
 	}
 }

@@ -102,7 +102,7 @@ func newLockShowCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "show KEY",
 		Short: "Show one lock: holder, token, expiry, waiters",
-		Args:  cobra.ExactArgs(1),
+		Args:  oneArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := l.client()
 			if err != nil {
@@ -129,7 +129,7 @@ func newLockRevokeCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "revoke KEY --reason TEXT",
 		Short: "Force-free a lock (operator token; audited, alerted). The holder is fenced out by the next grant's higher token",
-		Args:  cobra.ExactArgs(1),
+		Args:  oneArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if reason == "" {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--reason is required")}

@@ -105,7 +105,7 @@ func newPayoutShowCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
 		Use:               "show PAYOUT_ID",
 		Short:             "Show one payout (with --events: its state history)",
-		Args:              cobra.ExactArgs(1),
+		Args:              oneArg,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cl, err := o.client()

@@ -25,7 +25,7 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 	c := &cobra.Command{
 		Use:               verb + " PAYOUT_ID --reason TEXT",
 		Short:             short,
-		Args:              cobra.ExactArgs(1),
+		Args:              oneArg,
 		ValidArgsFunction: cobra.NoFileCompletions,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if strings.TrimSpace(reason) == "" {

@@ -99,6 +99,7 @@ func newRoot(a *app) *cobra.Command {
 		newBenchCmd(a),
 		newVersionCmd(a),
 	)
+	usageErrorArgs(root)
 	return root
 }
 
@@ -126,6 +127,9 @@ func run(ctx context.Context, root *cobra.Command, stderr io.Writer) int {
 	if problem.Has(err, problem.Unauthorized) || problem.Has(err, problem.Forbidden) {
 		return 2 // a refused credential is not going to work on a retry
 	}
+	if strings.HasPrefix(err.Error(), "unknown command ") {
+		return 2 // cobra's answer to `payouts foo`: a usage error
+	}
 	return 1
 }
 
@@ -135,16 +139,29 @@ func EnvName(flag string) string {
 }
 
 // applyEnv sets every flag not given on the command line from its
-// PAYOUTS_<FLAG> environment variable.
+// PAYOUTS_<FLAG> environment variable. The command line wins: a flag of a
+// pair of alternatives (--token and --token-file, --database-url and
+// --database-url-file, ...) given there also keeps its partner's variable
+// out, so PAYOUTS_TOKEN in a cron job's environment does not clash with
+// a --token-file on the line. A value a variable cannot set is a usage
+// error: exit 2, like the same value given as the flag.
 func applyEnv(cmd *cobra.Command) error {
+	onLine := map[string]bool{}
+	note := func(f *pflag.Flag) {
+		if f.Changed {
+			onLine[f.Name] = true
+		}
+	}
+	cmd.Flags().VisitAll(note)
+	cmd.InheritedFlags().VisitAll(note)
 	var firstErr error
 	set := func(f *pflag.Flag) {
-		if f.Changed || firstErr != nil {
+		if f.Changed || firstErr != nil || onLine[fileFlagPartner(f.Name)] {
 			return
 		}
 		if v, ok := os.LookupEnv(EnvName(f.Name)); ok {
 			if err := f.Value.Set(v); err != nil {
-				firstErr = fmt.Errorf("environment variable %s=%q: %w", EnvName(f.Name), v, err)
+				firstErr = &ExitError{Code: 2, Err: fmt.Errorf("environment variable %s=%q: %w", EnvName(f.Name), v, err)}
 				return
 			}
 			f.Changed = true
@@ -153,4 +170,55 @@ func applyEnv(cmd *cobra.Command) error {
 	cmd.Flags().VisitAll(set)
 	cmd.InheritedFlags().VisitAll(set)
 	return firstErr
+}
+
+// fileFlagPartner is the other flag of a value/file pair: NAME-file for
+// NAME and NAME for NAME-file (a name without a partner gets one no flag
+// has).
+func fileFlagPartner(name string) string {
+	if base, ok := strings.CutSuffix(name, "-file"); ok {
+		return base
+	}
+	return name + "-file"
+}
+
+// usageErrorArgs makes every command's argument check a usage error (exit
+// 2), as flag errors are: `payouts reconcile --once extra` must not exit 1,
+// which a reconciler's caller reads as "findings".
+func usageErrorArgs(c *cobra.Command) {
+	if c.HasParent() && c.HasSubCommands() && !c.Runnable() {
+		// A group (serve, lock, ...): its help, or a usage error naming
+		// what it does not have (cobra's own answer is the help, exit 0).
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return &ExitError{Code: 2, Err: fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath())}
+			}
+			return cmd.Help()
+		}
+	}
+	if check := c.Args; check != nil {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if err := check(cmd, args); err != nil {
+				return &ExitError{Code: 2, Err: err}
+			}
+			return nil
+		}
+	}
+	for _, sub := range c.Commands() {
+		usageErrorArgs(sub)
+	}
+}
+
+// oneArg is the argument check of a command that acts on one named thing
+// (`payout show ID`, `lock revoke KEY`): exactly one, and not empty (an
+// empty one would otherwise reach a server as a path of nothing).
+func oneArg(cmd *cobra.Command, args []string) error {
+	if err := cobra.ExactArgs(1)(cmd, args); err != nil {
+		return err
+	}
+	if strings.TrimSpace(args[0]) == "" {
+		name, _, _ := strings.Cut(strings.TrimPrefix(cmd.Use, cmd.Name()+" "), " ")
+		return fmt.Errorf("%s is required: got an empty argument", name)
+	}
+	return nil
 }

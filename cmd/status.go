@@ -102,6 +102,9 @@ token. Exit 1: otherwise (the problems are listed). Exit 2: bad flags or a refus
 						fmt.Fprintln(cmd.ErrOrStderr(), "problem:", pr)
 					}
 				}
+				if p.refused != nil {
+					return &ExitError{Code: 2, Err: p.refused} // asking again cannot help
+				}
 				return &ExitError{Code: 1}
 			}
 			return nil

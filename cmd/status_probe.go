@@ -15,6 +15,7 @@ import (
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -28,7 +29,8 @@ type prober struct {
 	token      string
 	timeout    time.Duration
 	countLimit int
-	healthOnly bool // health, readiness and version only: no token, no key numbers
+	healthOnly bool  // health, readiness and version only: no token, no key numbers
+	refused    error // the first call a role refused the token for (401/403): exit 2
 }
 
 // target is one role status asks, at its URL.
@@ -64,7 +66,7 @@ func (p *prober) probeAll(targets []target) statusReport {
 			rep.Problems = append(rep.Problems, r.Role+": "+e)
 		}
 		if r.HighFence != nil && lockHigh != nil && *r.HighFence > *lockHigh {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("%s's high fence %d exceeds the lock service's high token %d: the lock service's tokens went back (restore without D-13?); new holders are fenced out until `payouts lock bump-tokens --to %d` (docs/operations.md)",
+			rep.Problems = append(rep.Problems, fmt.Sprintf("%s's high fence %d exceeds the lock service's high token %d: the lock service's tokens went back (restore without D-13?); new holders are fenced out until its tokens pass it: on the PostgreSQL backend `payouts lock bump-tokens --to %d --database-url-file FILE`, on etcd a restore with `etcdutl snapshot restore --bump-revision` (docs/operations.md, lock_service_rewound)",
 				r.Role, *r.HighFence, *lockHigh, *r.HighFence))
 		}
 	}
@@ -142,6 +144,9 @@ func (p *prober) call(r *roleStatus, what string, fn func(ctx context.Context) e
 	defer cancel()
 	if err := fn(ctx); err != nil {
 		r.Errors = append(r.Errors, what+": "+err.Error())
+		if p.refused == nil && (problem.Has(err, problem.Unauthorized) || problem.Has(err, problem.Forbidden)) {
+			p.refused = fmt.Errorf("the %s at %s refused the token (%s): %w", r.Role, r.URL, what, err)
+		}
 		return false
 	}
 	return true

@@ -86,6 +86,16 @@ func TestStatus(t *testing.T) {
 		t.Errorf("proxy key numbers missing: %+v", px)
 	}
 
+	// A refused token is fatal (DESIGN §4b): exit 2, naming the role that
+	// refused it, for an unknown token (401) and another role's (403).
+	for name, tok := range map[string]string{"unknown": "not-a-token-anyone-issued", "proxy role": r.Tokens.Proxy} {
+		_, errOut, code := runCLI(t, nil, "status", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL,
+			"--proxy-url", r.ProxyURL, "--rail-url", r.RailURL, "--token", tok)
+		if code != 2 || !strings.Contains(errOut, "refused the token") {
+			t.Errorf("status with a %s token: exit %d, want 2 saying the token was refused\n%s", name, code, errOut)
+		}
+	}
+
 	// A fence above every token the lock service has issued: what a guard
 	// holds after lockdb is restored from an old backup without D-13.
 	exec, err := pc.New(r.PaymentURL, r.Tokens.Executor)

@@ -91,3 +91,20 @@ func TestNoRailCredentialExitsTwo(t *testing.T) {
 		t.Fatalf("the settlement report was not read with the report credential (asked: %v): %s", report, out.String())
 	}
 }
+
+// TestRefusedReportCredentialExitsTwo: a --rail-report-token-file the rail
+// refuses its settlement report (here a lookup-only token) is a refused
+// token: exit 2 naming the flag, not a note under a clean exit 0.
+func TestRefusedReportCredentialExitsTwo(t *testing.T) {
+	e := setup(t)
+	r := e.st.Ready
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: r.RailURL,
+		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, RailReportToken: r.Tokens.Reconciler,
+		Once: true, Logger: testLogger(t), Options: reconcile.Options{Owner: "refused-report-credential"}}
+	code, err := reconcile.Run(ctx, cfg)
+	if code != reconcile.ExitCannotRun || err == nil || !strings.Contains(err.Error(), "--rail-report-token-file") {
+		t.Fatalf("exit %d, %v; want exit 2 naming --rail-report-token-file", code, err)
+	}
+}

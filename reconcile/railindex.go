@@ -39,6 +39,10 @@ func (r *Reconciler) openRail(ctx context.Context, rep *Report) (*railIndex, err
 	// The first page is read here: a refusal means per-payout lookups.
 	first, err := r.c.RailReport.SettlementReportPage(ctx, "", r.opts.BulkPageSize)
 	switch {
+	case isForbidden(err) && r.c.RailReport != r.c.Rail:
+		// A report credential given for the purpose and refused is a
+		// refused token: fatal, not a note a clean pass would hide.
+		return nil, cannotRun("the rail refused --rail-report-token-file its settlement report (it must be an operator-role token of the rail)", err)
 	case isForbidden(err):
 		rep.note("the rail refused this token its settlement report; rail payments were looked up per payout, and payments carrying no known client reference were not checked (give --rail-report-token-file: an operator-role token of the rail)")
 		r.log.Warn("rail settlement report forbidden; checking rail payments per payout only", "check", CheckRailWithoutSubmission)

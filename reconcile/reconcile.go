@@ -132,7 +132,8 @@ type Clients struct {
 	// Rail looks payments up by client reference (the reconciler role).
 	Rail *railclient.Client
 	// RailReport reads the rail's settlement report (an operator's
-	// credential); nil: Rail.
+	// credential); nil: Rail. Given, a refusal of the report is a refused
+	// credential (exit 2); as Rail, it means reading per payout.
 	RailReport *railclient.Client
 }
 
