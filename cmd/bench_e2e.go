@@ -136,7 +136,7 @@ func printE2E(w io.Writer, r bench.E2EResult) {
 	if len(r.Rounds) > 0 {
 		fmt.Fprintln(w, "rounds (in the order they ran):")
 		for _, rd := range r.Rounds {
-			fmt.Fprintf(w, "  %d  %-8s %7.1f payouts/s  p99 %9.1f ms  CPU per 1,000 %.3f s\n", rd.Round, rd.System, rd.PayoutsPerSec, rd.P99Ms, rd.CPUPer1000)
+			fmt.Fprintf(w, "  %d  %-8s %7.1f payouts/s  p99 %9.1f ms  CPU per 1,000 %.3f s\n", rd.Round, rd.System, rd.PayoutsPerSec, rd.P99Ms, bench.SumCPU(rd.CPUPer1000))
 		}
 	}
 }

@@ -38,8 +38,8 @@ func newBenchLockCmd() *cobra.Command {
 					o.EtcdEndpoints = append(o.EtcdEndpoints, e)
 				}
 			}
-			if o.Backend != "etcd" && o.Backend != "postgres" {
-				return &ExitError{Code: 2, Err: fmt.Errorf("--backend must be etcd or postgres, got %q", o.Backend)}
+			if err := checkLockBackend(o.Backend); err != nil {
+				return err
 			}
 			if o.Clients < 1 || o.Duration <= 0 || o.Rounds < 1 || o.Sessions < 0 {
 				return &ExitError{Code: 2, Err: fmt.Errorf("--clients, --duration and --rounds must be positive, --sessions not negative")}
@@ -69,7 +69,7 @@ func newBenchLockCmd() *cobra.Command {
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&o.Backend, "backend", "", "lock store: etcd or postgres")
+	f.StringVar(&o.Backend, "backend", "", "lock store: etcd or postgres (required)")
 	f.IntVar(&o.Clients, "clients", 32, "concurrent clients, each with its own session and key")
 	f.DurationVar(&o.Duration, "duration", 30*time.Second, "measured time per system, split over --rounds alternating rounds")
 	f.IntVar(&o.Rounds, "rounds", 3, "alternating rounds per system")

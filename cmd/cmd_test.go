@@ -225,10 +225,16 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{"status", "extra"},
 		{"lock", "show", ""},
 		{"payout", "cancel", " ", "--reason", "r"},
+		{"serve", "lock"},
+		{"serve", "lock", "--backend", "zookeeper"},
+		{"bench", "lock", "--duration", "1s"},
 	} {
 		if code, _, errOut := runArgs(t, args...); code != 2 {
 			t.Errorf("payouts %s: exit %d, want 2 (%s)", strings.Join(args, " "), code, errOut)
 		}
+	}
+	if _, _, errOut := runArgs(t, "serve", "lock"); !strings.Contains(errOut, "--backend is required") {
+		t.Errorf("serve lock without --backend: %q, want it to say the flag is required", errOut)
 	}
 	t.Setenv("PAYOUTS_AMBIGUITY_SLA", "not-a-duration")
 	code, _, errOut := runArgs(t, "reconcile", "--once")

@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -27,13 +28,12 @@ func newServeLockCmd(a *app) *cobra.Command {
 		Short: "Run the lock service (sessions, leases, fencing tokens) on etcd or PostgreSQL",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			switch backend {
-			case "postgres":
+			if err := checkLockBackend(backend); err != nil {
+				return err
+			}
+			f.db = "" // etcd: no database, --database-url is not read
+			if backend == "postgres" {
 				f.db = migrations.LockDB
-			case "etcd":
-				f.db = "" // no database: --database-url is not read
-			default:
-				return &ExitError{Code: 2, Err: fmt.Errorf("--backend must be etcd or postgres, got %q", backend)}
 			}
 			env, err := f.setup(cmd, a)
 			if err != nil {
@@ -54,10 +54,22 @@ func newServeLockCmd(a *app) *cobra.Command {
 		},
 	}
 	f.register(c, "lock", "127.0.0.1:7101", migrations.LockDB)
-	c.Flags().StringVar(&backend, "backend", "", "lock store: etcd or postgres")
+	c.Flags().StringVar(&backend, "backend", "", "lock store: etcd or postgres (required)")
 	c.Flags().StringVar(&endpoints, "etcd-endpoints", "", "etcd client URLs, comma-separated (--backend etcd)")
 	c.Flags().StringVar(&embedDir, "etcd-embed-dir", "", "run a single-node embedded etcd with data in DIR (development; --backend etcd)")
 	c.Flags().StringVar(&prefix, "etcd-prefix", etcdbackend.DefaultPrefix, "etcd key prefix of the lock service")
 	c.Flags().DurationVar(&retention, "grant-retention", 7*24*time.Hour, "how long ended grants stay in the grant log before compaction deletes them (0: forever); keep the reconciler's window within it")
 	return c
+}
+
+// checkLockBackend refuses a --backend the lock service has no store for,
+// naming the flag as required when it was not given.
+func checkLockBackend(v string) error {
+	switch v {
+	case "etcd", "postgres":
+		return nil
+	case "":
+		return &ExitError{Code: 2, Err: errors.New("--backend is required: etcd or postgres")}
+	}
+	return &ExitError{Code: 2, Err: fmt.Errorf("--backend must be etcd or postgres, got %q", v)}
 }

@@ -131,11 +131,11 @@ type E2EResult struct {
 
 // E2ERound is one run of one system within a multi-round run.
 type E2ERound struct {
-	Round         int     `json:"round"`
-	System        string  `json:"system"` // "payouts" or the baseline's name
-	PayoutsPerSec float64 `json:"payouts_per_sec"`
-	P99Ms         float64 `json:"p99_ms"`
-	CPUPer1000    float64 `json:"cpu_s_per_1000"` // every process's, summed
+	Round         int                `json:"round"`
+	System        string             `json:"system"` // "payouts" or the baseline's name
+	PayoutsPerSec float64            `json:"payouts_per_sec"`
+	P99Ms         float64            `json:"p99_ms"`
+	CPUPer1000    map[string]float64 `json:"cpu_s_per_1000"` // per process, as at the top level
 }
 
 // E2ESecond is one second of a run.
@@ -275,7 +275,7 @@ func RunE2E(ctx context.Context, o E2EOptions) (E2EResult, error) {
 				return res, err
 			}
 			rounds = append(rounds, E2ERound{Round: r + 1, System: system, PayoutsPerSec: res.PayoutsPerSec,
-				P99Ms: res.P99Ms, CPUPer1000: round3(SumCPU(res.CPUPer1000))})
+				P99Ms: res.P99Ms, CPUPer1000: res.CPUPer1000})
 		}
 	}
 	res := poolRounds(mine)

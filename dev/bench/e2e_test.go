@@ -137,7 +137,8 @@ func TestE2EBaselineRiverShortRun(t *testing.T) {
 		Rounds                        []struct {
 			Round         int
 			System        string
-			PayoutsPerSec float64 `json:"payouts_per_sec"`
+			PayoutsPerSec float64            `json:"payouts_per_sec"`
+			CPU           map[string]float64 `json:"cpu_s_per_1000"`
 		}
 	}
 	line := strings.TrimSpace(stdout.String())
@@ -156,6 +157,9 @@ func TestE2EBaselineRiverShortRun(t *testing.T) {
 		order = append(order, fmt.Sprintf("%d:%s", rd.Round, rd.System))
 		if rd.PayoutsPerSec <= 0 {
 			t.Errorf("round %d of %s has no rate: %s", rd.Round, rd.System, line)
+		}
+		if _, ok := rd.CPU["postgres"]; !ok { // per process, as at the top level
+			t.Errorf("round %d of %s has no CPU figure for postgres: %s", rd.Round, rd.System, line)
 		}
 	}
 	if got, want := strings.Join(order, " "), "1:river 1:payouts 2:payouts 2:river"; got != want {
