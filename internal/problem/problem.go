@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
+	"unicode/utf8"
 )
 
 // Code is a stable machine-readable error code (DESIGN §4).
@@ -143,12 +145,56 @@ func (e *Error) Status() int {
 
 // New makes an error with a caller-safe message.
 func New(code Code, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+	return &Error{Code: code, Message: message(format, args)}
 }
 
 // Wrap makes an error whose cause is logged but never sent.
 func Wrap(code Code, cause error, format string, args ...any) *Error {
-	return &Error{Code: code, Message: fmt.Sprintf(format, args...), cause: cause}
+	return &Error{Code: code, Message: message(format, args), cause: cause}
+}
+
+// Echo limits: a message quotes what the caller sent (an id, a query
+// value, a parse error that repeats its input), and a caller can send a
+// megabyte. Each string or error argument longer than MaxEchoArg bytes is
+// cut there, and the whole message at MaxMessage bytes, each cut marked
+// with how much was left out.
+const (
+	MaxEchoArg = 200
+	MaxMessage = 2048
+)
+
+func message(format string, args []any) string {
+	clipped := args
+	for i, a := range args {
+		var long string
+		switch v := a.(type) {
+		case string:
+			long = v
+		case error:
+			long = v.Error()
+		}
+		if len(long) <= MaxEchoArg {
+			continue
+		}
+		if &clipped[0] == &args[0] {
+			clipped = slices.Clone(args) // the caller's slice stays as it was
+		}
+		clipped[i] = clip(long, MaxEchoArg)
+	}
+	return clip(fmt.Sprintf(format, clipped...), MaxMessage)
+}
+
+// clip cuts s to at most n bytes on a UTF-8 boundary and says how many
+// bytes it left out.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s…[%d more bytes]", s[:cut], len(s)-cut)
 }
 
 // Fenced makes a fenced_out error carrying the key and both tokens.

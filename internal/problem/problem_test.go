@@ -1,0 +1,50 @@
+package problem
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestMessageClipsLongEchoedInput(t *testing.T) {
+	id := strings.Repeat("é", 500_000) // 1 MB of two-byte runes
+	args := []any{id, 7}
+	e := New(InvalidRequest, "no payout %q (attempt %d)", args...)
+	if len(e.Message) > MaxEchoArg+100 {
+		t.Fatalf("message is %d bytes: the 1 MB id was echoed whole", len(e.Message))
+	}
+	if !utf8.ValidString(e.Message) {
+		t.Fatalf("clipped message is not valid UTF-8: %q", e.Message)
+	}
+	if !strings.Contains(e.Message, "more bytes]") || !strings.HasSuffix(e.Message, "(attempt 7)") {
+		t.Fatalf("clip not marked or the rest of the message lost: %q", e.Message)
+	}
+	if args[0] != id {
+		t.Fatal("the caller's argument slice was changed")
+	}
+
+	w := Wrap(InvalidRequest, nil, "bad value: %v", errors.New("parsing \""+strings.Repeat("9", 10_000)+"\": out of range"))
+	if len(w.Message) > MaxEchoArg+100 || !strings.Contains(w.Message, "more bytes]") {
+		t.Fatalf("a long error argument was not clipped: %d bytes", len(w.Message))
+	}
+
+	// A short argument is left alone; a message built long from many
+	// short arguments is cut as a whole.
+	if got := New(NotFound, "no payout %q", "po-1").Message; got != `no payout "po-1"` {
+		t.Fatalf("short message changed: %q", got)
+	}
+	many := make([]any, 100)
+	for i := range many {
+		many[i] = strings.Repeat("x", MaxEchoArg)
+	}
+	long := New(InvalidRequest, strings.Repeat("%s", 100), many...)
+	if len(long.Message) > MaxMessage+40 || !strings.Contains(long.Message, "more bytes]") {
+		t.Fatalf("whole message not cut: %d bytes", len(long.Message))
+	}
+	body, err := json.Marshal(long)
+	if err != nil || len(body) > MaxMessage+400 {
+		t.Fatalf("problem body is %d bytes (%v)", len(body), err)
+	}
+}
