@@ -220,7 +220,7 @@ func (s *Service) reject(ctx context.Context, accountID, payoutID string, cmd Co
 	}
 
 	s.m.rejectedTransitions.WithLabelValues(string(rej.state), string(rej.event)).Inc()
-	log.Warn("rejected transition", obs.KeyEvent, pc.KindRejectedTransition, "state", string(rej.state), "event", string(rej.event))
+	log.Warn("rejected transition", obs.KeyEvent, pc.KindRejectedTransition, "state", string(rej.state), "payout_event", string(rej.event))
 	ev.Kind = pc.KindRejectedTransition
 	ev.Detail = fmt.Sprintf("%s (%s) is not allowed in state %s", cmd.Op, rej.event, rej.state)
 	s.recordSafety(ctx, log, ev)

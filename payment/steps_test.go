@@ -100,6 +100,17 @@ func TestStepsMixedItems(t *testing.T) {
 	if !containsAll(e.logs.String(), `"msg":"rejected transition"`, `"payout_id":"po-2"`) {
 		t.Fatal("no rejected transition log line for po-2")
 	}
+	// The line names its safety event once: a second "event" key (the
+	// payout's event) would make log pipelines that keep the last key
+	// lose event=rejected_transition.
+	for _, line := range strings.Split(e.logs.String(), "\n") {
+		if !strings.Contains(line, `"msg":"rejected transition"`) {
+			continue
+		}
+		if strings.Count(line, `"event":`) != 1 || !containsAll(line, `"event":"rejected_transition"`, `"payout_event":"submitting"`, `"state":"PENDING"`) {
+			t.Fatalf("rejected transition log line must carry event=rejected_transition once and the payout's event as payout_event: %s", line)
+		}
+	}
 	if n := e.eventCount(t, "po-1"); n != 3 { // created, claimed, submitting
 		t.Fatalf("po-1 has %d events, want 3", n)
 	}
