@@ -231,3 +231,26 @@ func TestEscapedPathIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestFundingAtItsLimitRefusesAnOpeningBalance: the funding account's
+// balance is the negated sum of every opening balance and is a bigint;
+// an opening balance that would take it below -2^63 is a 409 naming the
+// cause that creates nothing (it was a 500: bigint out of range).
+func TestFundingAtItsLimitRefusesAnOpeningBalance(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	if _, err := e.svc.pool.Exec(bg, `UPDATE account SET balance = -9223372036854775000 WHERE id = $1`, pc.FundingAccount); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.oper.CreateAccount(bg, pc.CreateAccountRequest{ID: "acc-big", Currency: "EUR", OpeningBalance: 999_999_999_999_999})
+	wantCode(t, err, problem.Conflict)
+	if !strings.Contains(err.Error(), "funding") {
+		t.Fatalf("the refusal does not name the funding account: %v", err)
+	}
+	_, err = e.exec.Account(bg, "acc-big")
+	wantCode(t, err, problem.NotFound)
+	// Accounts that do not move funding are still created.
+	if a := e.account(t, "acc-zero", 0); a.Balance != 0 {
+		t.Fatalf("zero-opening account %+v", a)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/payouts/payouts/internal/batcher"
 	"github.com/payouts/payouts/internal/problem"
@@ -361,6 +362,11 @@ func (s *Service) CreateAccount(ctx context.Context, req pc.CreateAccountRequest
 		}
 		if _, err := tx.Exec(ctx, `UPDATE account SET balance = balance - $2, version = version + 1, updated_at = now() WHERE id = $1`,
 			pc.FundingAccount, req.OpeningBalance); err != nil {
+			if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22003" /* numeric_value_out_of_range */ {
+				return acct, false, problem.Wrap(problem.Conflict, err,
+					"the %s account's balance (minus every opening balance so far) cannot go below -2^63 minor units; "+
+						"this opening balance of %d would take it there", pc.FundingAccount, req.OpeningBalance)
+			}
 			return acct, false, err
 		}
 	}
