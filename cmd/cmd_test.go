@@ -243,6 +243,36 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	}
 }
 
+// TestOutOfRangeFlagsAreUsageErrors: a zero or negative count or
+// duration, or a value past a flag's documented range, is refused before
+// anything runs, naming the flag (an executor took --call-timeout -1s and
+// then waited for ever on a lock service that was up; reconcile clamped
+// --page-size -3; dev up took --port-base -1 as "pick free ports").
+func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
+	for _, c := range []struct {
+		flag string
+		args []string
+	}{
+		{"--concurrency", []string{"run", "executor", "--concurrency", "0"}},
+		{"--concurrency", []string{"run", "executor", "--concurrency", "257"}},
+		{"--call-timeout", []string{"run", "executor", "--call-timeout", "-1s"}},
+		{"--session-ttl", []string{"run", "executor", "--session-ttl", "0s"}},
+		{"--poll-interval", []string{"run", "executor", "--poll-interval", "0s"}},
+		{"--page-size", []string{"reconcile", "--once", "--page-size", "-3"}},
+		{"--page-size", []string{"reconcile", "--once", "--page-size", "1001"}},
+		{"--bulk-page-size", []string{"reconcile", "--once", "--bulk-page-size", "20000"}},
+		{"--max-findings", []string{"reconcile", "--once", "--max-findings", "0"}},
+		{"--request-timeout", []string{"reconcile", "--once", "--request-timeout", "-1s"}},
+		{"--port-base", []string{"dev", "up", "--port-base", "-1"}},
+		{"--port-base", []string{"dev", "up", "--port-base", "65530"}},
+	} {
+		code, _, errOut := runArgs(t, c.args...)
+		if code != 2 || !strings.Contains(errOut, c.flag+" must be") {
+			t.Errorf("payouts %s: exit %d (%q), want 2 saying what %s must be", strings.Join(c.args, " "), code, errOut, c.flag)
+		}
+	}
+}
+
 // TestCommandLineBeatsTheEnvironment: a flag given on the command line
 // keeps out the variable of its pair's other flag, so PAYOUTS_TOKEN in
 // the environment and --token-file on the line is not "mutually

@@ -24,6 +24,9 @@ func newDevUpCmd(a *app) *cobra.Command {
 		Short: "Run every role locally on throwaway PostgreSQL and embedded etcd (foreground; Ctrl-C stops)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFlagRanges(cmd, []intRange{{"port-base", 0, 65535 - stack.PortSpan}}); err != nil {
+				return err
+			}
 			logger := a.logger(cmd, "dev")
 			ctx := cmd.Context()
 			st, err := stack.Start(ctx, stack.Options{Dir: dir, PortBase: portBase, Logger: logger, SettlementWindow: settlement, TLS: useTLS, KeepRailPayments: true})

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/reconcile"
 )
 
@@ -34,6 +36,10 @@ on --listen. docs/operations.md explains every finding.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cannotRun := func(err error) error { return &ExitError{Code: reconcile.ExitCannotRun, Err: err} }
+			if err := checkFlagRanges(cmd, []intRange{{"page-size", 1, 1000}, {"bulk-page-size", 1, wire.MaxBulkLimit}, {"max-findings", 1, math.MaxInt}},
+				"request-timeout"); err != nil {
+				return err
+			}
 			token, hc, err := cf.connect()
 			if err != nil {
 				return err

@@ -28,6 +28,10 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 		Short: "Drive payouts through both guards under payout:{account} locks (SIGTERM: finish the step, release, exit 0; a second signal: exit at once)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFlagRanges(cmd, []intRange{{"concurrency", 1, executor.MaxConcurrency}},
+				"session-ttl", "poll-interval", "call-timeout"); err != nil {
+				return err
+			}
 			logger := a.logger(cmd, executor.Role)
 			token, hc, err := cf.connect()
 			if err != nil {
@@ -54,7 +58,7 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 	cf.register(c, executor.Role, lockService, paymentService, proxyService)
 	fl := c.Flags()
 	fl.StringVar(&owner, "owner", "", "this executor's name in the lock service (default executor@HOST/PID)")
-	fl.IntVar(&concurrency, "concurrency", executor.DefaultConcurrency, "accounts worked on at once")
+	fl.IntVar(&concurrency, "concurrency", executor.DefaultConcurrency, "accounts worked on at once (1..256)")
 	fl.DurationVar(&ttl, "session-ttl", executor.DefaultSessionTTL, "lock session TTL (keepalive every TTL/3)")
 	fl.DurationVar(&poll, "poll-interval", executor.DefaultPollInterval, "how often to ask for work when there was none")
 	fl.DurationVar(&callTimeout, "call-timeout", executor.DefaultCallTimeout, "timeout of each call to the lock service and the payment resource")

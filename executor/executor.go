@@ -40,6 +40,9 @@ const (
 	DefaultGrantLinger = 5 * time.Second
 )
 
+// MaxConcurrency bounds --concurrency.
+const MaxConcurrency = 256
+
 // maxGrantLinger bounds --grant-linger: a kept grant holds its account
 // against every other holder (operators, the reconciler, other executors).
 const maxGrantLinger = 30 * time.Second
@@ -97,8 +100,8 @@ func (c *Config) defaults() error {
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
-	if c.Concurrency < 1 || c.Concurrency > 256 {
-		return fmt.Errorf("executor: concurrency must be from 1 to 256, got %d", c.Concurrency)
+	if c.Concurrency < 1 || c.Concurrency > MaxConcurrency {
+		return fmt.Errorf("executor: concurrency must be from 1 to %d, got %d", MaxConcurrency, c.Concurrency)
 	}
 	if c.SessionTTL == 0 {
 		c.SessionTTL = DefaultSessionTTL
@@ -114,6 +117,9 @@ func (c *Config) defaults() error {
 	}
 	if c.CallTimeout == 0 {
 		c.CallTimeout = DefaultCallTimeout
+	}
+	if c.CallTimeout < 0 {
+		return fmt.Errorf("executor: call timeout must be positive, got %s", c.CallTimeout)
 	}
 	if c.GrantLinger < 0 || c.GrantLinger > maxGrantLinger {
 		return fmt.Errorf("executor: grant linger (--grant-linger) must be from 0 (release at once) to %s, got %s", maxGrantLinger, c.GrantLinger)

@@ -118,6 +118,10 @@ func PortLayout(base int) map[string]int {
 		"postgres": p.pg, "etcd-client": p.etcdClient, "etcd-peer": p.etcdPeer}
 }
 
+// PortSpan is the highest offset layout uses above a port base: a base
+// above 65535-PortSpan would put a port out of range.
+const PortSpan = 8
+
 func layout(base int) ports {
 	return ports{lock: base + 1, payment: base + 2, proxy: base + 3, rail: base + 4, etcdClient: base + 6, etcdPeer: base + 7, pg: base + 8}
 }

@@ -1,0 +1,44 @@
+package cmd
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/spf13/cobra"
+)
+
+// intRange is the values an int flag may take, both ends included.
+type intRange struct {
+	name   string
+	lo, hi int
+}
+
+// checkFlagRanges refuses, as a usage error (exit 2), an int flag outside
+// its range or a duration flag that is not positive. A library's zero
+// means "the default", but a 0 or a negative given on the command line is
+// a mistake to say, not a value to replace quietly.
+func checkFlagRanges(c *cobra.Command, ints []intRange, positiveDurations ...string) error {
+	fl := c.Flags()
+	for _, r := range ints {
+		v, err := fl.GetInt(r.name)
+		if err != nil {
+			return err
+		}
+		if v < r.lo || v > r.hi {
+			if r.hi == math.MaxInt {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--%s must be at least %d, got %d", r.name, r.lo, v)}
+			}
+			return &ExitError{Code: 2, Err: fmt.Errorf("--%s must be from %d to %d, got %d", r.name, r.lo, r.hi, v)}
+		}
+	}
+	for _, name := range positiveDurations {
+		d, err := fl.GetDuration(name)
+		if err != nil {
+			return err
+		}
+		if d <= 0 {
+			return &ExitError{Code: 2, Err: fmt.Errorf("--%s must be positive, got %s", name, d)}
+		}
+	}
+	return nil
+}
