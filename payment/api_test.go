@@ -172,6 +172,8 @@ func TestBadInput(t *testing.T) {
 		{"zero token", "/v1/payouts/po-1/outcome", `{"token":0,"holder":"h","outcome":"ACKED"}`, "token", 400},
 		{"negative token", "/v1/payouts/po-1/outcome", `{"token":-4,"holder":"h","outcome":"ACKED"}`, "token", 400},
 		{"missing holder", "/v1/payouts/po-1/outcome", `{"token":4,"outcome":"ACKED"}`, "holder", 400},
+		{"acked without rail_ref", "/v1/payouts/po-1/outcome", `{"token":4,"holder":"h","outcome":"ACKED"}`, "rail_ref", 400},
+		{"acked with a blank rail_ref", "/v1/payouts/po-1/outcome", `{"token":4,"holder":"h","outcome":"ACKED","rail_ref":" "}`, "rail_ref", 400},
 		{"bad outcome", "/v1/payouts/po-1/outcome", `{"token":4,"holder":"h","outcome":"MAYBE"}`, "outcome", 400},
 		{"missing evidence", "/v1/payouts/po-1/resolve", `{"token":4,"holder":"h","resolution":"SETTLED"}`, "evidence", 400},
 		{"blank reason", "/v1/payouts/po-1/abandon", `{"token":4,"holder":"h","reason":"  "}`, "reason", 400},

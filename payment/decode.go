@@ -150,8 +150,8 @@ func validOutcome(prefix string, outcome pc.Outcome, railRef, errorCode string) 
 	default:
 		return badField(prefix+"outcome", "must be ACKED, REJECTED or TIMEOUT, got %q", outcome)
 	}
-	if err := wire.ValidText(prefix+"rail_ref", railRef, wire.MaxRefLen, false, true); err != nil {
-		return err
+	if err := wire.ValidText(prefix+"rail_ref", railRef, wire.MaxRefLen, outcome == pc.OutcomeAcked, true); err != nil {
+		return err // an ACKED payment is the rail's: its reference is the evidence reconciliation matches
 	}
 	return wire.ValidText(prefix+"error_code", errorCode, wire.MaxRefLen, false, true)
 }

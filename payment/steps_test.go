@@ -245,6 +245,7 @@ func TestStepsBadInput(t *testing.T) {
 		{"acc-1", `{"token":1,"holder":"h","op":"claim","items":[{"payout_id":"po-1"},{"payout_id":"po-1"}]}`, "items[1].payout_id", problem.InvalidRequest},
 		{"acc-1", `{"token":1,"holder":"h","op":"claim","items":[{"payout_id":"po 1"}]}`, "items[0].payout_id", problem.InvalidRequest},
 		{"acc-1", `{"token":1,"holder":"h","op":"claim","items":[{"payout_id":"po-1","outcome":"ACKED"}]}`, "items[0].outcome", problem.InvalidRequest},
+		{"acc-1", `{"token":1,"holder":"h","op":"outcome","items":[{"payout_id":"po-1","outcome":"ACKED","rail_ref":"r-1"},{"payout_id":"po-2","outcome":"ACKED"}]}`, "items[1].rail_ref", problem.InvalidRequest},
 		{"acc-1", `{"token":1,"holder":"h","op":"outcome","items":[{"payout_id":"po-1","outcome":"MAYBE"}]}`, "items[0].outcome", problem.InvalidRequest},
 		{"acc-1", `{"token":1,"holder":"h","op":"claim","items":[{"payout_id":"po-1"}],"extra":1}`, "", problem.InvalidRequest},
 		{"acc-none", `{"token":1,"holder":"h","op":"claim","items":[{"payout_id":"po-1"}]}`, "", problem.NotFound},
