@@ -103,12 +103,52 @@ func TestInFlightPerAccount(t *testing.T) {
 	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	a, b := e.newPayout(t, acc, 10), e.newPayout(t, acc, 20)
+	// a was claimed under token 900; b afterwards under the older 800: an
+	// older holder worked the account after a newer one.
 	e.exec(t, "paydb", false, `UPDATE payout SET state = 'CLAIMED', claimed_at = now() WHERE id IN ($1, $2)`, a.ID, b.ID)
+	e.exec(t, "paydb", false, `INSERT INTO payout_event (payout_id, from_state, to_state, token, holder, actor) VALUES
+		($1, 'PENDING', 'CLAIMED', 900, 'h-new', 'planted')`, a.ID)
+	e.exec(t, "paydb", false, `INSERT INTO payout_event (payout_id, from_state, to_state, token, holder, actor) VALUES
+		($1, 'PENDING', 'CLAIMED', 800, 'h-old', 'planted')`, b.ID)
 	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
-	f := mustFind(t, rep, reconcile.INV01, reconcile.CheckInFlightPerAccount, map[string]any{"account_id": acc})
+	f := mustFind(t, rep, reconcile.INV01, reconcile.CheckInFlightPerAccount,
+		map[string]any{"account_id": acc, "payout_id": b.ID, "token": 800, "previous_payout_id": a.ID, "previous_token": 900})
 	if !strings.Contains(f.Evidence, a.ID) || !strings.Contains(f.Evidence, b.ID) {
 		t.Fatalf("evidence does not name both payouts: %s", f.Evidence)
 	}
+}
+
+// TestInFlightBatchUnderOneGrantIsNoFinding: an executor claims and
+// submits a page of one account's payouts under one grant, and a later
+// grant carries on from where an expired one stopped; neither is two
+// holders at once (the check flagged any two payouts of an account in
+// flight, and paged on every pass that met a batch).
+func TestInFlightBatchUnderOneGrantIsNoFinding(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	ctx := ctxT(t)
+	g1 := e.grant(t, acc)
+	var ps []pc.Payout
+	for i := range 3 {
+		p := e.newPayout(t, acc, int64(10+i))
+		if _, err := e.pay.Claim(ctx, p.ID, g1.Token, g1.Holder()); err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	e.release(t, g1)
+	// The next grant moves the first payout on and claims another.
+	g2 := e.grant(t, acc)
+	if _, err := e.pay.Submitting(ctx, ps[0].ID, g2.Token, g2.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	p := e.newPayout(t, acc, 40)
+	if _, err := e.pay.Claim(ctx, p.ID, g2.Token, g2.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustNotFind(t, rep, reconcile.CheckInFlightPerAccount, map[string]any{"account_id": acc})
+	e.release(t, g2)
 }
 
 func TestClaimTokenOrder(t *testing.T) {

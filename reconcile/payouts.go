@@ -1,7 +1,9 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -256,31 +258,80 @@ func (r *Reconciler) checkClaimHistory(ctx context.Context, rep *Report, p pc.Pa
 	}
 }
 
-// checkInFlight: at most one payout per account in CLAIMED, RAIL_SUBMITTED
-// or RAIL_ACKED (INV-01). Suspects are read again: a payout can finish
-// and its successor start while the list is being paged.
+// checkInFlight: one holder at a time works an account (INV-01). An
+// executor moves a page of an account's payouts under one grant, and a
+// later grant carries on from an expired one, so several payouts in flight
+// at once are normal; what two holders at once leave is an interleaving:
+// across the account's payouts, a change under a token lower than an
+// earlier change's. Every accepted change of an account takes the
+// account's row first, so event ids order them as they committed. Only
+// accounts with two or more payouts still in CLAIMED, RAIL_SUBMITTED or
+// RAIL_ACKED are read (suspects are read again: a payout can finish while
+// the list is being paged); claim_token_order covers a single payout.
 func (r *Reconciler) checkInFlight(ctx context.Context, rep *Report, flying map[string][]string) error {
 	for account, ids := range flying {
 		if len(ids) < 2 {
 			continue
 		}
-		var still []string
-		states := map[string]any{}
+		var (
+			still  []string
+			events []pc.PayoutEvent
+		)
 		for _, id := range ids {
 			p, err := r.c.Payment.Payout(ctx, id)
 			if err != nil {
 				return cannotRun("read payout "+id, err)
 			}
-			if inFlight(p.State) {
-				still = append(still, id)
-				states[id] = string(p.State)
+			if !inFlight(p.State) {
+				continue
 			}
+			still = append(still, id)
+			evs, err := r.payoutEvents(ctx, id)
+			if err != nil {
+				return err
+			}
+			events = append(events, evs...)
 		}
 		if len(still) < 2 {
 			continue
 		}
-		rep.add(CheckInFlightPerAccount, map[string]any{"account_id": account, "key": lockKey(account), "payouts": still, "states": states},
-			"account %s has %d payouts in flight at once (%v): two holders worked the account together", account, len(still), still)
+		slices.SortFunc(events, func(a, b pc.PayoutEvent) int { return cmp.Compare(a.ID, b.ID) })
+		var top pc.PayoutEvent
+		for _, ev := range events {
+			if ev.Token == 0 {
+				continue
+			}
+			if ev.Token < top.Token {
+				rep.add(CheckInFlightPerAccount, map[string]any{"account_id": account, "key": lockKey(account), "payouts": still,
+					"payout_id": ev.PayoutID, "event_id": ev.ID, "token": ev.Token, "holder": string(ev.Holder), "to_state": string(ev.ToState),
+					"previous_payout_id": top.PayoutID, "previous_event_id": top.ID, "previous_token": top.Token, "previous_holder": string(top.Holder)},
+					"account %s: payout %s moved to %s under token %d after payout %s moved under token %d: two holders worked the account together",
+					account, ev.PayoutID, ev.ToState, ev.Token, top.PayoutID, top.Token)
+				break
+			}
+			top = ev
+		}
 	}
 	return nil
+}
+
+// payoutEvents reads a payout's whole history.
+func (r *Reconciler) payoutEvents(ctx context.Context, id string) ([]pc.PayoutEvent, error) {
+	var (
+		after int64
+		out   []pc.PayoutEvent
+	)
+	for {
+		page, err := r.c.Payment.PayoutEvents(ctx, id, after, r.opts.PageSize)
+		if err != nil {
+			return nil, cannotRun("read the history of payout "+id, err)
+		}
+		for _, ev := range page.Items {
+			after = max(after, ev.ID)
+		}
+		out = append(out, page.Items...)
+		if page.Next == "" || len(page.Items) == 0 {
+			return out, nil
+		}
+	}
 }
