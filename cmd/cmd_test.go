@@ -303,3 +303,41 @@ func TestCommandLineBeatsTheEnvironment(t *testing.T) {
 		t.Fatalf("sent %q, want the file's token", got)
 	}
 }
+
+// TestStatusReadsTheLockServiceHighTokenAfterTheFences: under load, a
+// token granted between status reading the lock service's high token and
+// a guard's fence made the fence look higher than the lock service's
+// tokens: "lock service rewound", exit 1 and a bump-tokens advice. The
+// high token is read after both guards' fences.
+func TestStatusReadsTheLockServiceHighTokenAfterTheFences(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		order []string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/tokens/high" || r.URL.Path == "/v1/fences/high" {
+			mu.Lock()
+			order = append(order, r.Host+r.URL.Path)
+			mu.Unlock()
+		}
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+			return // 200: every role up, so status asks each for its numbers
+		}
+		w.WriteHeader(http.StatusNotFound)
+	}))
+	defer srv.Close()
+	lock, guard := srv.Listener.Addr().String(), strings.Replace(srv.Listener.Addr().String(), "127.0.0.1", "localhost", 1)
+	code, out, _ := runArgs(t, "status", "-o", "json", "--token", "status-test-token-0123456789", "--lock-url", "http://"+lock, "--payment-url", "http://"+guard,
+		"--proxy-url", "http://"+guard, "--rail-url", "", "--timeout", "30s")
+	// Every count failed (404): the payment resource's ambiguous count is
+	// unknown, not a reassuring zero.
+	if code != 1 || strings.Contains(out, `"ambiguous"`) || strings.Contains(out, `"RAIL_AMBIGUOUS"`) {
+		t.Errorf("status with every payout count failing: exit %d, output %s; want exit 1 and no ambiguous count", code, out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{guard + "/v1/fences/high", guard + "/v1/fences/high", lock + "/v1/tokens/high"}
+	if strings.Join(order, " ") != strings.Join(want, " ") {
+		t.Fatalf("status read %v, want the lock service's high token last: %v", order, want)
+	}
+}

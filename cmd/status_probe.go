@@ -37,22 +37,29 @@ type prober struct {
 type target struct{ role, url string }
 
 func (p *prober) probeAll(targets []target) statusReport {
-	rep := statusReport{Problems: []string{}, Roles: []roleStatus{}}
+	rep := statusReport{Problems: []string{}, Roles: make([]roleStatus, len(targets))}
+	for i, tg := range targets {
+		rep.Roles[i] = p.base(tg.role, tg.url)
+	}
+	// The guards' fences first and the lock service's high token last, as
+	// the reconciler reads them: a token granted while status runs is then
+	// above every fence read before it, never taken for a rewind.
 	var lockHigh *int64
-	for _, tg := range targets {
-		r := p.base(tg.role, tg.url)
-		if !p.healthOnly {
+	if !p.healthOnly {
+		for i, tg := range targets {
 			switch tg.role {
-			case "lock":
-				p.lock(&r)
-				lockHigh = r.HighToken
 			case "payment":
-				p.payment(&r)
+				p.payment(&rep.Roles[i])
 			case "proxy":
-				p.proxy(&r)
+				p.proxy(&rep.Roles[i])
 			}
 		}
-		rep.Roles = append(rep.Roles, r)
+		for i, tg := range targets {
+			if tg.role == "lock" {
+				p.lock(&rep.Roles[i])
+				lockHigh = rep.Roles[i].HighToken
+			}
+		}
 	}
 	for _, r := range rep.Roles {
 		if !r.Healthy {
@@ -203,6 +210,7 @@ func (p *prober) payment(r *roleStatus) {
 			for {
 				page, err := c.Payouts(ctx, f)
 				if err != nil {
+					delete(r.PayoutsByState, string(s)) // unknown, not zero
 					return err
 				}
 				r.PayoutsByState[string(s)] += int64(len(page.Items))
@@ -217,8 +225,9 @@ func (p *prober) payment(r *roleStatus) {
 			}
 		})
 	}
-	amb := r.PayoutsByState[string(pc.RailAmbiguous)]
-	r.Ambiguous = &amb
+	if amb, ok := r.PayoutsByState[string(pc.RailAmbiguous)]; ok {
+		r.Ambiguous = &amb
+	}
 	r.FencedOut = p.metric(r, "payouts_payment_fenced_out_total")
 	p.call(r, "high fence", func(ctx context.Context) error {
 		t, err := c.HighFence(ctx)
