@@ -77,6 +77,7 @@ type unresolvedCollector struct {
 	log         *slog.Logger
 	noOutcome   *prometheus.Desc
 	timeouts    *prometheus.Desc
+	errors      prometheus.Counter
 }
 
 func newUnresolvedCollector(st *store, railTimeout time.Duration, log *slog.Logger) *unresolvedCollector {
@@ -86,21 +87,31 @@ func newUnresolvedCollector(st *store, railTimeout time.Duration, log *slog.Logg
 			"Forwarded submissions with no recorded outcome older than the rail timeout (ambiguous; need lookup).", nil, nil),
 		timeouts: prometheus.NewDesc("payouts_proxy_submissions_timeout_unresolved",
 			"Submissions with outcome TIMEOUT and no resolution yet (ambiguous; need lookup).", nil, nil),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "payouts_proxy_unresolved_scrape_errors_total",
+			Help: "Counts of unresolved submissions from proxydb that failed or timed out: that scrape lacks payouts_proxy_submissions_without_outcome and payouts_proxy_submissions_timeout_unresolved; the rest of /metrics is served.",
+		}),
 	}
 }
 
 func (c *unresolvedCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.noOutcome
 	ch <- c.timeouts
+	c.errors.Describe(ch)
 }
 
 func (c *unresolvedCollector) Collect(ch chan<- prometheus.Metric) {
+	// A failed count leaves its two gauges out and is counted; it does not
+	// fail the scrape: an invalid metric made the whole /metrics a 500
+	// while proxydb was down, so the proxy looked down (up == 0) and its
+	// fenced_out and duplicate counters vanished with it.
+	defer c.errors.Collect(ch)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	n, t, err := c.st.unresolvedCounts(ctx, c.railTimeout)
 	if err != nil {
+		c.errors.Inc()
 		c.log.Warn("could not count unresolved submissions for /metrics", "error", err.Error())
-		ch <- prometheus.NewInvalidMetric(c.noOutcome, err)
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(c.noOutcome, prometheus.GaugeValue, float64(n))
