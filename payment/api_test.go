@@ -256,3 +256,42 @@ func TestFundingAtItsLimitRefusesAnOpeningBalance(t *testing.T) {
 		t.Fatalf("zero-opening account %+v", a)
 	}
 }
+
+// TestRefusableTransitionsExportedAtZero: every (state, event) the
+// transition table refuses is on /metrics at 0 before the first refusal,
+// so the first one after a start is an increase PayoutsRejectedTransition
+// sees (a series born at 1 is no increase); accepted pairs are not there.
+func TestRefusableTransitionsExportedAtZero(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	got := map[string]float64{}
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "payouts_payment_rejected_transitions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var st, ev string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "state":
+					st = l.GetValue()
+				case "event":
+					ev = l.GetValue()
+				}
+			}
+			got[st+"/"+ev] = m.GetCounter().GetValue()
+		}
+	}
+	for _, k := range []string{"PENDING/submitting", "POSTED/claim", "FAILED/post"} {
+		if v, ok := got[k]; !ok || v != 0 {
+			t.Errorf("rejected transition %s: %v (present %v), want exported at 0", k, v, ok)
+		}
+	}
+	if _, ok := got["PENDING/claim"]; ok {
+		t.Error("an accepted transition (PENDING/claim) is exported as refusable")
+	}
+}

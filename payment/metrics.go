@@ -1,6 +1,10 @@
 package payment
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
 
 // metrics are the payment resource's domain metrics. Every safety counter
 // should stay at zero; any increase is incident-grade and alerted on.
@@ -76,6 +80,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.guardDisabled)
 	if !guardEnabled || !transitionTableEnabled {
 		m.guardDisabled.Set(1)
+	}
+	// Every refusable (state, event) exported at 0 from the start: the
+	// first refusal after a start is then an increase an alert sees, not
+	// a new series whose first sample is already 1.
+	for _, st := range pc.States {
+		for _, ev := range Events {
+			if _, ok := Next(st, ev); !ok {
+				m.rejectedTransitions.WithLabelValues(string(st), string(ev))
+			}
+		}
 	}
 	return m
 }

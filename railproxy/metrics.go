@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
 type metrics struct {
@@ -64,6 +66,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.submissions, m.fencedOut, m.duplicates, m.safetyEvents, m.railLatency, m.resolutions, m.recordFailure, m.outcomeGroup, m.guardDisabled)
 	if !guardEnabled {
 		m.guardDisabled.Set(1)
+	}
+	// Every kind exported at 0 from the start: the first event after a
+	// start is then an increase an alert sees, not a new series at 1.
+	for _, k := range []string{proxyclient.KindFencedOut, proxyclient.KindTokenRegression, proxyclient.KindDuplicateAttempt} {
+		m.safetyEvents.WithLabelValues(k)
 	}
 	return m
 }

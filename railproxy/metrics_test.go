@@ -36,6 +36,13 @@ func TestMetricsServedWhileUnresolvedCountsFail(t *testing.T) {
 		!strings.Contains(body, "payouts_proxy_unresolved_scrape_errors_total 0") {
 		t.Fatalf("healthy scrape: %d\n%s", code, body)
 	}
+	// Each safety event kind is there at 0 before the first event, so the
+	// first one is an increase (PayoutsTokenRegression's proxy branch).
+	for _, k := range []string{"fenced_out", "token_regression", "duplicate_attempt"} {
+		if code, body := scrape(); code != 200 || !strings.Contains(body, `payouts_proxy_safety_events_total{kind="`+k+`"} 0`) {
+			t.Fatalf("a fresh proxy does not export safety events of kind %s at 0:\n%s", k, body)
+		}
+	}
 	if _, err := conn.Exec(ctxFor(t), `ALTER TABLE rail_submission RENAME TO rail_submission_away`); err != nil {
 		t.Fatal(err)
 	}
