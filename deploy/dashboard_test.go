@@ -100,7 +100,7 @@ func TestDashboardQueries(t *testing.T) {
 		"the resolution SLA":      "payouts_payment_resolution_sla_seconds",
 		"ambiguous over the SLA":  `check="ambiguous_over_sla"`,
 		"lock grants/s":           "payouts_lock_grants_total",
-		"session expirations":     "payouts_lock_expirations_total",
+		"session expirations":     "payouts_lock_expired_sessions_total",
 		"reconciler findings":     "payouts_reconcile_findings",
 		"reconciler last success": "payouts_reconcile_last_success_timestamp_seconds",
 		"roles up":                `up{job=~"payouts-.*"}`,

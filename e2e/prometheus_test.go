@@ -26,7 +26,7 @@ import (
 // safety counters the alerts page on (present at 0 from the start), and
 // the work counters the dashboard draws.
 var wantSeries = []string{
-	"payouts_lock_grants_total", "payouts_lock_expirations_total", "payouts_lock_revocations_total",
+	"payouts_lock_grants_total", "payouts_lock_expirations_total", "payouts_lock_expired_sessions_total", "payouts_lock_revocations_total",
 	"payouts_payment_fenced_out_total", "payouts_payment_token_regressions_total", "payouts_payment_transitions_total",
 	"payouts_payment_ledger_drift_accounts", "payouts_payment_ledger_unbalanced_groups",
 	"payouts_payment_payouts", "payouts_payment_oldest_ambiguous_age_seconds", "payouts_payment_resolution_sla_seconds",

@@ -43,10 +43,49 @@ type Service struct {
 	mu      sync.Mutex
 	waiters map[string]int
 	owners  owners
+	expired recentSet // sessions already counted in expiredSessions
+}
+
+// recentSet remembers the last recentSetSize ids added: a backend reports
+// an expired session's grants one by one or together, and the session is
+// counted once.
+type recentSet struct {
+	ids  map[string]struct{}
+	ring []string
+	next int
+}
+
+const recentSetSize = 4096
+
+// add reports whether id is new, remembering it.
+func (r *recentSet) add(id string) bool {
+	if _, ok := r.ids[id]; ok {
+		return false
+	}
+	if r.ids == nil {
+		r.ids, r.ring = map[string]struct{}{}, make([]string, recentSetSize)
+	}
+	if old := r.ring[r.next]; old != "" {
+		delete(r.ids, old)
+	}
+	r.ring[r.next], r.next = id, (r.next+1)%recentSetSize
+	r.ids[id] = struct{}{}
+	return true
+}
+
+func (s *Service) countExpiredSessions(grants []backend.GrantRecord) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range grants {
+		if s.expired.add(g.SessionID) {
+			s.m.expiredSessions.Inc()
+		}
+	}
 }
 
 type metrics struct {
 	grants, releases, expirations, revocations, graces, notOwner prometheus.Counter
+	expiredSessions                                              prometheus.Counter
 	activeSessions, waiters                                      prometheus.Gauge
 	acquire                                                      *prometheus.HistogramVec
 	// The acquire histogram's series, resolved once: no label lookup per
@@ -57,9 +96,11 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer, name string) *metrics {
 	l := prometheus.Labels{"backend": name}
 	m := &metrics{
-		grants:         prometheus.NewCounter(prometheus.CounterOpts{Name: "payouts_lock_grants_total", Help: "Grants made (new tokens minted).", ConstLabels: l}),
-		releases:       prometheus.NewCounter(prometheus.CounterOpts{Name: "payouts_lock_releases_total", Help: "Grants ended by release.", ConstLabels: l}),
-		expirations:    prometheus.NewCounter(prometheus.CounterOpts{Name: "payouts_lock_expirations_total", Help: "Grants ended because their session expired (observed by this process).", ConstLabels: l}),
+		grants:      prometheus.NewCounter(prometheus.CounterOpts{Name: "payouts_lock_grants_total", Help: "Grants made (new tokens minted).", ConstLabels: l}),
+		releases:    prometheus.NewCounter(prometheus.CounterOpts{Name: "payouts_lock_releases_total", Help: "Grants ended by release.", ConstLabels: l}),
+		expirations: prometheus.NewCounter(prometheus.CounterOpts{Name: "payouts_lock_expirations_total", Help: "Grants ended because their session expired (observed by this process).", ConstLabels: l}),
+		expiredSessions: prometheus.NewCounter(prometheus.CounterOpts{Name: "payouts_lock_expired_sessions_total",
+			Help: "Sessions whose expiry ended grants (observed by this process; each session once, however many grants it held).", ConstLabels: l}),
 		revocations:    prometheus.NewCounter(prometheus.CounterOpts{Name: "payouts_lock_revocations_total", Help: "Grants force-revoked by an operator. Alert on any increase.", ConstLabels: l}),
 		notOwner:       prometheus.NewCounter(prometheus.CounterOpts{Name: "payouts_lock_not_session_owner_total", Help: "Requests refused because the caller does not own the session they name.", ConstLabels: l}),
 		graces:         prometheus.NewCounter(prometheus.CounterOpts{Name: "payouts_lock_grace_periods_total", Help: "Grace periods started (service start, database failover or restart).", ConstLabels: l}),
@@ -68,7 +109,7 @@ func newMetrics(reg prometheus.Registerer, name string) *metrics {
 		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "payouts_lock_acquire_duration_seconds", Help: "Acquire latency by result (granted, held, error), waiting included.",
 			ConstLabels: l, Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"result"}),
 	}
-	reg.MustRegister(m.grants, m.releases, m.expirations, m.revocations, m.graces, m.notOwner, m.activeSessions, m.waiters, m.acquire)
+	reg.MustRegister(m.grants, m.releases, m.expirations, m.expiredSessions, m.revocations, m.graces, m.notOwner, m.activeSessions, m.waiters, m.acquire)
 	m.acquireGranted, m.acquireHeld, m.acquireError = m.acquire.WithLabelValues("granted"), m.acquire.WithLabelValues("held"), m.acquire.WithLabelValues("error")
 	return m
 }
@@ -87,6 +128,7 @@ type observer struct{ s *Service }
 
 func (o observer) Expired(grants []backend.GrantRecord) {
 	o.s.m.expirations.Add(float64(len(grants)))
+	o.s.countExpiredSessions(grants)
 	for _, g := range grants {
 		o.s.log.Info("lock expired: session lapsed", obs.KeyKey, g.Key, obs.KeyToken, int64(g.Token), obs.KeyHolder, g.SessionID, "owner", g.Owner)
 	}
