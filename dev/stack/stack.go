@@ -27,7 +27,8 @@ import (
 type Options struct {
 	Dir string
 	// PortBase fixes the ports: lock +1, payment +2, proxy +3, rail +4,
-	// PostgreSQL +5, etcd client +6, etcd peer +7. 0 picks free ports.
+	// etcd client +6, etcd peer +7, PostgreSQL +8 (+5 stays free for a
+	// reconciler's default --listen). 0 picks free ports.
 	PortBase int
 	// Binary is the payouts executable to run the roles with (default: this one).
 	Binary string
