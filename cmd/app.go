@@ -27,8 +27,13 @@ func newApp() *app { return &app{registry: obs.NewRegistry()} }
 
 // logger is the process's JSON logger on the command's stderr, tagged with
 // the role.
+// It also becomes slog's default, so a library that falls back to
+// slog.Default() (a client built without its logger option) still writes
+// the same JSON lines with the role, not plain text beside them.
 func (a *app) logger(cmd *cobra.Command, role string) *slog.Logger {
-	return obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(a.logLevel), role)
+	l := obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(a.logLevel), role)
+	slog.SetDefault(l)
+	return l
 }
 
 // interruptContext is the context of the whole command: the first SIGINT

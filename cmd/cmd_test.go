@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -339,5 +340,22 @@ func TestStatusReadsTheLockServiceHighTokenAfterTheFences(t *testing.T) {
 	want := []string{guard + "/v1/fences/high", guard + "/v1/fences/high", lock + "/v1/tokens/high"}
 	if strings.Join(order, " ") != strings.Join(want, " ") {
 		t.Fatalf("status read %v, want the lock service's high token last: %v", order, want)
+	}
+}
+
+// TestCommandLoggerIsSlogDefault: a library falling back to slog.Default()
+// (the reconciler's lock client did) writes the command's JSON lines with
+// the role, not plain text mixed into them.
+func TestCommandLoggerIsSlogDefault(t *testing.T) {
+	prev := slog.Default()
+	defer slog.SetDefault(prev)
+	var buf bytes.Buffer
+	c := &cobra.Command{}
+	c.SetErr(&buf)
+	newApp().logger(c, "reconciler")
+	slog.Default().Warn("lock session in jeopardy", "session_id", "s-1")
+	var line map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &line); err != nil || line["role"] != "reconciler" || line["session_id"] != "s-1" {
+		t.Fatalf("slog.Default() wrote %q (%v), want the command's JSON line with role=reconciler", buf.String(), err)
 	}
 }

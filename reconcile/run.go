@@ -98,7 +98,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	if cfg.Options.SessionTTL <= 0 {
 		cfg.Options.SessionTTL = DefaultSessionTTL
 	}
-	lock, err := NewLockService(cfg.LockURL, cfg.Token, cfg.Options.Owner, cfg.Options.SessionTTL, cfg.RequestTimeout, lockclient.WithHTTPClient(cfg.HTTPClient))
+	lock, err := NewLockService(cfg.LockURL, cfg.Token, cfg.Options.Owner, cfg.Options.SessionTTL, cfg.RequestTimeout, lockclient.WithHTTPClient(cfg.HTTPClient), lockclient.WithLogger(cfg.Logger))
 	if err != nil {
 		return ExitCannotRun, fmt.Errorf("--lock-url: %w", err)
 	}
