@@ -67,8 +67,11 @@ func ValidText(field, v string, maxLen int, required, oneLine bool) error {
 		return BadField(field, "longer than %d bytes", maxLen)
 	}
 	for _, r := range v {
-		if r == 0 || r == unicode.ReplacementChar || (oneLine && unicode.IsControl(r)) {
-			return BadField(field, "contains a control or invalid character")
+		// A one-line field (a reference, an id the rail and operators
+		// read) also refuses format characters (Cf): a right-to-left
+		// override or a zero-width space makes one text read as another.
+		if r == 0 || r == unicode.ReplacementChar || (oneLine && (unicode.IsControl(r) || unicode.Is(unicode.Cf, r))) {
+			return BadField(field, "contains a control, format or invalid character")
 		}
 	}
 	return nil

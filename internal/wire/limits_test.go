@@ -29,3 +29,19 @@ func TestValidAmountSaysWhatItTakes(t *testing.T) {
 		}
 	}
 }
+
+// A one-line field refuses invisible format characters as it refuses
+// control characters; free text keeps them (and its newlines).
+func TestOneLineFieldsRefuseFormatCharacters(t *testing.T) {
+	for _, v := range []string{"acct \u202e9876", "ben\u200bref", "\ufeffref", "a\tb", "a\nb"} {
+		if err := ValidRef("beneficiary_ref", v); err == nil {
+			t.Errorf("ValidRef(%q) accepted a control or format character", v)
+		}
+	}
+	if err := ValidRef("beneficiary_ref", "Zoë Ünal, IBAN DE89 3704 0044"); err != nil {
+		t.Errorf("a plain reference with letters beyond ASCII was refused: %v", err)
+	}
+	if err := ValidText("reason", "line one\nline two \u200d", MaxTextLen, true, false); err != nil {
+		t.Errorf("free text refused: %v", err)
+	}
+}
