@@ -14,6 +14,8 @@ import (
 	"slices"
 	"sort"
 	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Code is a stable machine-readable error code (DESIGN §4).
@@ -233,14 +235,7 @@ func CodeOf(err error) Code {
 	if err == nil {
 		return ""
 	}
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return Unavailable
-	}
-	return Internal
+	return From(err).Code
 }
 
 // Has reports whether err is a problem with the given code.
@@ -258,6 +253,12 @@ func From(err error) *Error {
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return Wrap(Unavailable, err, "the request did not complete in time")
+	}
+	// No connection to the database could be made: nothing was read or
+	// written, and retrying later is the answer.
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return Wrap(Unavailable, err, "the database is not reachable; nothing was done; retry later")
 	}
 	return Wrap(Internal, err, "internal error")
 }

@@ -1,11 +1,17 @@
 package problem
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func TestMessageClipsLongEchoedInput(t *testing.T) {
@@ -46,5 +52,33 @@ func TestMessageClipsLongEchoedInput(t *testing.T) {
 	body, err := json.Marshal(long)
 	if err != nil || len(body) > MaxMessage+400 {
 		t.Fatalf("problem body is %d bytes (%v)", len(body), err)
+	}
+}
+
+// TestUnreachableDatabaseIsUnavailable: a request that could not get a
+// database connection did nothing and is 503 unavailable, not 500
+// internal (status showed "internal error" while paydb was down).
+func TestUnreachableDatabaseIsUnavailable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = pgconn.Connect(ctx, "postgres://u@"+addr+"/db?connect_timeout=10")
+	if err == nil {
+		t.Fatal("connected to a closed port")
+	}
+	wrapped := fmt.Errorf("begin: %w", err)
+	if e := From(wrapped); e.Code != Unavailable || e.Status() != 503 || strings.Contains(e.Message, addr) {
+		t.Fatalf("unreachable database: %s %d %q, want unavailable 503 without the address", e.Code, e.Status(), e.Message)
+	}
+	if CodeOf(wrapped) != Unavailable {
+		t.Fatalf("CodeOf: %s", CodeOf(wrapped))
+	}
+	if From(errors.New("boom")).Code != Internal {
+		t.Fatal("an ordinary error is no longer internal")
 	}
 }
