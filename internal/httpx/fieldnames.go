@@ -84,13 +84,13 @@ func (w *fieldWalk) value(t reflect.Type) error {
 			}
 			w.i++
 			if !seen.add(key) {
-				return problem.New(problem.InvalidRequest, "field %q is given twice", key)
+				return problem.New(problem.InvalidRequest, "field %q is given twice", key).With("field", key)
 			}
 			ft := elem
 			if fields != nil {
 				f, ok := fields[key]
 				if !ok {
-					return problem.New(problem.InvalidRequest, "unknown field %q (field names are case-sensitive)", key)
+					return problem.New(problem.InvalidRequest, "unknown field %q (field names are case-sensitive)", key).With("field", key)
 				}
 				ft = f
 			}

@@ -28,7 +28,9 @@ func DecodeJSON(r *http.Request, v any) error {
 		return problem.Wrap(problem.InvalidRequest, err, "could not read the request body")
 	}
 	if len(body) > MaxBodyBytes {
-		return problem.New(problem.InvalidRequest, "request body is larger than %d bytes", MaxBodyBytes)
+		e := problem.New(problem.InvalidRequest, "request body is larger than %d bytes", MaxBodyBytes)
+		e.HTTPStatus = http.StatusRequestEntityTooLarge
+		return e
 	}
 	return DecodeStrict(body, v)
 }
@@ -41,7 +43,12 @@ func DecodeStrict(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return problem.New(problem.InvalidRequest, "%s", describeJSONError(err))
+		msg, field := describeJSONError(err)
+		e := problem.New(problem.InvalidRequest, "%s", msg)
+		if field != "" {
+			e = e.With("field", field)
+		}
+		return e
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return problem.New(problem.InvalidRequest, "request body has data after the JSON object")
@@ -49,24 +56,26 @@ func DecodeStrict(body []byte, v any) error {
 	return checkFieldNames(body, reflect.TypeOf(v))
 }
 
-func describeJSONError(err error) string {
+// describeJSONError says what was wrong with a body and, when one field
+// was, which (the problem's field member).
+func describeJSONError(err error) (msg, field string) {
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &syn):
-		return fmt.Sprintf("malformed JSON at byte %d: %v", syn.Offset, syn)
+		return fmt.Sprintf("malformed JSON at byte %d: %v", syn.Offset, syn), ""
 	case errors.As(err, &typ):
-		field := typ.Field
-		if field == "" {
-			return fmt.Sprintf("body must be a JSON %s, not %s", typ.Type.Kind(), typ.Value)
+		if typ.Field == "" {
+			return fmt.Sprintf("body must be a JSON %s, not %s", typ.Type.Kind(), typ.Value), ""
 		}
-		return fmt.Sprintf("field %q must be %s, not %s", field, jsonKind(typ.Type.Kind().String()), typ.Value)
+		return fmt.Sprintf("field %q must be %s, not %s", typ.Field, jsonKind(typ.Type.Kind().String()), typ.Value), typ.Field
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return "malformed JSON: unexpected end of body"
+		return "malformed JSON: unexpected end of body", ""
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		return "unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ")
+		name := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		return "unknown field " + name, strings.Trim(name, `"`)
 	default:
-		return "malformed JSON: " + err.Error()
+		return "malformed JSON: " + err.Error(), ""
 	}
 }
 
