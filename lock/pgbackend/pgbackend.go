@@ -51,6 +51,10 @@ type Backend struct {
 
 	mu       sync.Mutex
 	observer backend.Observer
+	// unheard is a grace period that started before any observer was set
+	// (Open's own, D-12): SetObserver delivers it, so the start is counted.
+	unheard  *grace
+	observed bool // SetObserver was called
 	waiters  backend.Waiters
 	listener *pgx.Conn // handed to Run's listen loop
 }
@@ -120,8 +124,29 @@ func (b *Backend) Name() string { return "postgres" }
 // SetObserver implements backend.Backend.
 func (b *Backend) SetObserver(o backend.Observer) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.observer = o
+	b.observer, b.observed = o, true
+	g := b.unheard
+	b.unheard = nil
+	b.mu.Unlock()
+	if g != nil {
+		o.Grace(g.until, g.why)
+	}
+}
+
+type grace struct {
+	until time.Time
+	why   string
+}
+
+// graceStarted tells the observer, or keeps the event for the first one.
+func (b *Backend) graceStarted(until time.Time, why string) {
+	b.mu.Lock()
+	o := b.observer
+	if !b.observed {
+		b.unheard = &grace{until, why}
+	}
+	b.mu.Unlock()
+	o.Grace(until, why)
 }
 
 func (b *Backend) obs() backend.Observer {

@@ -40,3 +40,38 @@ func TestBehaviour(t *testing.T) {
 	t.Parallel()
 	backendtest.Run(t, setup)
 }
+
+type graceRecorder struct {
+	backend.NopObserver
+	whys chan string
+}
+
+func (g graceRecorder) Grace(_ time.Time, why string) { g.whys <- why }
+
+// TestStartGraceReachesTheObserver: the grace period Open starts (D-12)
+// happens before the service can set its observer; it is delivered when the
+// observer is set, so payouts_lock_grace_periods_total counts service starts.
+func TestStartGraceReachesTheObserver(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := pgbackend.Open(ctx, pgbackend.Config{DatabaseURL: pgtest.NewDB(t, migrations.LockDB), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	rec := graceRecorder{whys: make(chan string, 4)}
+	b.SetObserver(rec)
+	select {
+	case why := <-rec.whys:
+		if why != "lock service started" {
+			t.Fatalf("grace reason %q, want the service start", why)
+		}
+	default:
+		t.Fatal("the grace period started by Open never reached the observer")
+	}
+	b.SetObserver(rec)
+	if len(rec.whys) != 0 {
+		t.Fatal("the start's grace period was delivered twice")
+	}
+}

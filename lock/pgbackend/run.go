@@ -79,7 +79,7 @@ func (b *Backend) checkEpoch(ctx context.Context, force bool) error {
 		why = fmt.Sprintf("database identity changed from %s to %s (failover, restore or restart)", prev, identity)
 	}
 	b.log.Warn("lock grace period: no session expires until it ends", "grace_until", until.UTC(), "reason", why)
-	b.obs().Grace(until, why)
+	b.graceStarted(until, why)
 	return nil
 }
 
