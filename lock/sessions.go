@@ -145,7 +145,7 @@ func (s *Service) checkOwner(r *http.Request, id string) error {
 	if owner != "" && owner != p.Name {
 		s.m.notOwner.Inc()
 		s.log.Warn("session used by a principal that does not own it", obs.KeyEvent, "not_session_owner", "session_id", id,
-			"principal", p.Name, "role", string(p.Role), "path", r.URL.Path)
+			"principal", p.Name, "principal_role", string(p.Role), "path", r.URL.Path)
 		return problem.New(problem.NotSessionOwner, "session %s belongs to another principal: only the principal that opened it may use or close it (an operator ends another's lock with revoke)", id)
 	}
 	return nil
