@@ -142,6 +142,10 @@ type sessionValue struct {
 	TTLMS     int64     `json:"ttl_ms"`
 	CreatedAt time.Time `json:"created_at"`
 	Closed    bool      `json:"closed,omitempty"`
+	// A closed session keeps its last heartbeat and the close as its
+	// expiry, as lockdb does: the lease that held them is gone.
+	LastHeartbeatAt time.Time `json:"last_heartbeat_at,omitzero"`
+	ClosedAt        time.Time `json:"closed_at,omitzero"`
 }
 
 func mustJSON(v any) string {

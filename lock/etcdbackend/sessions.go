@@ -120,6 +120,7 @@ func (b *Backend) Session(ctx context.Context, id string) (backend.Session, erro
 	s := backend.Session{ID: id, Owner: rec.Owner, Principal: rec.Principal, TTL: time.Duration(rec.TTLMS) * time.Millisecond, CreatedAt: rec.CreatedAt}
 	if rec.Closed {
 		s.State = backend.StateClosed
+		s.LastHeartbeatAt, s.ExpiresAt = rec.LastHeartbeatAt, rec.ClosedAt
 		return s, nil
 	}
 	ttl, err := b.cli.TimeToLive(ctx, lease)
@@ -178,7 +179,11 @@ func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session,
 			return s, err
 		}
 	}
-	rec := sessionValue{Owner: s.Owner, Principal: s.Principal, TTLMS: s.TTL.Milliseconds(), CreatedAt: s.CreatedAt, Closed: true}
+	if now := time.Now(); now.Before(s.ExpiresAt) {
+		s.ExpiresAt = now
+	}
+	rec := sessionValue{Owner: s.Owner, Principal: s.Principal, TTLMS: s.TTL.Milliseconds(), CreatedAt: s.CreatedAt, Closed: true,
+		LastHeartbeatAt: s.LastHeartbeatAt, ClosedAt: s.ExpiresAt}
 	if _, err := b.cli.Put(ctx, b.sessionPath(id), mustJSON(rec)); err != nil {
 		return s, classify("close session", err)
 	}

@@ -163,4 +163,24 @@ func testSessionTimes(t *testing.T, st Store) {
 		t.Fatal(err)
 	}
 	check("after keepalive", k.LastHeartbeatAt)
+	// Closing answers the times a read shows afterwards: the last
+	// heartbeat, and the close as the expiry.
+	before := time.Now()
+	c, err := b.CloseSession(ctx(t), s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := b.Session(ctx(t), s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.LastHeartbeatAt.Equal(r.LastHeartbeatAt) || !c.ExpiresAt.Equal(r.ExpiresAt) {
+		t.Errorf("close answered heartbeat %s, expiry %s; a read after it shows %s, %s", c.LastHeartbeatAt, c.ExpiresAt, r.LastHeartbeatAt, r.ExpiresAt)
+	}
+	if d := r.LastHeartbeatAt.Sub(k.LastHeartbeatAt); d < -time.Millisecond || d > time.Millisecond {
+		t.Errorf("closed session: last heartbeat %s, want the last keepalive's %s", r.LastHeartbeatAt, k.LastHeartbeatAt)
+	}
+	if r.ExpiresAt.Before(before.Add(-time.Second)) || r.ExpiresAt.After(time.Now().Add(time.Second)) {
+		t.Errorf("closed session: expiry %s, want the close (between %s and now)", r.ExpiresAt, before)
+	}
 }
