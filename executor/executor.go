@@ -261,6 +261,9 @@ func (e *Executor) Run(ctx context.Context) error {
 
 	bo := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
 	down := false
+	// No session yet: nothing is done until one opens (a lock service that
+	// hangs keeps Open waiting for --call-timeout).
+	e.m.lockDown.Set(1)
 	for !e.stopRequested() {
 		cctx, cancel := e.callCtx()
 		sess, err := e.lock.Open(cctx, e.cfg.Owner)
@@ -294,14 +297,18 @@ func (e *Executor) Run(ctx context.Context) error {
 		log := e.log.With(obs.KeyHolder, sess.ID())
 		log.Info("lock session opened", "owner", e.cfg.Owner)
 		lost := e.runSession(sess, log)
+		if lost {
+			// Said before the close, which waits up to --call-timeout on a
+			// lock service that hangs.
+			e.m.sessions.WithLabelValues("lost").Inc()
+			e.m.lockDown.Set(1)
+			log.Warn("lock session lost (client deadline passed): every grant is void; opening a new session")
+		}
 		cctx, cancel = e.callCtx()
 		cerr := sess.Close(cctx)
 		cancel()
 		switch {
 		case lost:
-			e.m.sessions.WithLabelValues("lost").Inc()
-			e.m.lockDown.Set(1)
-			log.Warn("lock session lost (client deadline passed): every grant is void; opening a new session")
 		case cerr != nil:
 			log.Warn("could not close the lock session; its locks expire with its TTL", obs.KeyError, cerr.Error())
 		default:
