@@ -64,7 +64,11 @@ func newLockBumpCmd(a *app) *cobra.Command {
 				}
 				to = int64(t)
 			}
-			from, err := pgbackend.BumpTokens(ctx, url, fencing.Token(to))
+			bump := pgbackend.BumpTokens
+			if fromGuards {
+				bump = pgbackend.BumpTokensAtLeast // tokens already above the guards + margin: nothing to do
+			}
+			from, err := bump(ctx, url, fencing.Token(to))
 			if err != nil {
 				return err
 			}

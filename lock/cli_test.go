@@ -153,4 +153,18 @@ func TestBumpTokensFromGuards(t *testing.T) {
 	if g.Token <= 9500 {
 		t.Fatalf("first token after bump-tokens --from-guards: %d, want above 9500", g.Token)
 	}
+	// Tokens already above the guards' fences plus the margin: nothing to
+	// do, and it says so (the sequence stays where it is).
+	runCLI(t, 0, "lock", "bump-tokens", "--to", "20000", "--database-url", sys.store.url)
+	out = runCLI(t, 0, bump("guard-token", "--from-guards", "--margin", "500", "--output", "json")...)
+	if err := json.Unmarshal([]byte(out), &res); err != nil || res.From != 20000 || res.To != 20000 {
+		t.Fatalf("bump-tokens --from-guards below tokens already issued: %s (%v); want a no-op from and to 20000", out, err)
+	}
+	g2, err := s.TryAcquire(ctx, "payout:bumped-again")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g2.Token <= 20000 {
+		t.Fatalf("token after the no-op bump: %d, want above 20000", g2.Token)
+	}
 }

@@ -76,6 +76,17 @@ func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
 // to (D-13). It refuses to move the sequence down or to a value at or below
 // a token already issued, and holds off concurrent acquires while it runs.
 func BumpTokens(ctx context.Context, databaseURL string, to fencing.Token) (from fencing.Token, err error) {
+	return bumpTokens(ctx, databaseURL, to, false)
+}
+
+// BumpTokensAtLeast is BumpTokens for a floor computed from the guards'
+// fences: when tokens above to were already issued, every future token is
+// above to already, and it changes nothing.
+func BumpTokensAtLeast(ctx context.Context, databaseURL string, to fencing.Token) (from fencing.Token, err error) {
+	return bumpTokens(ctx, databaseURL, to, true)
+}
+
+func bumpTokens(ctx context.Context, databaseURL string, to fencing.Token, floor bool) (from fencing.Token, err error) {
 	if !to.Valid() {
 		return 0, fmt.Errorf("bump-tokens: --to %d is not a valid token (1 .. 2^53-1)", int64(to))
 	}
@@ -106,6 +117,9 @@ func BumpTokens(ctx context.Context, databaseURL string, to fencing.Token) (from
 		last--
 	}
 	cur := fencing.Token(max(last, maxG))
+	if to < cur && floor {
+		return cur, tx.Commit(ctx)
+	}
 	if to < cur {
 		return cur, fmt.Errorf("bump-tokens: refusing to move tokens down: tokens up to %d were already issued, --to %d is lower", int64(cur), int64(to))
 	}
