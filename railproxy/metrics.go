@@ -72,6 +72,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, k := range []string{proxyclient.KindFencedOut, proxyclient.KindTokenRegression, proxyclient.KindDuplicateAttempt} {
 		m.safetyEvents.WithLabelValues(k)
 	}
+	for _, o := range []proxyclient.Outcome{proxyclient.OutcomeAcked, proxyclient.OutcomeRejected, proxyclient.OutcomeTimeout, proxyclient.OutcomeFenced} {
+		m.submissions.WithLabelValues(string(o)) // PayoutsAmbiguousBurst sees the first TIMEOUT
+	}
 	return m
 }
 

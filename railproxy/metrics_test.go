@@ -43,6 +43,12 @@ func TestMetricsServedWhileUnresolvedCountsFail(t *testing.T) {
 			t.Fatalf("a fresh proxy does not export safety events of kind %s at 0:\n%s", k, body)
 		}
 	}
+	// So is each submission outcome (PayoutsAmbiguousBurst counts TIMEOUTs).
+	for _, o := range []string{"ACKED", "REJECTED", "TIMEOUT", "FENCED"} {
+		if code, body := scrape(); code != 200 || !strings.Contains(body, `payouts_proxy_submissions_total{outcome="`+o+`"} 0`) {
+			t.Fatalf("a fresh proxy does not export submissions with outcome %s at 0:\n%s", o, body)
+		}
+	}
 	if _, err := conn.Exec(ctxFor(t), `ALTER TABLE rail_submission RENAME TO rail_submission_away`); err != nil {
 		t.Fatal(err)
 	}
