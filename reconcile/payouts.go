@@ -221,41 +221,30 @@ func ambiguousSince(p pc.Payout) time.Time {
 // checkClaimHistory: a payout's accepted changes carry non-decreasing
 // tokens (INV-01): each later holder's grant is newer.
 func (r *Reconciler) checkClaimHistory(ctx context.Context, rep *Report, p pc.Payout) error {
+	events, err := r.payoutEvents(ctx, p.ID)
+	if err != nil {
+		return err
+	}
 	var (
-		after     int64
-		prev      pc.PayoutEvent
-		havePrev  bool
-		reported  bool
-		pageLimit = r.opts.PageSize
+		prev     pc.PayoutEvent
+		havePrev bool
 	)
-	for {
-		page, err := r.c.Payment.PayoutEvents(ctx, p.ID, after, pageLimit)
-		if err != nil {
-			return cannotRun("read the history of payout "+p.ID, err)
+	for _, ev := range events {
+		if ev.Token == 0 {
+			continue
 		}
-		for _, ev := range page.Items {
-			after = max(after, ev.ID)
-			if ev.Token == 0 {
-				continue
-			}
-			if havePrev && ev.Token < prev.Token && !reported {
-				reported = true
-				rep.add(CheckClaimTokenOrder, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "key": lockKey(p.AccountID),
-					"event_id": ev.ID, "token": ev.Token, "holder": string(ev.Holder), "to_state": string(ev.ToState),
-					"previous_event_id": prev.ID, "previous_token": prev.Token, "previous_holder": string(prev.Holder)},
-					"payout %s moved to %s under token %d after an earlier change under token %d: an older holder wrote after a newer one", p.ID, ev.ToState, ev.Token, prev.Token)
-			}
-			if !havePrev || ev.Token >= prev.Token {
-				prev, havePrev = ev, true
-			}
+		if havePrev && ev.Token < prev.Token {
+			rep.add(CheckClaimTokenOrder, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "key": lockKey(p.AccountID),
+				"event_id": ev.ID, "token": ev.Token, "holder": string(ev.Holder), "to_state": string(ev.ToState),
+				"previous_event_id": prev.ID, "previous_token": prev.Token, "previous_holder": string(prev.Holder)},
+				"payout %s moved to %s under token %d after an earlier change under token %d: an older holder wrote after a newer one", p.ID, ev.ToState, ev.Token, prev.Token)
+			return nil // one finding per payout
 		}
-		if page.Next == "" || len(page.Items) == 0 {
-			return nil
-		}
-		if n, err := strconv.ParseInt(page.Next, 10, 64); err == nil && n > after {
-			after = n
+		if !havePrev || ev.Token >= prev.Token {
+			prev, havePrev = ev, true
 		}
 	}
+	return nil
 }
 
 // checkInFlight: one holder at a time works an account (INV-01). An
@@ -332,6 +321,9 @@ func (r *Reconciler) payoutEvents(ctx context.Context, id string) ([]pc.PayoutEv
 		out = append(out, page.Items...)
 		if page.Next == "" || len(page.Items) == 0 {
 			return out, nil
+		}
+		if n, err := strconv.ParseInt(page.Next, 10, 64); err == nil && n > after {
+			after = n
 		}
 	}
 }
