@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
-	"go.uber.org/zap"
 
 	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/lock/backend"
@@ -63,7 +62,7 @@ func etcdTarget(ctx context.Context, o LockOptions, log *slog.Logger) (*target, 
 		endpoints = c.Endpoints()
 	}
 	newClient := func() (*clientv3.Client, error) {
-		return clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		return clientv3.New(etcdbackend.ClientConfig(endpoints))
 	}
 	cli, err := newClient()
 	if err != nil {

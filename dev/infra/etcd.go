@@ -13,7 +13,6 @@ import (
 
 	"github.com/payouts/payouts/lock/etcdbackend"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // EtcdNode is one member of an embedded etcd cluster.
@@ -238,7 +237,7 @@ func (c *EtcdCluster) Leader(ctx context.Context) (*EtcdNode, error) {
 
 // Client returns a client for all members.
 func (c *EtcdCluster) Client() (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	return clientv3.New(etcdbackend.ClientConfig(c.Endpoints()))
 }
 
 // Close stops every member.

@@ -24,6 +24,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
@@ -34,7 +36,9 @@ const DefaultPrefix = "/payouts/lock"
 
 // Config configures the backend.
 type Config struct {
-	// Client is an etcd client; Endpoints is used when it is nil.
+	// Client is an etcd client; Endpoints is used when it is nil (with
+	// ClientConfig). A client made elsewhere should use ClientConfig or
+	// DialOptions too, to reconnect promptly after an outage.
 	Client    *clientv3.Client
 	Endpoints []string
 	Prefix    string
@@ -48,6 +52,39 @@ type Config struct {
 	GrantRetention time.Duration
 	// CompactInterval is how often compaction runs (default 1 minute).
 	CompactInterval time.Duration
+}
+
+// reconnectBackoff is how the etcd client spaces its attempts to reconnect
+// to an endpoint that stopped answering. gRPC's default (1s growing to
+// 120s) leaves the client waiting up to about a minute after an outage of
+// a minute or more, while every executor fails closed; capped at 2s, it
+// is back within about 2s of etcd answering again.
+var reconnectBackoff = backoff.Config{
+	BaseDelay:  100 * time.Millisecond,
+	Multiplier: 1.6,
+	Jitter:     0.2,
+	MaxDelay:   2 * time.Second,
+}
+
+// DialOptions are the gRPC options of every long-lived etcd client the
+// lock service (and the local stack) creates: the capped reconnect
+// backoff.
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           reconnectBackoff,
+		MinConnectTimeout: 5 * time.Second,
+	})}
+}
+
+// ClientConfig is the etcd client configuration the backend uses when
+// given endpoints: a 5s dial timeout, no client logging, DialOptions.
+func ClientConfig(endpoints []string) clientv3.Config {
+	return clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+		DialOptions: DialOptions(),
+	}
 }
 
 // Backend implements backend.Backend on etcd.
@@ -90,7 +127,7 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 		if len(cfg.Endpoints) == 0 {
 			return nil, errors.New("etcdbackend: no etcd endpoints")
 		}
-		cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		cli, err := clientv3.New(ClientConfig(cfg.Endpoints))
 		if err != nil {
 			return nil, fmt.Errorf("etcdbackend: connect: %w", err)
 		}
