@@ -192,44 +192,75 @@ func TestBadInput(t *testing.T) {
 			status           int
 			code             problem.Code
 			mention          string
+			field            string // the problem's field member ("": none)
 		}{
-			{"ttl zero", "/v1/sessions", `{"owner":"x","ttl_ms":0}`, 400, problem.InvalidRequest, "ttl_ms"},
-			{"ttl negative", "/v1/sessions", `{"owner":"x","ttl_ms":-5}`, 400, problem.InvalidRequest, "ttl_ms"},
-			{"ttl absurd", "/v1/sessions", `{"owner":"x","ttl_ms":86400000}`, 400, problem.InvalidRequest, "ttl_ms"},
-			{"ttl string", "/v1/sessions", `{"owner":"x","ttl_ms":"5000"}`, 400, problem.InvalidRequest, "ttl_ms"},
-			{"no owner", "/v1/sessions", `{"ttl_ms":5000}`, 400, problem.InvalidRequest, "owner"},
-			{"unknown field", "/v1/sessions", `{"owner":"x","ttl_ms":5000,"colour":"red"}`, 400, problem.InvalidRequest, "colour"},
-			{"not json", "/v1/sessions", `owner=x`, 400, problem.InvalidRequest, "JSON"},
-			{"unknown session keepalive", "/v1/sessions/999999/keepalive", ``, 404, problem.SessionExpired, "999999"},
-			{"malformed session keepalive", "/v1/sessions/a%20b/keepalive", ``, 400, problem.InvalidRequest, "session_id"},
-			{"malformed key", "/v1/locks/%20bad/acquire", `{"session_id":"` + sid + `"}`, 400, problem.InvalidRequest, "key"},
-			{"key too long", "/v1/locks/" + strings.Repeat("k", 300) + "/acquire", `{"session_id":"` + sid + `"}`, 400, problem.InvalidRequest, "key"},
-			{"no session", "/v1/locks/payout:a/acquire", `{}`, 400, problem.InvalidRequest, "session_id"},
-			{"unknown session acquire", "/v1/locks/payout:a/acquire", `{"session_id":"12345"}`, 404, problem.SessionExpired, "12345"},
-			{"negative wait", "/v1/locks/payout:a/acquire", `{"session_id":"` + sid + `","wait_ms":-1}`, 400, problem.InvalidRequest, "wait_ms"},
-			{"absurd wait", "/v1/locks/payout:a/acquire", `{"session_id":"` + sid + `","wait_ms":999999999}`, 400, problem.InvalidRequest, "wait_ms"},
-			{"token string", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":"7"}`, 400, problem.InvalidRequest, "token"},
-			{"token float", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":1.5}`, 400, problem.InvalidRequest, "token"},
-			{"token zero", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":0}`, 400, problem.InvalidRequest, "token"},
-			{"token huge", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":9007199254740993}`, 400, problem.InvalidRequest, "token"},
-			{"release free key", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":5}`, 409, problem.NotHeld, "payout:a"},
+			{"ttl zero", "/v1/sessions", `{"owner":"x","ttl_ms":0}`, 400, problem.InvalidRequest, "ttl_ms", "ttl_ms"},
+			{"ttl negative", "/v1/sessions", `{"owner":"x","ttl_ms":-5}`, 400, problem.InvalidRequest, "ttl_ms", "ttl_ms"},
+			{"ttl absurd", "/v1/sessions", `{"owner":"x","ttl_ms":86400000}`, 400, problem.InvalidRequest, "ttl_ms", "ttl_ms"},
+			{"ttl string", "/v1/sessions", `{"owner":"x","ttl_ms":"5000"}`, 400, problem.InvalidRequest, "ttl_ms", "ttl_ms"},
+			{"no owner", "/v1/sessions", `{"ttl_ms":5000}`, 400, problem.InvalidRequest, "owner", "owner"},
+			{"unknown field", "/v1/sessions", `{"owner":"x","ttl_ms":5000,"colour":"red"}`, 400, problem.InvalidRequest, "colour", "colour"},
+			{"not json", "/v1/sessions", `owner=x`, 400, problem.InvalidRequest, "JSON", ""},
+			{"unknown session keepalive", "/v1/sessions/999999/keepalive", ``, 404, problem.SessionExpired, "999999", ""},
+			{"malformed session keepalive", "/v1/sessions/a%20b/keepalive", ``, 400, problem.InvalidRequest, "session_id", "session_id"},
+			{"malformed key", "/v1/locks/%20bad/acquire", `{"session_id":"` + sid + `"}`, 400, problem.InvalidRequest, "key", "key"},
+			{"key too long", "/v1/locks/" + strings.Repeat("k", 300) + "/acquire", `{"session_id":"` + sid + `"}`, 400, problem.InvalidRequest, "key", "key"},
+			{"no session", "/v1/locks/payout:a/acquire", `{}`, 400, problem.InvalidRequest, "session_id", "session_id"},
+			{"unknown session acquire", "/v1/locks/payout:a/acquire", `{"session_id":"12345"}`, 404, problem.SessionExpired, "12345", ""},
+			{"negative wait", "/v1/locks/payout:a/acquire", `{"session_id":"` + sid + `","wait_ms":-1}`, 400, problem.InvalidRequest, "wait_ms", "wait_ms"},
+			{"absurd wait", "/v1/locks/payout:a/acquire", `{"session_id":"` + sid + `","wait_ms":999999999}`, 400, problem.InvalidRequest, "wait_ms", "wait_ms"},
+			{"token string", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":"7"}`, 400, problem.InvalidRequest, "token", "token"},
+			{"token float", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":1.5}`, 400, problem.InvalidRequest, "token", "token"},
+			{"token zero", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":0}`, 400, problem.InvalidRequest, "token", "token"},
+			{"token huge", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":9007199254740993}`, 400, problem.InvalidRequest, "token", "token"},
+			{"release free key", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","token":5}`, 409, problem.NotHeld, "payout:a", ""},
 			// Values that wrapped around when converted to a duration.
-			{"ttl wraps", "/v1/sessions", `{"owner":"x","ttl_ms":288230376151771744}`, 400, problem.InvalidRequest, "ttl_ms"},
-			{"wait wraps", "/v1/locks/payout:a/acquire", `{"session_id":"` + sid + `","wait_ms":288230376151771744}`, 400, problem.InvalidRequest, "wait_ms"},
+			{"ttl wraps", "/v1/sessions", `{"owner":"x","ttl_ms":288230376151771744}`, 400, problem.InvalidRequest, "ttl_ms", "ttl_ms"},
+			{"wait wraps", "/v1/locks/payout:a/acquire", `{"session_id":"` + sid + `","wait_ms":288230376151771744}`, 400, problem.InvalidRequest, "wait_ms", "wait_ms"},
 			// Field names match exactly, never case-insensitively.
-			{"owner capitalised", "/v1/sessions", `{"Owner":"x","ttl_ms":5000}`, 400, problem.InvalidRequest, "Owner"},
-			{"ttl capitalised", "/v1/sessions", `{"owner":"x","TTL_MS":5000}`, 400, problem.InvalidRequest, "TTL_MS"},
-			{"session id capitalised", "/v1/locks/payout:a/acquire", `{"Session_ID":"` + sid + `"}`, 400, problem.InvalidRequest, "Session_ID"},
-			{"token capitalised", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","TOKEN":5}`, 400, problem.InvalidRequest, "TOKEN"},
+			{"owner capitalised", "/v1/sessions", `{"Owner":"x","ttl_ms":5000}`, 400, problem.InvalidRequest, "Owner", "Owner"},
+			{"ttl capitalised", "/v1/sessions", `{"owner":"x","TTL_MS":5000}`, 400, problem.InvalidRequest, "TTL_MS", "TTL_MS"},
+			{"session id capitalised", "/v1/locks/payout:a/acquire", `{"Session_ID":"` + sid + `"}`, 400, problem.InvalidRequest, "Session_ID", "Session_ID"},
+			{"token capitalised", "/v1/locks/payout:a/release", `{"session_id":"` + sid + `","TOKEN":5}`, 400, problem.InvalidRequest, "TOKEN", "TOKEN"},
 			// A keepalive carries nothing: empty or {}.
-			{"keepalive garbage", "/v1/sessions/" + sid + "/keepalive", `garbage`, 400, problem.InvalidRequest, "{}"},
-			{"keepalive null", "/v1/sessions/" + sid + "/keepalive", `null`, 400, problem.InvalidRequest, "{}"},
-			{"keepalive member", "/v1/sessions/" + sid + "/keepalive", `{"ttl_ms":60000}`, 400, problem.InvalidRequest, "{}"},
+			{"keepalive garbage", "/v1/sessions/" + sid + "/keepalive", `garbage`, 400, problem.InvalidRequest, "{}", ""},
+			{"keepalive null", "/v1/sessions/" + sid + "/keepalive", `null`, 400, problem.InvalidRequest, "{}", ""},
+			{"keepalive member", "/v1/sessions/" + sid + "/keepalive", `{"ttl_ms":60000}`, 400, problem.InvalidRequest, "{}", "ttl_ms"},
+			{"owner blank", "/v1/sessions", `{"owner":"","ttl_ms":5000}`, 400, problem.InvalidRequest, "owner", "owner"},
+			{"owner too long", "/v1/sessions", `{"owner":"` + strings.Repeat("o", 300) + `","ttl_ms":5000}`, 400, problem.InvalidRequest, "owner", "owner"},
+			{"owner control character", "/v1/sessions", `{"owner":"a\u0001b","ttl_ms":5000}`, 400, problem.InvalidRequest, "owner", "owner"},
+			{"malformed session in body", "/v1/locks/payout:a/acquire", `{"session_id":"a b"}`, 400, problem.InvalidRequest, "session_id", "session_id"},
+			{"no session release", "/v1/locks/payout:a/release", `{"token":5}`, 400, problem.InvalidRequest, "session_id", "session_id"},
+			{"malformed key release", "/v1/locks/%20bad/release", `{"session_id":"` + sid + `","token":5}`, 400, problem.InvalidRequest, "key", "key"},
 		}
 		for _, tc := range cases {
 			status, body := rawPost(t, svc.URL+tc.path, executorToken, tc.body)
 			if status != tc.status || !strings.Contains(body, `"code":"`+string(tc.code)+`"`) || !strings.Contains(body, tc.mention) {
 				t.Errorf("%s: got %d %s; want %d %s mentioning %q", tc.name, status, body, tc.status, tc.code, tc.mention)
+			}
+			if got := problemField(body); got != tc.field {
+				t.Errorf("%s: field %q in %s; want %q", tc.name, got, body, tc.field)
+			}
+		}
+		// Reads and the operator's revoke name the field they refuse too:
+		// the path's {key} as key, its session {id} as session_id.
+		for _, tc := range []struct{ name, method, path, token, body, field string }{
+			{"revoke without reason", http.MethodPost, "/v1/locks/payout:a/revoke", operatorToken, `{}`, "reason"},
+			{"revoke with a blank reason", http.MethodPost, "/v1/locks/payout:a/revoke", operatorToken, `{"reason":""}`, "reason"},
+			{"revoke with a long reason", http.MethodPost, "/v1/locks/payout:a/revoke", operatorToken, `{"reason":"` + strings.Repeat("r", 5000) + `"}`, "reason"},
+			{"revoke of a malformed key", http.MethodPost, "/v1/locks/%20bad/revoke", operatorToken, `{"reason":"x"}`, "key"},
+			{"revoke with an unknown field", http.MethodPost, "/v1/locks/payout:a/revoke", operatorToken, `{"reason":"x","actor":"bob"}`, "actor"},
+			{"read of a malformed key", http.MethodGet, "/v1/locks/%20bad", executorToken, ``, "key"},
+			{"read of a malformed session", http.MethodGet, "/v1/sessions/a%20b", executorToken, ``, "session_id"},
+			{"close of a malformed session", http.MethodDelete, "/v1/sessions/a%20b", executorToken, ``, "session_id"},
+			{"list with a malformed prefix", http.MethodGet, "/v1/locks?prefix=%20p", executorToken, ``, "prefix"},
+			{"list with limit 0", http.MethodGet, "/v1/locks?limit=0", executorToken, ``, "limit"},
+			{"grants after a negative token", http.MethodGet, "/v1/grants?after_token=-1", executorToken, ``, "after_token"},
+			{"grants with a limit over 1000", http.MethodGet, "/v1/grants?limit=1001", executorToken, ``, "limit"},
+		} {
+			status, body := rawDo(t, tc.method, svc.URL+tc.path, tc.token, tc.body)
+			if status != http.StatusBadRequest || !strings.Contains(body, `"code":"invalid_request"`) || problemField(body) != tc.field {
+				t.Errorf("%s: got %d %s; want 400 invalid_request with field %q", tc.name, status, body, tc.field)
 			}
 		}
 		if status, body := rawPost(t, svc.URL+"/v1/locks/payout:a/revoke", operatorToken, `{"Reason":"x"}`); status != 400 || !strings.Contains(body, "Reason") {
@@ -262,6 +293,15 @@ func TestBadInput(t *testing.T) {
 			t.Fatalf("bad input minted tokens: %d %v", hi, err)
 		}
 	})
+}
+
+// problemField is the field member of a problem body ("" when it has none).
+func problemField(body string) string {
+	var p struct {
+		Field string `json:"field"`
+	}
+	_ = json.Unmarshal([]byte(body), &p)
+	return p.Field
 }
 
 // TestEscapedKeyIsTheKey: a key sent percent-escaped (payout%3Aacc-1, as

@@ -12,11 +12,15 @@ import (
 // The grant log and the high token.
 
 func (s *Service) grants(w http.ResponseWriter, r *http.Request) error {
-	after, err := queryInt(r, "after_token", 0, 0, int64(fencing.MaxToken))
+	q, err := query(r, "after_token", "limit")
 	if err != nil {
 		return err
 	}
-	limit, err := queryInt(r, "limit", 100, 1, 1000)
+	after, err := queryInt(q, "after_token", 0, 0, int64(fencing.MaxToken))
+	if err != nil {
+		return err
+	}
+	limit, err := queryInt(q, "limit", 100, 1, 1000)
 	if err != nil {
 		return err
 	}
@@ -38,6 +42,9 @@ func (s *Service) grants(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Service) highToken(w http.ResponseWriter, r *http.Request) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
 	ctx, cancel := op(r)
 	defer cancel()
 	t, err := s.b.HighToken(ctx)

@@ -10,6 +10,7 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/lockclient"
 )
@@ -22,6 +23,9 @@ func keyParam(r *http.Request) (string, error) {
 }
 
 func (s *Service) getLock(w http.ResponseWriter, r *http.Request) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
 	key, err := keyParam(r)
 	if err != nil {
 		return err
@@ -37,11 +41,15 @@ func (s *Service) getLock(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Service) listLocks(w http.ResponseWriter, r *http.Request) error {
-	prefix := r.URL.Query().Get("prefix")
+	q, err := query(r, "prefix", "limit")
+	if err != nil {
+		return err
+	}
+	prefix := q.Get("prefix")
 	if err := backend.CheckPrefix(prefix); err != nil {
 		return err
 	}
-	limit, err := queryInt(r, "limit", 1000, 1, 10000)
+	limit, err := queryInt(q, "limit", 1000, 1, 10000)
 	if err != nil {
 		return err
 	}
@@ -169,7 +177,7 @@ func (s *Service) release(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if !req.Token.Valid() {
-		return problem.New(problem.InvalidRequest, "token must be a positive integer below 2^53, got %d", int64(req.Token))
+		return wire.BadField("token", "must be a positive integer below 2^53, got %d", int64(req.Token))
 	}
 	if err := s.checkOwner(r, req.SessionID); err != nil {
 		return err
@@ -195,10 +203,10 @@ func (s *Service) revoke(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if req.Reason == "" {
-		return problem.New(problem.InvalidRequest, "reason is required: say why the lock is being revoked")
+		return wire.BadField("reason", "required: say why the lock is being revoked")
 	}
 	if len(req.Reason) > backend.MaxReason {
-		return problem.New(problem.InvalidRequest, "reason is longer than %d characters", backend.MaxReason)
+		return wire.BadField("reason", "longer than %d characters", backend.MaxReason)
 	}
 	p, _ := auth.FromContext(r.Context())
 	ctx, cancel := op(r)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 	"time"
@@ -19,7 +20,7 @@ import (
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
-	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/lockclient"
 )
@@ -193,14 +194,21 @@ func (s *Service) lockInfo(l backend.Lock) lockclient.LockInfo {
 	return info
 }
 
-func queryInt(r *http.Request, name string, def, lo, hi int64) (int64, error) {
-	v := r.URL.Query().Get(name)
+// query reads the query of a read that takes the parameters known, each at
+// most once, and refuses any other, a repeated one and one that does not
+// decode, naming it (wire.Query: the same rule as every role's reads).
+func query(r *http.Request, known ...string) (url.Values, error) {
+	return wire.Query(r.URL.RawQuery, known...)
+}
+
+func queryInt(q url.Values, name string, def, lo, hi int64) (int64, error) {
+	v := q.Get(name)
 	if v == "" {
 		return def, nil
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n < lo || n > hi {
-		return 0, problem.New(problem.InvalidRequest, "query parameter %s must be an integer between %d and %d, got %q", name, lo, hi, v)
+		return 0, wire.BadField(name, "must be an integer between %d and %d, got %q", lo, hi, v)
 	}
 	return n, nil
 }

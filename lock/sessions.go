@@ -47,6 +47,9 @@ func sessionParam(r *http.Request) (string, error) {
 }
 
 func (s *Service) getSession(w http.ResponseWriter, r *http.Request) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
 	id, err := sessionParam(r)
 	if err != nil {
 		return err
@@ -115,9 +118,18 @@ func emptyBody(r *http.Request) error {
 	if len(body) == 0 {
 		return nil
 	}
-	var empty struct{}
-	if body[0] != '{' || httpx.DecodeStrict(body, &empty) != nil {
+	if body[0] != '{' {
 		return problem.New(problem.InvalidRequest, "the body must be empty or {}")
+	}
+	var empty struct{}
+	if err := httpx.DecodeStrict(body, &empty); err != nil {
+		// A member ({"ttl_ms":60000}) is an unknown field, named as such.
+		e := problem.New(problem.InvalidRequest, "the body must be empty or {}: %s", problem.From(err).Message)
+		var field string
+		if problem.From(err).Extension("field", &field) {
+			e = e.With("field", field)
+		}
+		return e
 	}
 	return nil
 }

@@ -51,11 +51,9 @@ func (s *Service) PayoutDigests(ctx context.Context, after string, limit int) ([
 }
 
 func (s *Service) handlePayoutDigests(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	for k := range q {
-		if k != "after" && k != "limit" {
-			return badField(k, "unknown query parameter (only after and limit)")
-		}
+	q, err := query(r, "after", "limit")
+	if err != nil {
+		return err
 	}
 	limit, err := wire.ParseBulkLimit(q)
 	if err != nil {

@@ -2,6 +2,7 @@ package payment
 
 import (
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -74,11 +75,12 @@ func pathID(r *http.Request, what string) (string, error) {
 	return id, nil
 }
 
-func limitParam(r *http.Request) (int, error) { return wire.ParseLimit(r.URL.Query()) }
-
-func afterIDParam(r *http.Request) (int64, error) { return wire.ParseIDCursor(r.URL.Query()) }
-
-func afterKeyParam(r *http.Request) (string, error) { return wire.ParseKeyCursor(r.URL.Query()) }
+// query reads the query of a read that takes the parameters known, each at
+// most once, and refuses any other, a repeated one and one that does not
+// decode (wire.Query), naming it.
+func query(r *http.Request, known ...string) (url.Values, error) {
+	return wire.Query(r.URL.RawQuery, known...)
+}
 
 // statesParam reads ?state=: one state, or several separated by commas.
 func statesParam(v string) ([]pc.State, error) {
@@ -123,11 +125,15 @@ func (s *Service) handleCreateAccount(w http.ResponseWriter, r *http.Request) er
 }
 
 func (s *Service) handleListAccounts(w http.ResponseWriter, r *http.Request) error {
-	limit, err := limitParam(r)
+	q, err := query(r, "after", "limit")
 	if err != nil {
 		return err
 	}
-	after, err := afterKeyParam(r)
+	limit, err := wire.ParseLimit(q)
+	if err != nil {
+		return err
+	}
+	after, err := wire.ParseKeyCursor(q)
 	if err != nil {
 		return err
 	}
@@ -140,6 +146,9 @@ func (s *Service) handleListAccounts(w http.ResponseWriter, r *http.Request) err
 }
 
 func (s *Service) handleGetAccount(w http.ResponseWriter, r *http.Request) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
 	id, err := pathID(r, "account")
 	if err != nil {
 		return err
@@ -170,15 +179,18 @@ func (s *Service) handleCreatePayout(w http.ResponseWriter, r *http.Request) err
 }
 
 func (s *Service) handleListPayouts(w http.ResponseWriter, r *http.Request) error {
-	limit, err := limitParam(r)
+	q, err := query(r, "after", "limit", "state", "account_id")
 	if err != nil {
 		return err
 	}
-	after, err := afterKeyParam(r)
+	limit, err := wire.ParseLimit(q)
 	if err != nil {
 		return err
 	}
-	q := r.URL.Query()
+	after, err := wire.ParseKeyCursor(q)
+	if err != nil {
+		return err
+	}
 	states, err := statesParam(q.Get("state"))
 	if err != nil {
 		return err
@@ -196,6 +208,9 @@ func (s *Service) handleListPayouts(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *Service) handleGetPayout(w http.ResponseWriter, r *http.Request) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
 	id, err := pathID(r, "payout")
 	if err != nil {
 		return err
@@ -209,15 +224,19 @@ func (s *Service) handleGetPayout(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Service) handlePayoutEvents(w http.ResponseWriter, r *http.Request) error {
+	q, err := query(r, "after", "limit")
+	if err != nil {
+		return err
+	}
 	id, err := pathID(r, "payout")
 	if err != nil {
 		return err
 	}
-	limit, err := limitParam(r)
+	limit, err := wire.ParseLimit(q)
 	if err != nil {
 		return err
 	}
-	after, err := afterIDParam(r)
+	after, err := wire.ParseIDCursor(q)
 	if err != nil {
 		return err
 	}
@@ -250,11 +269,16 @@ func (s *Service) handleMutation(op Op) func(w http.ResponseWriter, r *http.Requ
 }
 
 func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
-	limit, err := limitParam(r)
+	// skip is the one parameter given once per account it names.
+	q, err := wire.QueryRepeatable(r.URL.RawQuery, []string{"skip"}, "limit", "wait_ms")
 	if err != nil {
 		return err
 	}
-	skip := r.URL.Query()["skip"]
+	limit, err := wire.ParseLimit(q)
+	if err != nil {
+		return err
+	}
+	skip := q["skip"]
 	if len(skip) > pc.MaxWorkSkip {
 		return badField("skip", "at most %d accounts, got %d", pc.MaxWorkSkip, len(skip))
 	}
@@ -263,7 +287,7 @@ func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 			return badField("skip", "is not an account id: %q", a)
 		}
 	}
-	wait, err := waitParam(r)
+	wait, err := waitParam(q)
 	if err != nil {
 		return err
 	}
@@ -276,12 +300,16 @@ func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Service) handleLedger(w http.ResponseWriter, r *http.Request) error {
-	// The ledger is read whole by the reconciler: it takes bulk pages.
-	limit, err := wire.ParseBulkLimit(r.URL.Query())
+	q, err := query(r, "after", "limit")
 	if err != nil {
 		return err
 	}
-	after, err := afterIDParam(r)
+	// The ledger is read whole by the reconciler: it takes bulk pages.
+	limit, err := wire.ParseBulkLimit(q)
+	if err != nil {
+		return err
+	}
+	after, err := wire.ParseIDCursor(q)
 	if err != nil {
 		return err
 	}
@@ -294,11 +322,15 @@ func (s *Service) handleLedger(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Service) handleSafetyEvents(w http.ResponseWriter, r *http.Request) error {
-	limit, err := limitParam(r)
+	q, err := query(r, "after", "limit")
 	if err != nil {
 		return err
 	}
-	after, err := afterIDParam(r)
+	limit, err := wire.ParseLimit(q)
+	if err != nil {
+		return err
+	}
+	after, err := wire.ParseIDCursor(q)
 	if err != nil {
 		return err
 	}
@@ -311,6 +343,9 @@ func (s *Service) handleSafetyEvents(w http.ResponseWriter, r *http.Request) err
 }
 
 func (s *Service) handleHighFence(w http.ResponseWriter, r *http.Request) error {
+	if _, err := query(r); err != nil {
+		return err
+	}
 	t, err := s.HighFence(r.Context())
 	if err != nil {
 		return err

@@ -2,7 +2,7 @@ package payment
 
 import (
 	"context"
-	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 	"time"
@@ -44,8 +44,8 @@ func (w *workSignal) broadcast() {
 }
 
 // waitParam reads ?wait_ms=: 0 (the default) to MaxWorkWait.
-func waitParam(r *http.Request) (time.Duration, error) {
-	v := r.URL.Query().Get("wait_ms")
+func waitParam(q url.Values) (time.Duration, error) {
+	v := q.Get("wait_ms")
 	if v == "" {
 		return 0, nil
 	}

@@ -102,7 +102,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Faults.DeclineBeneficiaryPrefix == "" {
 		cfg.Faults.DeclineBeneficiaryPrefix = railclient.DefaultDeclinePrefix
 	}
-	if err := validateFaults(cfg.Faults); err != nil {
+	if err := ValidateFaults(cfg.Faults); err != nil {
 		return nil, fmt.Errorf("rail: %w", err)
 	}
 	var b [3]byte
@@ -310,11 +310,9 @@ func (s *Server) record(p railclient.Payment) {
 }
 
 func (s *Server) find(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	for k := range q {
-		if k != "client_ref" {
-			return problem.New(problem.InvalidRequest, "unknown query parameter %q (only client_ref)", k)
-		}
+	q, err := wire.Query(r.URL.RawQuery, "client_ref")
+	if err != nil {
+		return err
 	}
 	ref := q.Get("client_ref")
 	if err := wire.ValidRef("client_ref", ref); err != nil {
@@ -339,6 +337,9 @@ func (s *Server) find(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) getFaults(w http.ResponseWriter, r *http.Request) error {
+	if _, err := wire.Query(r.URL.RawQuery); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	f := s.faults
 	s.mu.Unlock()
@@ -368,7 +369,7 @@ func (s *Server) putFaults(w http.ResponseWriter, r *http.Request) error {
 	if u.DeclineBeneficiaryPrefix != nil {
 		f.DeclineBeneficiaryPrefix = *u.DeclineBeneficiaryPrefix
 	}
-	if err := validateFaults(f); err != nil {
+	if err := ValidateFaults(f); err != nil {
 		s.mu.Unlock()
 		return problem.New(problem.InvalidRequest, "%v", err)
 	}
@@ -379,10 +380,12 @@ func (s *Server) putFaults(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// maxLatency bounds injected latency well below any request deadline.
-const maxLatency = 60_000
+// MaxLatencyMS bounds injected latency well below any request deadline.
+const MaxLatencyMS = 60_000
 
-func validateFaults(f railclient.Faults) error {
+// ValidateFaults says what is wrong with fault settings: a rate outside
+// 0..1, a latency outside 0..60000 ms, a decline prefix too long.
+func ValidateFaults(f railclient.Faults) error {
 	rates := []struct {
 		name string
 		v    float64
@@ -397,8 +400,8 @@ func validateFaults(f railclient.Faults) error {
 			return fmt.Errorf("%s must be a rate between 0 and 1, got %v", r.name, r.v)
 		}
 	}
-	if f.LatencyMS < 0 || f.LatencyMS > maxLatency {
-		return fmt.Errorf("latency_ms must be between 0 and %d, got %d", maxLatency, f.LatencyMS)
+	if f.LatencyMS < 0 || f.LatencyMS > MaxLatencyMS {
+		return fmt.Errorf("latency_ms must be between 0 and %d, got %d", MaxLatencyMS, f.LatencyMS)
 	}
 	if len(f.DeclineBeneficiaryPrefix) > wire.MaxRefLen {
 		return fmt.Errorf("decline_beneficiary_prefix is longer than %d bytes", wire.MaxRefLen)

@@ -48,11 +48,9 @@ func (x *refIndex) sorted() []string {
 // ever accepted, in the order accepted (DESIGN §4); with after or limit,
 // one page in client-reference order.
 func (s *Server) report(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	for k := range q {
-		if k != "after" && k != "limit" {
-			return wire.BadField(k, "unknown query parameter (only after and limit)")
-		}
+	q, err := wire.Query(r.URL.RawQuery, "after", "limit")
+	if err != nil {
+		return err
 	}
 	if len(q) == 0 {
 		s.mu.Lock()

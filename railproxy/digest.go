@@ -37,11 +37,9 @@ func (st *store) submissionDigests(ctx context.Context, afterPayout string, afte
 }
 
 func (s *Server) submissionDigestsHandler(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	for k := range q {
-		if k != "after" && k != "limit" {
-			return wire.BadField(k, "unknown query parameter (only after and limit)")
-		}
+	q, err := wire.Query(r.URL.RawQuery, "after", "limit")
+	if err != nil {
+		return err
 	}
 	limit, err := wire.ParseBulkLimit(q)
 	if err != nil {

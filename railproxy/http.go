@@ -187,11 +187,15 @@ func (s *Server) duplicate(ctx context.Context, log *slog.Logger, req proxyclien
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
+	q, err := wire.Query(r.URL.RawQuery, "all")
+	if err != nil {
+		return err
+	}
 	payoutID, err := payoutParam(r)
 	if err != nil {
 		return err
 	}
-	all := r.URL.Query().Get("all")
+	all := q.Get("all")
 	switch all {
 	case "", "false":
 	case "true":
@@ -202,7 +206,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 		httpx.WriteJSON(w, http.StatusOK, proxyclient.RecordPage{Items: items})
 		return nil
 	default:
-		return problem.New(problem.InvalidRequest, "query parameter all must be true or false, got %q", all)
+		return wire.BadField("all", "must be true or false, got %q", all)
 	}
 	rec, err := s.st.current(r.Context(), payoutID)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -218,7 +222,10 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 // idPaged serves a list paged by row id (?after=<id>&limit=).
 func idPaged[T any](read func(ctx context.Context, after int64, limit int) ([]T, error), id func(T) int64) http.HandlerFunc {
 	return httpx.Handler(func(w http.ResponseWriter, r *http.Request) error {
-		q := r.URL.Query()
+		q, err := wire.Query(r.URL.RawQuery, "after", "limit")
+		if err != nil {
+			return err
+		}
 		limit, err := wire.ParseLimit(q)
 		if err != nil {
 			return err
@@ -237,6 +244,9 @@ func idPaged[T any](read func(ctx context.Context, after int64, limit int) ([]T,
 }
 
 func (s *Server) highFence(w http.ResponseWriter, r *http.Request) error {
+	if _, err := wire.Query(r.URL.RawQuery); err != nil {
+		return err
+	}
 	t, err := s.st.highFence(r.Context())
 	if err != nil {
 		return err
@@ -246,7 +256,10 @@ func (s *Server) highFence(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) highWater(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
+	q, err := wire.Query(r.URL.RawQuery, "after", "limit")
+	if err != nil {
+		return err
+	}
 	limit, err := wire.ParseLimit(q)
 	if err != nil {
 		return err

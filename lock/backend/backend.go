@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
 )
 
@@ -164,15 +165,18 @@ var keyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9:._@+=-]*$`)
 
 // CheckKey validates a lock key: 1..256 characters, starting with a letter
 // or digit, then letters, digits and : . _ @ + = -.
+//
+// Its refusals name the field key (the path's {key}), as every refusal of
+// this package names the field it is about (the problem's field member).
 func CheckKey(key string) error {
 	if key == "" {
-		return problem.New(problem.InvalidRequest, "lock key is empty")
+		return wire.BadField("key", "the lock key is empty")
 	}
 	if len(key) > MaxKeyLen {
-		return problem.New(problem.InvalidRequest, "lock key is longer than %d characters", MaxKeyLen)
+		return wire.BadField("key", "the lock key is longer than %d characters", MaxKeyLen)
 	}
 	if !keyRE.MatchString(key) {
-		return problem.New(problem.InvalidRequest, "lock key %q is malformed: want a letter or digit, then letters, digits and : . _ @ + = - (e.g. payout:acc-1)", key)
+		return wire.BadField("key", "the lock key %q is malformed: want a letter or digit, then letters, digits and : . _ @ + = - (e.g. payout:acc-1)", key)
 	}
 	return nil
 }
@@ -183,7 +187,7 @@ func CheckPrefix(prefix string) error {
 		return nil
 	}
 	if len(prefix) > MaxKeyLen || !keyRE.MatchString(prefix) {
-		return problem.New(problem.InvalidRequest, "prefix %q is not the beginning of a valid lock key", prefix)
+		return wire.BadField("prefix", "%q is not the beginning of a valid lock key", prefix)
 	}
 	return nil
 }
@@ -192,7 +196,7 @@ func CheckPrefix(prefix string) error {
 // any conversion: a huge value must not wrap around into the range.
 func CheckTTL(ms int64) (time.Duration, error) {
 	if ms < MinTTL.Milliseconds() || ms > MaxTTL.Milliseconds() {
-		return 0, problem.New(problem.InvalidRequest, "ttl_ms must be between %d and %d, got %d", MinTTL.Milliseconds(), MaxTTL.Milliseconds(), ms)
+		return 0, wire.BadField("ttl_ms", "must be between %d and %d, got %d", MinTTL.Milliseconds(), MaxTTL.Milliseconds(), ms)
 	}
 	return time.Duration(ms) * time.Millisecond, nil
 }
@@ -201,7 +205,7 @@ func CheckTTL(ms int64) (time.Duration, error) {
 // (wait_ms; 0 answers at once), before any conversion.
 func CheckWait(ms int64) (time.Duration, error) {
 	if ms < 0 || ms > MaxWait.Milliseconds() {
-		return 0, problem.New(problem.InvalidRequest, "wait_ms must be between 0 and %d, got %d", MaxWait.Milliseconds(), ms)
+		return 0, wire.BadField("wait_ms", "must be between 0 and %d, got %d", MaxWait.Milliseconds(), ms)
 	}
 	return time.Duration(ms) * time.Millisecond, nil
 }
@@ -209,26 +213,28 @@ func CheckWait(ms int64) (time.Duration, error) {
 // CheckOwner validates a session owner.
 func CheckOwner(owner string) error {
 	if owner == "" {
-		return problem.New(problem.InvalidRequest, "owner is required")
+		return wire.BadField("owner", "required")
 	}
 	if len(owner) > MaxOwnerLen {
-		return problem.New(problem.InvalidRequest, "owner is longer than %d characters", MaxOwnerLen)
+		return wire.BadField("owner", "longer than %d characters", MaxOwnerLen)
 	}
 	for _, r := range owner {
 		if r < 0x20 || r == 0x7f {
-			return problem.New(problem.InvalidRequest, "owner contains a control character")
+			return wire.BadField("owner", "contains a control character")
 		}
 	}
 	return nil
 }
 
-// CheckSessionID validates the shape of a session id (it is then looked up).
+// CheckSessionID validates the shape of a session id (it is then looked
+// up), in a body's session_id or the path's {id} of /sessions/{id}: either
+// way the field named is session_id.
 func CheckSessionID(id string) error {
 	if id == "" {
-		return problem.New(problem.InvalidRequest, "session_id is required")
+		return wire.BadField("session_id", "required")
 	}
 	if len(id) > 64 || !keyRE.MatchString(id) {
-		return problem.New(problem.InvalidRequest, "session_id %q is malformed", id)
+		return wire.BadField("session_id", "%q is malformed", id)
 	}
 	return nil
 }
