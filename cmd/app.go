@@ -31,7 +31,8 @@ func newApp() *app { return &app{registry: obs.NewRegistry()} }
 // slog.Default() (a client built without its logger option) still writes
 // the same JSON lines with the role, not plain text beside them.
 func (a *app) logger(cmd *cobra.Command, role string) *slog.Logger {
-	l := obs.NewLogger(cmd.ErrOrStderr(), obs.ParseLevel(a.logLevel), role)
+	level, _ := obs.ParseLevel(a.logLevel) // checked before any command runs (prepare); info if not
+	l := obs.NewLogger(cmd.ErrOrStderr(), level, role)
 	slog.SetDefault(l)
 	return l
 }

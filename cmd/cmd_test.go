@@ -266,10 +266,36 @@ func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
 		{"--request-timeout", []string{"reconcile", "--once", "--request-timeout", "-1s"}},
 		{"--port-base", []string{"dev", "up", "--port-base", "-1"}},
 		{"--port-base", []string{"dev", "up", "--port-base", "65530"}},
+		// A server's own settings are refused before it starts, as usage
+		// errors; they exited 1, as if the server had failed, or were
+		// replaced by a default without a word.
+		{"--currency", []string{"serve", "payment", "--insecure-no-auth", "--currency", "eur"}},
+		{"--currency", []string{"serve", "payment", "--insecure-no-auth", "--currency", ""}},
+		{"--resolution-sla", []string{"serve", "payment", "--insecure-no-auth", "--resolution-sla", "0s"}},
+		{"--ledger-check-interval", []string{"serve", "payment", "--insecure-no-auth", "--ledger-check-interval", "-1s"}},
+		{"--max-db-conns", []string{"serve", "payment", "--insecure-no-auth", "--max-db-conns", "-1"}},
+		{"--latency-ms", []string{"serve", "rail", "--latency-ms", "-5"}},
+		{"--latency-ms", []string{"serve", "rail", "--latency-ms", "60001"}},
+		{"--settlement-window", []string{"serve", "rail", "--settlement-window", "-1s"}},
+		{"--grant-retention", []string{"serve", "lock", "--backend", "postgres", "--grant-retention", "-1h"}},
+		{"--ambiguity-sla", []string{"reconcile", "--once", "--ambiguity-sla", "0s"}},
+		{"--settlement-window", []string{"reconcile", "--once", "--settlement-window", "-1s"}},
+		{"--log-level", []string{"--log-level", "bogus", "serve", "payment", "--insecure-no-auth"}},
+		{"--log-level", []string{"status", "--log-level", "verbose"}},
 	} {
 		code, _, errOut := runArgs(t, c.args...)
 		if code != 2 || !strings.Contains(errOut, c.flag+" must be") {
 			t.Errorf("payouts %s: exit %d (%q), want 2 saying what %s must be", strings.Join(c.args, " "), code, errOut, c.flag)
+		}
+	}
+	// A fault rate is a usage error naming the rate.
+	if code, _, errOut := runArgs(t, "serve", "rail", "--timeout-after-accept", "2"); code != 2 || !strings.Contains(errOut, "timeout_after_accept must be a rate") {
+		t.Errorf("serve rail --timeout-after-accept 2: exit %d (%q), want 2 naming the rate", code, errOut)
+	}
+	// A level in another case, and warning for warn, are levels.
+	for _, level := range []string{"DEBUG", "warning", "Error"} {
+		if code, _, errOut := runArgs(t, "--log-level", level, "version"); code != 0 {
+			t.Errorf("--log-level %s version: exit %d (%q), want 0", level, code, errOut)
 		}
 	}
 }

@@ -93,7 +93,7 @@ func newLockBumpCmd(a *app) *cobra.Command {
 	c.Flags().Int64Var(&to, "to", 0, "every future token will be greater than this")
 	c.Flags().BoolVar(&fromGuards, "from-guards", false, "read both guards' highest fence (GET /v1/fences/high) and bump above the larger plus --margin")
 	c.Flags().Int64Var(&margin, "margin", 1000, "with --from-guards: how far above the guards' highest fence to bump")
-	cf.register(c, "operator", paymentService, proxyService)
+	cf.register(c, "operator or reconciler", paymentService, proxyService)
 	dbURL.register(c, "lockdb")
 	out.register(c, false)
 	return c

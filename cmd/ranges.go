@@ -3,11 +3,13 @@ package cmd
 import (
 	"fmt"
 	"math"
+	"strconv"
 
 	"github.com/spf13/cobra"
 )
 
-// intRange is the values an int flag may take, both ends included.
+// intRange is the values an integer flag (int, int32 or int64) may take,
+// both ends included.
 type intRange struct {
 	name   string
 	lo, hi int
@@ -20,9 +22,13 @@ type intRange struct {
 func checkFlagRanges(c *cobra.Command, ints []intRange, positiveDurations ...string) error {
 	fl := c.Flags()
 	for _, r := range ints {
-		v, err := fl.GetInt(r.name)
+		f := fl.Lookup(r.name)
+		if f == nil {
+			return fmt.Errorf("no flag --%s", r.name)
+		}
+		v, err := strconv.Atoi(f.Value.String())
 		if err != nil {
-			return err
+			return fmt.Errorf("--%s is not an integer flag: %w", r.name, err)
 		}
 		if v < r.lo || v > r.hi {
 			if r.hi == math.MaxInt {
@@ -38,6 +44,22 @@ func checkFlagRanges(c *cobra.Command, ints []intRange, positiveDurations ...str
 		}
 		if d <= 0 {
 			return &ExitError{Code: 2, Err: fmt.Errorf("--%s must be positive, got %s", name, d)}
+		}
+	}
+	return nil
+}
+
+// checkNonNegativeDurations refuses, as a usage error (exit 2), a negative
+// value of a duration flag whose 0 means something (no settlement window,
+// keep the grant log forever): a negative one was taken as 0 without a word.
+func checkNonNegativeDurations(c *cobra.Command, names ...string) error {
+	for _, name := range names {
+		d, err := c.Flags().GetDuration(name)
+		if err != nil {
+			return err
+		}
+		if d < 0 {
+			return &ExitError{Code: 2, Err: fmt.Errorf("--%s must be 0 or more, got %s", name, d)}
 		}
 	}
 	return nil

@@ -37,7 +37,10 @@ on --listen. docs/operations.md explains every finding.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cannotRun := func(err error) error { return &ExitError{Code: reconcile.ExitCannotRun, Err: err} }
 			if err := checkFlagRanges(cmd, []intRange{{"page-size", 1, 1000}, {"bulk-page-size", 1, wire.MaxBulkLimit}, {"max-findings", 1, math.MaxInt}},
-				"request-timeout"); err != nil {
+				"request-timeout", "ambiguity-sla"); err != nil {
+				return err
+			}
+			if err := checkNonNegativeDurations(cmd, "settlement-window"); err != nil {
 				return err
 			}
 			token, hc, err := cf.connect()

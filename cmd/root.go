@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
 )
 
@@ -44,7 +45,24 @@ const roleGCPercent = 400
 // nearest persistent hook, so it applies the environment too).
 func roleHook(cmd *cobra.Command, _ []string) error {
 	tuneGC()
-	return applyEnv(cmd)
+	return prepare(cmd)
+}
+
+// prepare applies the environment (PAYOUTS_*) to the flags, then refuses a
+// --log-level the logger cannot take as a usage error: an unknown level
+// became info without a word.
+func prepare(cmd *cobra.Command) error {
+	if err := applyEnv(cmd); err != nil {
+		return err
+	}
+	level, err := cmd.Flags().GetString("log-level")
+	if err != nil {
+		return err
+	}
+	if _, err := obs.ParseLevel(level); err != nil {
+		return &ExitError{Code: 2, Err: fmt.Errorf("--log-level %w", err)}
+	}
+	return nil
 }
 
 // tuneGC sets roleGCPercent unless GOGC is set.
@@ -65,7 +83,7 @@ func newRoot(a *app) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			return applyEnv(cmd)
+			return prepare(cmd)
 		},
 	}
 	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")

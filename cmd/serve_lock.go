@@ -31,6 +31,9 @@ func newServeLockCmd(a *app) *cobra.Command {
 			if err := checkLockBackend(backend); err != nil {
 				return err
 			}
+			if err := checkNonNegativeDurations(cmd, "grant-retention"); err != nil {
+				return err
+			}
 			f.db = "" // etcd: no database, --database-url is not read
 			if backend == "postgres" {
 				f.db = migrations.LockDB

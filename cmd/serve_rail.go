@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,6 +28,15 @@ memory; with --state-file they are also appended to that file before each is ans
 back on start, so the stub remembers what it paid across its restarts as a real rail does.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFlagRanges(cmd, []intRange{{"latency-ms", 0, rail.MaxLatencyMS}}); err != nil {
+				return err
+			}
+			if err := checkNonNegativeDurations(cmd, "settlement-window"); err != nil {
+				return err
+			}
+			if err := rail.ValidateFaults(f); err != nil {
+				return &ExitError{Code: 2, Err: fmt.Errorf("fault flags (--timeout-after-accept and the other rates, --decline-beneficiary-prefix): %w", err)}
+			}
 			env, err := sf.setup(cmd, a)
 			if err != nil {
 				return err

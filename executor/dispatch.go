@@ -14,8 +14,10 @@ import (
 // maxWorkLimit is the payment resource's largest page of GET /v1/work.
 const maxWorkLimit = 1000
 
-// Cooldown of an account after a round that moved nothing: 1 s, doubling
-// up to 30 s, with jitter; reset by the first round that moves a payout.
+// Cooldown of an account after a round that moved nothing: a random wait
+// in [cur/2, cur], cur 1 s at first and doubling up to 30 s (equal jitter:
+// 0.5–1 s, then 1–2 s, ... 15–30 s); reset by the first round that moves a
+// payout.
 const (
 	cooldownMin = time.Second
 	cooldownMax = 30 * time.Second

@@ -5,6 +5,7 @@ package obs
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -27,18 +28,20 @@ const (
 	KeyError     = "error"
 )
 
-// ParseLevel maps debug|info|warn|error to a level (info when unknown).
-func ParseLevel(s string) slog.Level {
+// ParseLevel maps debug|info|warn|error (any case; warning for warn) to a
+// level; anything else is an error naming what it takes.
+func ParseLevel(s string) (slog.Level, error) {
 	switch strings.ToLower(s) {
 	case "debug":
-		return slog.LevelDebug
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
 	case "warn", "warning":
-		return slog.LevelWarn
+		return slog.LevelWarn, nil
 	case "error":
-		return slog.LevelError
-	default:
-		return slog.LevelInfo
+		return slog.LevelError, nil
 	}
+	return 0, fmt.Errorf("must be one of debug, info, warn, error, got %q", s)
 }
 
 // NewLogger returns a JSON logger writing to w (stderr when nil), tagged
