@@ -62,6 +62,9 @@ type run struct {
 	listedAll bool
 	// listed counts the payouts the grant's lists brought.
 	listed int
+	// gated is set when PENDING payouts were left unclaimed because the
+	// rail gives no usable answer (railgate.go).
+	gated bool
 }
 
 // workAccount drives the account's payouts under its lock: the grant kept
@@ -91,7 +94,7 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 	r.log.Debug(how)
 	idle := false // the round ended with nothing more to do
 	defer func() {
-		res.moved, res.empty = r.moved, idle && r.listed == 0
+		res.moved, res.empty, res.gated = r.moved, idle && r.listed == 0, r.gated
 		e.m.activeGrants.Dec()
 		switch {
 		case idle && r.moved:
@@ -207,8 +210,14 @@ func (r *run) next(room int) (ps []pc.Payout, pending bool, err error) {
 	if len(r.pending) == 0 || room <= 0 {
 		return nil, false, nil
 	}
+	// While the rail gives no usable answer, claims wait (railgate.go).
+	room = r.e.rail.admit(time.Now(), min(room, len(r.pending)))
+	if room == 0 {
+		r.gated = true
+		return nil, false, nil
+	}
 	// The rest waits for the next batch, after these settle.
-	k := r.covered(r.pending[:min(room, len(r.pending))])
+	k := r.covered(r.pending[:room])
 	ps, r.pending = r.pending[:k], r.pending[k:]
 	return ps, true, nil
 }

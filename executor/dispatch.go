@@ -65,6 +65,11 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 				log.Info("lock session healthy again")
 				jeopardy = false
 			}
+			if until := e.rail.pausedUntil(); due && time.Now().Before(until) {
+				// Claims are paused (railgate.go): ask for work when the
+				// next probe may go, not before.
+				due, nextPoll = false, until
+			}
 			if due {
 				asked := time.Now()
 				idle := e.dispatch(sess, log, slots, progress, &wg, e.workWait())
@@ -249,6 +254,9 @@ type roundResult struct {
 	// empty: the grant's list found nothing to do. GET /v1/work listed
 	// the account as its last payout was settling; nothing is wrong there.
 	empty bool
+	// gated: PENDING payouts were left unclaimed while the rail gives no
+	// usable answer; the pause (railgate.go) is the wait, not a cooldown.
+	gated bool
 }
 
 // finishRound ends a round on account and reports whether it moved a
@@ -278,7 +286,7 @@ func (e *Executor) finishRound(log *slog.Logger, account string, res roundResult
 			e.cooling[account] = c
 		}
 		c.until = now.Add(e.heldSkip())
-	case res.acquired && !res.empty:
+	case res.acquired && !res.empty && !res.gated:
 		c := e.cooling[account]
 		if c == nil {
 			c = &cooldown{b: backoff{min: cooldownMin, max: cooldownMax}}

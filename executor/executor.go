@@ -141,6 +141,8 @@ type Executor struct {
 	proxy *proxyclient.Client
 	lock  locker
 	m     *metrics
+	// rail stops claims while the rail gives no usable answer (railgate.go).
+	rail railGate
 
 	// base is the context of every call: it carries no cancellation, so a
 	// stop request lets the current step finish instead of cutting it off

@@ -70,7 +70,8 @@ func TestLockUnavailableWhileTheLockServiceHangs(t *testing.T) {
 	}
 }
 
-// gathered reads an unlabelled gauge of a registry (-1 when absent).
+// gathered reads an unlabelled gauge or counter of a registry (-1 when
+// absent).
 func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -79,6 +80,9 @@ func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			if c := mf.GetMetric()[0].GetCounter(); c != nil {
+				return c.GetValue()
+			}
 			return mf.GetMetric()[0].GetGauge().GetValue()
 		}
 	}

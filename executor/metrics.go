@@ -23,6 +23,8 @@ type metrics struct {
 	activeGrants prometheus.Gauge
 	keptGrants   prometheus.Gauge
 	cooldowns    prometheus.Counter
+	railPaused   prometheus.Gauge
+	railPauses   prometheus.Counter
 	hooks        *prometheus.CounterVec
 }
 
@@ -69,11 +71,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "payouts_executor_account_cooldowns_total",
 			Help: "Rounds that took an account's lock and moved no payout (fenced out, refused by the proxy, outcome not known yet): the account is left alone for a while.",
 		}),
+		railPaused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "payouts_executor_rail_paused",
+			Help: "1 while the executor claims no new payouts because its recent submissions got no usable answer from the rail (one probe payout per pause); payouts in flight are still finished.",
+		}),
+		railPauses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "payouts_executor_rail_pauses_total",
+			Help: "Times the executor stopped claiming new payouts after submissions in a row got no usable answer from the rail.",
+		}),
 		hooks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "payouts_executor_test_hooks_total",
 			Help: "Test hooks that fired (test builds only; must stay 0 in production).",
 		}, []string{"hook", "point"}),
 	}
-	reg.MustRegister(m.outcomes, m.steps, m.stepLatency, m.fencedOut, m.acquires, m.sessions, m.lockDown, m.activeGrants, m.keptGrants, m.cooldowns, m.hooks)
+	reg.MustRegister(m.outcomes, m.steps, m.stepLatency, m.fencedOut, m.acquires, m.sessions, m.lockDown, m.activeGrants, m.keptGrants, m.cooldowns, m.railPaused, m.railPauses, m.hooks)
 	return m
 }

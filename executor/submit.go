@@ -119,6 +119,12 @@ func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report fu
 	case err == nil:
 		r.e.m.steps.WithLabelValues("submit", resultOK).Inc()
 		log.Debug("the proxy answered", "outcome", outcomeText(rec.Outcome), "rail_ref", rec.RailRef, "error_code", rec.ErrorCode)
+		switch rec.Outcome {
+		case proxyclient.OutcomeAcked, proxyclient.OutcomeRejected:
+			r.e.railAnswer(log, true)
+		case proxyclient.OutcomeTimeout:
+			r.e.railAnswer(log, false)
+		}
 		r.hook(AfterSubmitted, p)
 		return report(p, rec)
 	case problem.Has(err, problem.SubmissionExists):
@@ -153,6 +159,7 @@ func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report fu
 	// Ask, never resend.
 	r.e.m.steps.WithLabelValues("submit", resultTransient).Inc()
 	log.Warn("the submission got no usable answer; asking the proxy what happened (never resent)", obs.KeyError, err.Error())
+	r.e.railAnswer(log, false)
 	return r.afterUnknownSubmit(p)
 }
 
