@@ -37,29 +37,28 @@ func checkFlagRanges(c *cobra.Command, ints []intRange, positiveDurations ...str
 			return &ExitError{Code: 2, Err: fmt.Errorf("--%s must be from %d to %d, got %d", r.name, r.lo, r.hi, v)}
 		}
 	}
-	for _, name := range positiveDurations {
-		d, err := fl.GetDuration(name)
-		if err != nil {
-			return err
-		}
-		if d <= 0 {
-			return &ExitError{Code: 2, Err: fmt.Errorf("--%s must be positive, got %s", name, d)}
-		}
-	}
-	return nil
+	return checkDurations(c, false, positiveDurations...)
 }
 
 // checkNonNegativeDurations refuses, as a usage error (exit 2), a negative
 // value of a duration flag whose 0 means something (no settlement window,
 // keep the grant log forever): a negative one was taken as 0 without a word.
 func checkNonNegativeDurations(c *cobra.Command, names ...string) error {
+	return checkDurations(c, true, names...)
+}
+
+// checkDurations refuses a duration flag below 0, or at 0 unless zeroOK.
+func checkDurations(c *cobra.Command, zeroOK bool, names ...string) error {
 	for _, name := range names {
 		d, err := c.Flags().GetDuration(name)
 		if err != nil {
 			return err
 		}
-		if d < 0 {
+		switch {
+		case zeroOK && d < 0:
 			return &ExitError{Code: 2, Err: fmt.Errorf("--%s must be 0 or more, got %s", name, d)}
+		case !zeroOK && d <= 0:
+			return &ExitError{Code: 2, Err: fmt.Errorf("--%s must be positive, got %s", name, d)}
 		}
 	}
 	return nil

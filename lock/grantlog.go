@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/payouts/payouts/internal/httpx"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
 )
@@ -12,7 +13,7 @@ import (
 // The grant log and the high token.
 
 func (s *Service) grants(w http.ResponseWriter, r *http.Request) error {
-	q, err := query(r, "after_token", "limit")
+	q, err := wire.Query(r.URL.RawQuery, "after_token", "limit")
 	if err != nil {
 		return err
 	}
@@ -42,7 +43,7 @@ func (s *Service) grants(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Service) highToken(w http.ResponseWriter, r *http.Request) error {
-	if _, err := query(r); err != nil {
+	if _, err := wire.Query(r.URL.RawQuery); err != nil {
 		return err
 	}
 	ctx, cancel := op(r)

@@ -23,7 +23,7 @@ func keyParam(r *http.Request) (string, error) {
 }
 
 func (s *Service) getLock(w http.ResponseWriter, r *http.Request) error {
-	if _, err := query(r); err != nil {
+	if _, err := wire.Query(r.URL.RawQuery); err != nil {
 		return err
 	}
 	key, err := keyParam(r)
@@ -41,7 +41,7 @@ func (s *Service) getLock(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Service) listLocks(w http.ResponseWriter, r *http.Request) error {
-	q, err := query(r, "prefix", "limit")
+	q, err := wire.Query(r.URL.RawQuery, "prefix", "limit")
 	if err != nil {
 		return err
 	}

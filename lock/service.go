@@ -194,13 +194,6 @@ func (s *Service) lockInfo(l backend.Lock) lockclient.LockInfo {
 	return info
 }
 
-// query reads the query of a read that takes the parameters known, each at
-// most once, and refuses any other, a repeated one and one that does not
-// decode, naming it (wire.Query: the same rule as every role's reads).
-func query(r *http.Request, known ...string) (url.Values, error) {
-	return wire.Query(r.URL.RawQuery, known...)
-}
-
 func queryInt(q url.Values, name string, def, lo, hi int64) (int64, error) {
 	v := q.Get(name)
 	if v == "" {

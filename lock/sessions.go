@@ -9,6 +9,7 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/lockclient"
 )
@@ -47,7 +48,7 @@ func sessionParam(r *http.Request) (string, error) {
 }
 
 func (s *Service) getSession(w http.ResponseWriter, r *http.Request) error {
-	if _, err := query(r); err != nil {
+	if _, err := wire.Query(r.URL.RawQuery); err != nil {
 		return err
 	}
 	id, err := sessionParam(r)
@@ -123,12 +124,10 @@ func emptyBody(r *http.Request) error {
 	}
 	var empty struct{}
 	if err := httpx.DecodeStrict(body, &empty); err != nil {
-		// A member ({"ttl_ms":60000}) is an unknown field, named as such.
-		e := problem.New(problem.InvalidRequest, "the body must be empty or {}: %s", problem.From(err).Message)
-		var field string
-		if problem.From(err).Extension("field", &field) {
-			e = e.With("field", field)
-		}
+		// A member ({"ttl_ms":60000}) is an unknown field, named as such
+		// in the problem's field member.
+		e := problem.From(err)
+		e.Message = "the body must be empty or {}: " + e.Message
 		return e
 	}
 	return nil

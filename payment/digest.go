@@ -51,7 +51,7 @@ func (s *Service) PayoutDigests(ctx context.Context, after string, limit int) ([
 }
 
 func (s *Service) handlePayoutDigests(w http.ResponseWriter, r *http.Request) error {
-	q, err := query(r, "after", "limit")
+	q, err := wire.Query(r.URL.RawQuery, "after", "limit")
 	if err != nil {
 		return err
 	}

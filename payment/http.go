@@ -2,7 +2,6 @@ package payment
 
 import (
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -75,13 +74,6 @@ func pathID(r *http.Request, what string) (string, error) {
 	return id, nil
 }
 
-// query reads the query of a read that takes the parameters known, each at
-// most once, and refuses any other, a repeated one and one that does not
-// decode (wire.Query), naming it.
-func query(r *http.Request, known ...string) (url.Values, error) {
-	return wire.Query(r.URL.RawQuery, known...)
-}
-
 // statesParam reads ?state=: one state, or several separated by commas.
 func statesParam(v string) ([]pc.State, error) {
 	if v == "" {
@@ -125,7 +117,7 @@ func (s *Service) handleCreateAccount(w http.ResponseWriter, r *http.Request) er
 }
 
 func (s *Service) handleListAccounts(w http.ResponseWriter, r *http.Request) error {
-	q, err := query(r, "after", "limit")
+	q, err := wire.Query(r.URL.RawQuery, "after", "limit")
 	if err != nil {
 		return err
 	}
@@ -146,7 +138,7 @@ func (s *Service) handleListAccounts(w http.ResponseWriter, r *http.Request) err
 }
 
 func (s *Service) handleGetAccount(w http.ResponseWriter, r *http.Request) error {
-	if _, err := query(r); err != nil {
+	if _, err := wire.Query(r.URL.RawQuery); err != nil {
 		return err
 	}
 	id, err := pathID(r, "account")
@@ -179,7 +171,7 @@ func (s *Service) handleCreatePayout(w http.ResponseWriter, r *http.Request) err
 }
 
 func (s *Service) handleListPayouts(w http.ResponseWriter, r *http.Request) error {
-	q, err := query(r, "after", "limit", "state", "account_id")
+	q, err := wire.Query(r.URL.RawQuery, "after", "limit", "state", "account_id")
 	if err != nil {
 		return err
 	}
@@ -208,7 +200,7 @@ func (s *Service) handleListPayouts(w http.ResponseWriter, r *http.Request) erro
 }
 
 func (s *Service) handleGetPayout(w http.ResponseWriter, r *http.Request) error {
-	if _, err := query(r); err != nil {
+	if _, err := wire.Query(r.URL.RawQuery); err != nil {
 		return err
 	}
 	id, err := pathID(r, "payout")
@@ -224,7 +216,7 @@ func (s *Service) handleGetPayout(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Service) handlePayoutEvents(w http.ResponseWriter, r *http.Request) error {
-	q, err := query(r, "after", "limit")
+	q, err := wire.Query(r.URL.RawQuery, "after", "limit")
 	if err != nil {
 		return err
 	}
@@ -300,7 +292,7 @@ func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Service) handleLedger(w http.ResponseWriter, r *http.Request) error {
-	q, err := query(r, "after", "limit")
+	q, err := wire.Query(r.URL.RawQuery, "after", "limit")
 	if err != nil {
 		return err
 	}
@@ -322,7 +314,7 @@ func (s *Service) handleLedger(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Service) handleSafetyEvents(w http.ResponseWriter, r *http.Request) error {
-	q, err := query(r, "after", "limit")
+	q, err := wire.Query(r.URL.RawQuery, "after", "limit")
 	if err != nil {
 		return err
 	}
@@ -343,7 +335,7 @@ func (s *Service) handleSafetyEvents(w http.ResponseWriter, r *http.Request) err
 }
 
 func (s *Service) handleHighFence(w http.ResponseWriter, r *http.Request) error {
-	if _, err := query(r); err != nil {
+	if _, err := wire.Query(r.URL.RawQuery); err != nil {
 		return err
 	}
 	t, err := s.HighFence(r.Context())

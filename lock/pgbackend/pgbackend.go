@@ -50,11 +50,10 @@ type Backend struct {
 	log  *slog.Logger
 
 	mu       sync.Mutex
-	observer backend.Observer
+	observer backend.Observer // nil until SetObserver
 	// unheard is a grace period that started before any observer was set
 	// (Open's own, D-12): SetObserver delivers it, so the start is counted.
 	unheard  *grace
-	observed bool // SetObserver was called
 	waiters  backend.Waiters
 	listener *pgx.Conn // handed to Run's listen loop
 }
@@ -91,7 +90,7 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgbackend: connect: %w", err)
 	}
-	b := &Backend{pool: pool, cfg: cfg, log: cfg.Logger, observer: backend.NopObserver{}}
+	b := &Backend{pool: pool, cfg: cfg, log: cfg.Logger}
 	if err := b.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("pgbackend: %w", err)
@@ -124,7 +123,7 @@ func (b *Backend) Name() string { return "postgres" }
 // SetObserver implements backend.Backend.
 func (b *Backend) SetObserver(o backend.Observer) {
 	b.mu.Lock()
-	b.observer, b.observed = o, true
+	b.observer = o
 	g := b.unheard
 	b.unheard = nil
 	b.mu.Unlock()
@@ -142,16 +141,21 @@ type grace struct {
 func (b *Backend) graceStarted(until time.Time, why string) {
 	b.mu.Lock()
 	o := b.observer
-	if !b.observed {
+	if o == nil {
 		b.unheard = &grace{until, why}
 	}
 	b.mu.Unlock()
-	o.Grace(until, why)
+	if o != nil {
+		o.Grace(until, why)
+	}
 }
 
 func (b *Backend) obs() backend.Observer {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.observer == nil {
+		return backend.NopObserver{}
+	}
 	return b.observer
 }
 
