@@ -211,7 +211,7 @@ func (r *run) next(room int) (ps []pc.Payout, pending bool, err error) {
 		return nil, false, nil
 	}
 	// While the rail gives no usable answer, claims wait (railgate.go).
-	room = r.e.rail.admit(time.Now(), min(room, len(r.pending)))
+	room = r.e.rail.Admit(time.Now(), min(room, len(r.pending)))
 	if room == 0 {
 		r.gated = true
 		return nil, false, nil

@@ -65,7 +65,7 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 				log.Info("lock session healthy again")
 				jeopardy = false
 			}
-			if until := e.rail.pausedUntil(); due && time.Now().Before(until) {
+			if until := e.rail.PausedUntil(); due && time.Now().Before(until) {
 				// Claims are paused (railgate.go): ask for work when the
 				// next probe may go, not before.
 				due, nextPoll = false, until

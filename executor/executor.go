@@ -22,6 +22,7 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/railgate"
 	"github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
@@ -142,7 +143,7 @@ type Executor struct {
 	lock  locker
 	m     *metrics
 	// rail stops claims while the rail gives no usable answer (railgate.go).
-	rail railGate
+	rail railgate.Gate
 
 	// base is the context of every call: it carries no cancellation, so a
 	// stop request lets the current step finish instead of cutting it off

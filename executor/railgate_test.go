@@ -3,95 +3,21 @@ package executor
 import (
 	"context"
 	"fmt"
+	"io"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/payouts/payouts/internal/railgate"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
 )
 
-// TestRailGate: railTripAfter submissions in a row without a usable answer
-// stop claims; while paused none is admitted until the pause runs out,
-// then one (the probe); a failure after the probe doubles the pause (up to
-// railPauseMax), the answers of submissions already in flight do not; any
-// answer from the rail resumes claims at once.
-func TestRailGate(t *testing.T) {
-	var g railGate
-	t0 := time.Unix(1_000_000, 0)
-	for i := 1; i < railTripAfter; i++ {
-		if ev, _, _ := g.observe(t0, false); ev != gateSame {
-			t.Fatalf("failure %d: event %d, want none before %d in a row", i, ev, railTripAfter)
-		}
-		if n := g.admit(t0, 5); n != 5 {
-			t.Fatalf("after %d failures admit = %d, want 5", i, n)
-		}
-	}
-	// An answer in between starts the count over.
-	g.observe(t0, true)
-	for range railTripAfter - 1 {
-		g.observe(t0, false)
-	}
-	if !g.pausedUntil().IsZero() {
-		t.Fatal("paused without railTripAfter failures in a row")
-	}
-	ev, pause, failures := g.observe(t0, false)
-	if ev != gatePaused || pause != railPauseMin || failures != railTripAfter {
-		t.Fatalf("trip: event %d pause %s failures %d", ev, pause, failures)
-	}
-	if got := g.pausedUntil(); !got.Equal(t0.Add(railPauseMin)) {
-		t.Fatalf("pausedUntil = %s, want %s", got, t0.Add(railPauseMin))
-	}
-	if n := g.admit(t0.Add(railPauseMin-time.Millisecond), 5); n != 0 {
-		t.Fatalf("admit during the pause = %d, want 0", n)
-	}
-	// Answers of submissions in flight when the pause began do not extend it.
-	if ev, _, _ := g.observe(t0.Add(time.Second), false); ev != gateSame {
-		t.Fatalf("an in-flight failure changed the pause: event %d", ev)
-	}
-	// The probe: one payout, then none until the next pause has run out.
-	t1 := t0.Add(railPauseMin)
-	if n := g.admit(t1, 5); n != 1 {
-		t.Fatalf("admit once the pause ran out = %d, want 1 (the probe)", n)
-	}
-	if n := g.admit(t1, 5); n != 0 {
-		t.Fatalf("a second admit after the probe = %d, want 0", n)
-	}
-	ev, pause, _ = g.observe(t1, false)
-	if ev != gateExtended || pause != 2*railPauseMin {
-		t.Fatalf("failed probe: event %d pause %s, want the pause doubled", ev, pause)
-	}
-	// Doubling stops at railPauseMax.
-	now := t1
-	for range 10 {
-		now = g.pausedUntil()
-		if g.admit(now, 1) != 1 {
-			t.Fatal("no probe once the pause ran out")
-		}
-		_, pause, _ = g.observe(now, false)
-	}
-	if pause != railPauseMax {
-		t.Fatalf("pause after many failed probes = %s, want %s", pause, railPauseMax)
-	}
-	// An answer from the rail resumes claims.
-	if ev, _, _ := g.observe(now, true); ev != gateResumed {
-		t.Fatalf("answer while paused: event %d, want resumed", ev)
-	}
-	if n := g.admit(now, 5); n != 5 || !g.pausedUntil().IsZero() {
-		t.Fatalf("after the rail answered: admit %d, pausedUntil %s", n, g.pausedUntil())
-	}
-	// A zero request is never a probe.
-	var h railGate
-	for range railTripAfter {
-		h.observe(t0, false)
-	}
-	if h.admit(t0.Add(time.Hour), 0) != 0 || h.admit(t0.Add(time.Hour), 3) != 1 {
-		t.Fatal("a round with nothing to claim used up the probe")
-	}
-}
-
 // TestRailOutagePausesClaims: while the rail drops every connection, an
-// executor stops claiming new payouts after railTripAfter submissions got no
+// executor stops claiming new payouts after railgate.TripAfter submissions got no
 // usable answer (payouts_executor_rail_paused = 1), instead of turning every
 // PENDING payout into RAIL_AMBIGUOUS; its probes get no answer either and
 // the pause grows. Once the rail answers again, a probe is paid, claims
@@ -134,7 +60,7 @@ func TestRailOutagePausesClaims(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d payouts claimed during the outage", claimed, accounts)
-	if limit := railTripAfter + 2*cfg.Concurrency + 2; claimed > limit {
+	if limit := railgate.TripAfter + 2*cfg.Concurrency + 2; claimed > limit {
 		t.Fatalf("%d of %d payouts were claimed during the outage, want at most %d", claimed, accounts, limit)
 	}
 	if gathered(t, reg, "payouts_executor_rail_pauses_total") != 1 {
@@ -154,4 +80,89 @@ func TestRailOutagePausesClaims(t *testing.T) {
 	if gathered(t, reg, "payouts_executor_rail_paused") != 0 || !strings.Contains(logs.String(), "the rail answered again") {
 		t.Error("claims resumed without the gauge and the log saying so")
 	}
+}
+
+// TestRailOutageAmbiguityBoundedAcrossExecutors: each executor stops
+// claiming after railgate.TripAfter of its own submissions got no answer,
+// so N executors alone would forward N times that many into an outage,
+// each payout then RAIL_AMBIGUOUS with its money held. The proxy sees
+// every submission and pauses forwarding after TripAfter in a row: the
+// others are answered "not forwarded", their payouts stay RAIL_SUBMITTED
+// and are paid once the rail answers. Three executors here forward about
+// TripAfter, not three times it.
+func TestRailOutageAmbiguityBoundedAcrossExecutors(t *testing.T) {
+	t.Parallel() // owns its stack and databases
+	s := setup(t)
+	ctx := context.Background()
+	if _, err := s.rail.SetFaults(ctx, railclient.Faults{DropBeforeAccept: 1}.Full()); err != nil {
+		t.Fatal(err)
+	}
+	const accounts, executors = 60, 3
+	ids := make([]string, accounts)
+	for i := range ids {
+		ids[i] = s.fundedPage(t, fmt.Sprintf("amb-%02d", i), 1)[0]
+	}
+	regs := make([]*prometheus.Registry, executors)
+	for i := range executors {
+		cfg := s.config(t, fmt.Sprintf("exec-amb-%d", i), io.Discard)
+		regs[i] = cfg.Registry
+		_, stop := startExecutor(t, cfg)
+		defer stop()
+	}
+	proxyURL := s.st.Ready.ProxyURL
+	waitFor(t, 2*time.Minute, "every executor to pause its claims", func() bool {
+		for _, reg := range regs {
+			if gathered(t, reg, "payouts_executor_rail_paused") != 1 {
+				return false
+			}
+		}
+		return true
+	})
+	forwarded := scraped(t, proxyURL, `payouts_proxy_submissions_total{outcome="TIMEOUT"}`)
+	// The trip, the submissions already in flight when it came (each
+	// executor's workers), and a probe or two while the others paused.
+	limit := float64(railgate.TripAfter + executors*2 + 3)
+	t.Logf("%v submissions forwarded into the outage by %d executors (each alone would stop after %d)", forwarded, executors, railgate.TripAfter)
+	if forwarded > limit {
+		t.Fatalf("%v submissions were forwarded into the outage, want at most %v", forwarded, limit)
+	}
+	if scraped(t, proxyURL, "payouts_proxy_rail_paused") != 1 || scraped(t, proxyURL, "payouts_proxy_paused_submissions_total") == 0 {
+		t.Fatal("the proxy did not pause forwarding")
+	}
+
+	if _, err := s.rail.SetFaults(ctx, railclient.Faults{}.Full()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 4*time.Minute, "every payout to be paid or ambiguous once the rail answers", func() bool {
+		for _, id := range ids {
+			if st := s.state(t, id); st != pc.Posted && st != pc.RailAmbiguous {
+				return false
+			}
+		}
+		return true
+	})
+	ambiguous := 0
+	for _, id := range ids {
+		if s.state(t, id) == pc.RailAmbiguous {
+			ambiguous++
+		}
+	}
+	if got := scraped(t, proxyURL, `payouts_proxy_submissions_total{outcome="TIMEOUT"}`); float64(ambiguous) != got {
+		t.Fatalf("%d payouts ambiguous, %v forwarded without an answer: every other payout should be paid", ambiguous, got)
+	}
+}
+
+// scraped is one series' value on a server's /metrics (0 when absent).
+func scraped(t *testing.T, baseURL, series string) float64 {
+	t.Helper()
+	for _, line := range metricLines(t, baseURL) {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("metric line %q: %v", line, err)
+			}
+			return f
+		}
+	}
+	return 0
 }

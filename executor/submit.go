@@ -150,6 +150,16 @@ func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report fu
 	case proxyclient.RefusedUnforwarded(err):
 		r.e.m.steps.WithLabelValues("submit", resultRejected).Inc()
 		return r.refused(p, err)
+	case proxyclient.PausedUnforwarded(err):
+		// The proxy has paused forwarding while the rail gives no usable
+		// answer: nothing was recorded or sent. The payout stays
+		// RAIL_SUBMITTED; a later pass asks the proxy first (D-4), then
+		// submits it again.
+		r.e.m.steps.WithLabelValues("submit", resultTransient).Inc()
+		log.Info("the proxy forwards nothing while the rail gives no usable answer: the payout stays RAIL_SUBMITTED for a later pass (nothing was sent)",
+			obs.KeyError, err.Error())
+		r.e.railAnswer(log, false)
+		return p, errLeave
 	}
 	var pe *problem.Error
 	if errors.As(err, &pe) && pe.Status() < 500 && pe.Code != problem.Unavailable {

@@ -82,6 +82,25 @@ func (st *store) writeIntents(ctx context.Context, reqs []proxyclient.SubmitRequ
 	return recs, res, m, false, nil
 }
 
+// checkFence runs guard 2 alone, for a submission that will not be written
+// because the rail is paused (pause.go): fenced reports that the guard
+// refused the token, and m is the mark that refused it. The transaction is
+// rolled back either way: nothing is written, the high-water mark
+// included, as when a submission writes no intent.
+func (st *store) checkFence(ctx context.Context, req proxyclient.SubmitRequest) (m mark, fenced bool, err error) {
+	tx, err := pgpool.Begin(ctx, st.pool)
+	if err != nil {
+		return m, false, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // nothing to keep
+	b := &pgx.Batch{}
+	queueGuard(b, req.AccountID, req.Token, req.Holder)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	m, accepted, err := scanGuard(br.QueryRow())
+	return m, err == nil && !accepted, err
+}
+
 // batchRequests validates a batch submission of account and returns its
 // items as single submissions.
 func batchRequests(account string, req proxyclient.BatchSubmitRequest) ([]proxyclient.SubmitRequest, error) {
@@ -148,6 +167,14 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 	// As for a single submission: from here on the caller going away
 	// changes nothing.
 	detached := context.WithoutCancel(r.Context())
+	// While the rail is paused, the items past those admitted (none, or
+	// one: the probe) are answered without being written or forwarded.
+	admitted := s.gate.Admit(s.now(), len(reqs))
+	if admitted == 0 {
+		return s.paused(detached, w, log.With(obs.KeyPayoutID, reqs[0].PayoutID, "items", len(reqs)), reqs[0], len(reqs))
+	}
+	held := reqs[admitted:]
+	reqs = reqs[:admitted]
 	ctx, cancel := context.WithTimeout(detached, dbTimeout)
 	recs, res, hw, fenced, err := s.st.writeIntents(ctx, reqs)
 	cancel()
@@ -163,7 +190,7 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.crash(log, CrashAfterIntent)
 
-	out := make([]any, len(reqs))
+	out := make([]any, len(reqs), len(reqs)+len(held))
 	done := make([]<-chan forwardResult, len(reqs))
 	sem := make(chan struct{}, maxBatchForwards)
 	for i, req := range reqs {
@@ -190,6 +217,15 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 			return problem.New(problem.Unavailable,
 				"the rail has not answered every item yet; the proxy will record each outcome (GET /v1/submissions/{payout_id})")
 		}
+	}
+	if len(held) > 0 {
+		why := s.pausedProblem()
+		for _, req := range held {
+			out = append(out, batchItemError{PayoutID: req.PayoutID, Error: why})
+		}
+		s.m.pausedRefusals.Add(float64(len(held)))
+		log.Info("the rail is paused: forwarded the probe, answered the rest of the batch without recording or forwarding them",
+			"probe_payout_id", reqs[0].PayoutID, "held", len(held))
 	}
 	httpx.WriteJSON(w, http.StatusOK, batchAnswer{Items: out})
 	return nil

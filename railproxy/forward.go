@@ -31,6 +31,7 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 	})
 	outcome, railRef, code, why := classify(rec, p, err)
 	s.m.railLatency.WithLabelValues(string(outcome)).Observe(time.Since(start).Seconds())
+	s.railAnswer(log, outcome != proxyclient.OutcomeTimeout)
 	s.crash(log, CrashAfterRailAnswer)
 
 	// Recording is a local write with no external effect: safe to retry.

@@ -116,6 +116,7 @@ type bundle struct {
 	recon   *proxyclient.Client // reconciler: looks up
 	url     string
 	logs    *syncBuffer
+	now     func() time.Time // the proxy's clock (nil: the real one)
 }
 
 type options struct {
@@ -123,6 +124,8 @@ type options struct {
 	window      time.Duration
 	railURL     string // use this rail instead of starting a stub
 	dbURL       string // reuse a database (restart)
+	// now is the proxy's clock for the rail pause (default: the real one).
+	now func() time.Time
 }
 
 func ctxFor(t *testing.T) context.Context {
@@ -184,6 +187,7 @@ func setup(t *testing.T, o options) *bundle {
 	if b.rail, err = railclient.New(b.railURL, operatorBearer); err != nil {
 		t.Fatal(err)
 	}
+	b.now = o.now
 	b.startProxy(t, o.railTimeout, "")
 	return b
 }
@@ -193,6 +197,7 @@ func (b *bundle) startProxy(t *testing.T, railTimeout time.Duration, crashPoint 
 	s, err := New(ctxFor(t), Config{
 		Addr: "127.0.0.1:0", Logger: obs.NewLogger(b.logs, slog.LevelDebug, "proxy"), Auth: testAuth(),
 		DatabaseURL: b.dbURL, RailURL: b.railURL, RailToken: proxyBearer, RailTimeout: railTimeout, crashPoint: crashPoint,
+		now: b.now,
 	})
 	if err != nil {
 		t.Fatal(err)

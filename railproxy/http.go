@@ -85,6 +85,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	// From here on the caller going away changes nothing: an interrupted
 	// commit would leave us not knowing whether the intent was written.
 	detached := context.WithoutCancel(r.Context())
+	if s.gate.Admit(s.now(), 1) == 0 {
+		return s.paused(detached, w, log, req, 1)
+	}
 	ctx, cancel := context.WithTimeout(detached, dbTimeout)
 	rec, hw, res, err := s.st.writeIntent(ctx, req)
 	cancel()

@@ -20,6 +20,10 @@ type metrics struct {
 	recordFailure prometheus.Counter       // outcome could not be recorded
 	outcomeGroup  prometheus.Histogram     // outcomes written per statement
 	guardDisabled prometheus.Gauge         // 1 in a negativecontrol build
+	// The rail pause (pause.go).
+	railPaused     prometheus.Gauge
+	railPauses     prometheus.Counter
+	pausedRefusals prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -62,8 +66,21 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "payouts_proxy_guard_disabled",
 			Help: "1 when this binary was built with the negativecontrol tag (fence condition removed). Must be 0 in production.",
 		}),
+		railPaused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "payouts_proxy_rail_paused",
+			Help: "1 while the proxy forwards no new submissions because the rail gave no usable answer to several in a row (one probe submission per pause).",
+		}),
+		railPauses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "payouts_proxy_rail_pauses_total",
+			Help: "Times the proxy stopped forwarding new submissions after several in a row got no usable answer from the rail.",
+		}),
+		pausedRefusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "payouts_proxy_paused_submissions_total",
+			Help: "Submissions answered 503 while the rail is paused: not recorded, not forwarded (nothing was sent); the executor submits them again later.",
+		}),
 	}
-	reg.MustRegister(m.submissions, m.fencedOut, m.duplicates, m.safetyEvents, m.railLatency, m.resolutions, m.recordFailure, m.outcomeGroup, m.guardDisabled)
+	reg.MustRegister(m.submissions, m.fencedOut, m.duplicates, m.safetyEvents, m.railLatency, m.resolutions, m.recordFailure, m.outcomeGroup, m.guardDisabled,
+		m.railPaused, m.railPauses, m.pausedRefusals)
 	if !guardEnabled {
 		m.guardDisabled.Set(1)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/pgpool"
+	"github.com/payouts/payouts/internal/railgate"
 	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
@@ -61,6 +62,8 @@ type Config struct {
 	// crashPoint makes the process exit at that point (tests only; set by
 	// this package's tests or, with -tags crashpoints, from the environment).
 	crashPoint string
+	// now is the rail pause's clock (tests only; default time.Now).
+	now func() time.Time
 }
 
 // Crash points (test builds only): see crashpoint_on.go.
@@ -78,6 +81,11 @@ type Server struct {
 	rail *railclient.Client
 	http *httpx.Server
 	m    *metrics
+
+	// gate stops forwarding new submissions while the rail gives no
+	// usable answer (pause.go); now is its clock (tests set it).
+	gate railgate.Gate
+	now  func() time.Time
 
 	forwards sync.WaitGroup // detached rail calls still running
 	inflight sync.Map       // payout id -> struct{} while its rail call runs
@@ -104,6 +112,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.crashPoint == "" {
 		cfg.crashPoint = crashPointFromEnv()
 	}
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
 	switch cfg.crashPoint {
 	case "", CrashAfterIntent, CrashAfterRailAnswer:
 	default:
@@ -122,7 +133,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	m := newMetrics(cfg.Registry)
 	st := newStore(pool, func(n int) { m.outcomeGroup.Observe(float64(n)) })
-	s := &Server{cfg: cfg, log: cfg.Logger, pool: pool, st: st, rail: rail, m: m}
+	s := &Server{cfg: cfg, log: cfg.Logger, pool: pool, st: st, rail: rail, m: m, now: cfg.now}
 	cfg.Registry.MustRegister(newUnresolvedCollector(s.st, cfg.RailTimeout, cfg.Logger))
 	s.http = httpx.NewServer(httpx.Config{
 		Role: "proxy", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,

@@ -251,7 +251,8 @@ const ExistingExtension = "submission"
 
 // ForwardedExtension is the problem member that says whether a refused
 // submission reached the rail: false on an invalid_request refused before
-// anything was written or forwarded.
+// anything was written or forwarded, and on an unavailable answered while
+// the rail is paused.
 const ForwardedExtension = "forwarded"
 
 // RefusedUnforwarded reports whether err is the proxy refusing a submission
@@ -260,8 +261,21 @@ const ForwardedExtension = "forwarded"
 // (paymentclient.Refuse); any other error — fenced_out, submission_exists,
 // no answer — must not be read this way.
 func RefusedUnforwarded(err error) bool {
+	return unforwarded(err, problem.InvalidRequest)
+}
+
+// PausedUnforwarded reports whether err is the proxy answering, while the
+// rail gives no usable answer, that it neither recorded nor forwarded the
+// submission (unavailable, "forwarded": false). Nothing reached the rail:
+// the payout stays RAIL_SUBMITTED and is submitted again later. A plain
+// unavailable (no "forwarded" member) says nothing of the kind.
+func PausedUnforwarded(err error) bool {
+	return unforwarded(err, problem.Unavailable)
+}
+
+func unforwarded(err error, code problem.Code) bool {
 	var pe *problem.Error
-	if !errors.As(err, &pe) || pe.Code != problem.InvalidRequest {
+	if !errors.As(err, &pe) || pe.Code != code {
 		return false
 	}
 	var forwarded bool
