@@ -36,6 +36,9 @@ type roleStatus struct {
 	Ambiguous     *int64   `json:"ambiguous,omitempty"`
 	FencedOut     *float64 `json:"fenced_out,omitempty"` // since the process started (its counter)
 	HighFence     *int64   `json:"high_fence,omitempty"`
+	// Rail proxy: 1 while it forwards no new submissions because the rail
+	// gives no usable answer (docs/api.md, "The rail pause").
+	RailPaused *float64 `json:"rail_paused,omitempty"`
 }
 
 // statusReport is the whole answer; OK is false when any role is down or
@@ -64,7 +67,8 @@ func newStatusCmd(a *app) *cobra.Command {
 URL to leave a role out) for GET /healthz, /readyz and /version, and for its key numbers:
 lock service: live sessions, held locks, highest token issued; payment resource: payouts by
 state, ambiguous payouts, fenced_out since start, highest fence; rail proxy: fenced_out since
-start, highest fence; rail: up. Numbers the API has no endpoint for are read from /metrics.
+start, highest fence, rail_paused (1 while it forwards nothing because the rail gives no usable
+answer); rail: up. Numbers the API has no endpoint for are read from /metrics.
 The executor (--metrics-listen) and the reconciler (--listen) are asked only when their URL is
 given. --only ROLE asks that role alone; --health-only asks only for health, readiness and
 version, needs no token and reads no numbers (a container healthcheck:
@@ -195,6 +199,9 @@ func keyNumbers(r roleStatus) string {
 	}
 	if r.HighFence != nil {
 		add("high_fence", strconv.FormatInt(*r.HighFence, 10))
+	}
+	if r.RailPaused != nil {
+		add("rail_paused", strconv.FormatFloat(*r.RailPaused, 'f', -1, 64))
 	}
 	return strings.Join(parts, " ")
 }

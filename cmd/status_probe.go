@@ -248,6 +248,7 @@ func (p *prober) proxy(r *roleStatus) {
 		return
 	}
 	r.FencedOut = p.metric(r, "payouts_proxy_fenced_out_total")
+	r.RailPaused = p.metric(r, "payouts_proxy_rail_paused")
 	p.call(r, "high fence", func(ctx context.Context) error {
 		t, err := c.HighFence(ctx)
 		if err == nil {

@@ -30,6 +30,7 @@ type statusJSON struct {
 		Ambiguous      *int64           `json:"ambiguous"`
 		FencedOut      *float64         `json:"fenced_out"`
 		HighFence      *int64           `json:"high_fence"`
+		RailPaused     *float64         `json:"rail_paused"`
 	} `json:"roles"`
 }
 
@@ -82,7 +83,7 @@ func TestStatus(t *testing.T) {
 	if pay.PayoutsByState[string(pc.Pending)] != 2 || pay.Ambiguous == nil || *pay.Ambiguous != 0 || pay.FencedOut == nil || pay.HighFence == nil {
 		t.Errorf("payment key numbers: %+v", pay)
 	}
-	if px.FencedOut == nil || px.HighFence == nil {
+	if px.FencedOut == nil || px.HighFence == nil || px.RailPaused == nil || *px.RailPaused != 0 {
 		t.Errorf("proxy key numbers missing: %+v", px)
 	}
 
