@@ -186,7 +186,7 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 			(*hook)()
 		}
 		// One refusal, one piece of evidence: for the first item's payout.
-		return s.fencedOut(detached, log.With(obs.KeyPayoutID, reqs[0].PayoutID, "items", len(reqs)), reqs[0], hw)
+		return s.fencedOut(detached, log.With(obs.KeyPayoutID, reqs[0].PayoutID, "items", len(reqs)+len(held)), reqs[0], hw)
 	}
 	s.crash(log, CrashAfterIntent)
 
