@@ -19,18 +19,10 @@ import (
 // railAnswer records a submission's answer in the gate, and says so in the
 // log and the metrics when claims stop or resume.
 func (e *Executor) railAnswer(log *slog.Logger, usable bool) {
-	ev, pause, failures := e.rail.Observe(time.Now(), usable)
-	switch ev {
-	case railgate.Paused:
-		e.m.railPaused.Set(1)
-		e.m.railPauses.Inc()
-		log.Warn("the rail gave no usable answer to several submissions in a row: claiming no new payouts for a while, then one to probe it (payouts in flight are finished as always)",
-			"submissions", failures, "retry_in", pause.String())
-	case railgate.Extended:
-		log.Warn("the probe payout got no usable answer from the rail either: claiming no new payouts for longer",
-			"submissions", failures, "retry_in", pause.String())
-	case railgate.Resumed:
-		e.m.railPaused.Set(0)
-		log.Info("the rail answered again: claiming new payouts", "unanswered_before", failures)
-	}
+	railgate.Reporter{
+		Paused: e.m.railPaused, Pauses: e.m.railPauses,
+		OnPause:  "the rail gave no usable answer to several submissions in a row: claiming no new payouts for a while, then one to probe it (payouts in flight are finished as always)",
+		OnProbe:  "the probe payout got no usable answer from the rail either: claiming no new payouts for longer",
+		OnResume: "the rail answered again: claiming new payouts",
+	}.Observe(&e.rail, log, time.Now(), usable)
 }

@@ -377,6 +377,13 @@ func startCrashingProxy(t *testing.T, b *bundle, crashPoint string) (*proxyclien
 // postRaw sends body to the proxy as is and returns the status and body.
 func postRaw(t *testing.T, url, body string) (int, string) {
 	t.Helper()
+	status, _, raw := postRawHeader(t, url, body)
+	return status, raw
+}
+
+// postRawHeader is postRaw, with the answer's header.
+func postRawHeader(t *testing.T, url, body string) (int, http.Header, string) {
+	t.Helper()
 	req, err := http.NewRequestWithContext(ctxFor(t), http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -389,7 +396,7 @@ func postRaw(t *testing.T, url, body string) (int, string) {
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(raw)
+	return resp.StatusCode, resp.Header, string(raw)
 }
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {

@@ -33,20 +33,12 @@ import (
 // railAnswer records a forward's answer in the gate, and says so in the
 // log and the metrics when forwarding stops or resumes.
 func (s *Server) railAnswer(log *slog.Logger, usable bool) {
-	ev, pause, failures := s.gate.Observe(s.now(), usable)
-	switch ev {
-	case railgate.Paused:
-		s.m.railPaused.Set(1)
-		s.m.railPauses.Inc()
-		log.Warn("the rail gave no usable answer to several submissions in a row: forwarding no new submissions for a while, then one to probe it (the others are answered 503, not recorded, nothing sent)",
-			"submissions", failures, "retry_in", pause.String())
-	case railgate.Extended:
-		log.Warn("the probe submission got no usable answer from the rail either: forwarding no new submissions for longer",
-			"submissions", failures, "retry_in", pause.String())
-	case railgate.Resumed:
-		s.m.railPaused.Set(0)
-		log.Info("the rail answered again: forwarding submissions", "unanswered_before", failures)
-	}
+	railgate.Reporter{
+		Paused: s.m.railPaused, Pauses: s.m.railPauses,
+		OnPause:  "the rail gave no usable answer to several submissions in a row: forwarding no new submissions for a while, then one to probe it (the others are answered 503, not recorded, nothing sent)",
+		OnProbe:  "the probe submission got no usable answer from the rail either: forwarding no new submissions for longer",
+		OnResume: "the rail answered again: forwarding submissions",
+	}.Observe(&s.gate, log, s.now(), usable)
 }
 
 // pausedProblem is the answer to a submission not admitted while the rail

@@ -1,7 +1,6 @@
 package railproxy
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"testing"
@@ -55,9 +54,9 @@ func TestRailPauseStopsForwarding(t *testing.T) {
 	if !proxyclient.PausedUnforwarded(err) {
 		t.Fatalf("submission while paused: %v, want 503 unavailable with forwarded=false", err)
 	}
-	status, retryAfter := rawSubmit(t, b, `{"payout_id":"pz-held","account_id":"acc-a","token":1,"holder":"session-1","client_ref":"po-pz-held","amount":1250,"currency":"EUR","beneficiary_ref":"ben-pz-held"}`)
-	if status != http.StatusServiceUnavailable || retryAfter != "2" {
-		t.Fatalf("raw submission while paused: status %d, Retry-After %q; want 503 and 2", status, retryAfter)
+	status, header, _ := postRawHeader(t, b.url+"/v1/submissions", `{"payout_id":"pz-held","account_id":"acc-a","token":1,"holder":"session-1","client_ref":"po-pz-held","amount":1250,"currency":"EUR","beneficiary_ref":"ben-pz-held"}`)
+	if status != http.StatusServiceUnavailable || header.Get("Retry-After") != "2" {
+		t.Fatalf("raw submission while paused: status %d, Retry-After %q; want 503 and 2", status, header.Get("Retry-After"))
 	}
 	if _, err := b.pc.Get(ctx, "pz-held"); !problem.Has(err, problem.NotFound) {
 		t.Fatalf("a paused submission was recorded: %v", err)
@@ -121,22 +120,4 @@ func TestRailPauseStopsForwarding(t *testing.T) {
 func batchItem(id string) proxyclient.BatchItem {
 	s := sub(id, "")
 	return proxyclient.BatchItem{PayoutID: s.PayoutID, ClientRef: s.ClientRef, Amount: s.Amount, Currency: s.Currency, BeneficiaryRef: s.BeneficiaryRef}
-}
-
-// rawSubmit posts a single submission and returns its status and
-// Retry-After header.
-func rawSubmit(t *testing.T, b *bundle, body string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, b.url+"/v1/submissions", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+executorBearer)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	return resp.StatusCode, resp.Header.Get("Retry-After")
 }

@@ -14,9 +14,12 @@
 package railgate
 
 import (
+	"log/slog"
 	"math"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const (
@@ -110,4 +113,31 @@ func (g *Gate) Observe(now time.Time, usable bool) (Event, time.Duration, int) {
 		return Extended, g.pause, g.failures
 	}
 	return Same, 0, 0
+}
+
+// Reporter says, in the log and the metrics, when a gate stops or resumes
+// payments: a gauge at 1 while paused, a counter of pauses, and the
+// messages of the WARN line on pausing, the WARN line on a failed probe and
+// the INFO line on resuming.
+type Reporter struct {
+	Paused                     prometheus.Gauge
+	Pauses                     prometheus.Counter
+	OnPause, OnProbe, OnResume string
+}
+
+// Observe records a payment's answer in g (Gate.Observe) and reports what
+// it changed.
+func (r Reporter) Observe(g *Gate, log *slog.Logger, now time.Time, usable bool) {
+	ev, pause, failures := g.Observe(now, usable)
+	switch ev {
+	case Paused:
+		r.Paused.Set(1)
+		r.Pauses.Inc()
+		log.Warn(r.OnPause, "submissions", failures, "retry_in", pause.String())
+	case Extended:
+		log.Warn(r.OnProbe, "submissions", failures, "retry_in", pause.String())
+	case Resumed:
+		r.Paused.Set(0)
+		log.Info(r.OnResume, "unanswered_before", failures)
+	}
 }
