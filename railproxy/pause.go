@@ -58,7 +58,8 @@ func (s *Server) paused(ctx context.Context, w http.ResponseWriter, log *slog.Lo
 	hw, fenced, err := s.st.checkFence(cctx, req)
 	cancel()
 	if err != nil {
-		return problem.Wrap(problem.Unavailable, err, "the rail is paused and the submission's fence could not be checked; it was not recorded or forwarded")
+		return problem.Wrap(problem.Unavailable, err, "the rail is paused and the submission's fence could not be checked; it was not recorded or forwarded").
+			With(proxyclient.ForwardedExtension, false)
 	}
 	if fenced {
 		return s.fencedOut(ctx, log, req, hw)

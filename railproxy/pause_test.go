@@ -121,3 +121,20 @@ func batchItem(id string) proxyclient.BatchItem {
 	s := sub(id, "")
 	return proxyclient.BatchItem{PayoutID: s.PayoutID, ClientRef: s.ClientRef, Amount: s.Amount, Currency: s.Currency, BeneficiaryRef: s.BeneficiaryRef}
 }
+
+// TestPausedWithProxydbDownIsNotForwarded: while the rail is paused and
+// proxydb cannot be reached, a submission's fence cannot be checked; it is
+// answered 503 unavailable, and still forwarded=false: nothing was written
+// or sent, so the executor may submit the payout again later.
+func TestPausedWithProxydbDownIsNotForwarded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	for range railgate.TripAfter {
+		b.proxy.railAnswer(b.proxy.log, false)
+	}
+	b.proxy.pool.Close()
+	_, err := b.pc.Submit(ctxFor(t), sub("pz-down", "acc-a"), 1, holder(1))
+	if !proxyclient.PausedUnforwarded(err) {
+		t.Fatalf("paused, proxydb down: %v; want 503 unavailable with forwarded=false", err)
+	}
+}
