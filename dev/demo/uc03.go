@@ -57,20 +57,32 @@ func (dm *demo) uc03(ctx context.Context) error {
 
 	// Past the lease: the session expires at the lock service and exec-1
 	// takes the account over with a higher token.
-	for _, s := range frozen {
-		var newToken fencing.Token
-		err := waitFor(ctx, 2*time.Minute, 200*time.Millisecond, "another executor to take "+s.key+" over", func() (bool, error) {
-			cctx, cancel := callCtx(ctx)
-			defer cancel()
-			a, err := dm.pay.Account(cctx, s.payout.AccountID)
-			if err != nil {
-				return false, err
-			}
-			newToken = a.FenceToken
-			return a.FenceToken > s.token, nil
-		})
+	for i, recaught := 0, 0; i < len(frozen); i++ {
+		s := frozen[i]
+		newToken, left, err := dm.awaitTakeover(ctx, s)
 		if err != nil {
 			return err
+		}
+		if !left {
+			// Timing mode: the holder's last write was already on its way
+			// when it froze and landed afterwards, so the account has nothing
+			// left to do and no one will take it over. Thaw it and catch it
+			// again.
+			if recaught++; recaught > 5 {
+				return fmt.Errorf("%s's writes kept landing as it froze: nothing left to take over", s.name)
+			}
+			if err := dm.signal(s.name, syscall.SIGCONT); err != nil {
+				return err
+			}
+			dm.d.Printf("  (%s's last write landed as it froze: %s has nothing left to take over; thawed it to catch it again)", s.name, s.key)
+			if frozen[i], err = dm.freezeByTiming(ctx, s.name); err != nil {
+				return err
+			}
+			s = frozen[i]
+			dm.d.Printf("  SIGSTOP %s (pid %d): it holds %s under token %d and was working on %s (%s)",
+				s.name, dm.procs[s.name].Pid(), s.key, s.token, s.payout.ID, s.payout.State)
+			i--
+			continue
 		}
 		dm.d.Printf("  %s's session expired; %s was taken over: the payment guard's fence is now token %d", s.name, s.key, newToken)
 		err = waitFor(ctx, 2*time.Minute, 200*time.Millisecond, "the new holder to finish "+s.payout.ID, func() (bool, error) {
@@ -187,6 +199,41 @@ func (dm *demo) waitHolding(ctx context.Context, name string) (string, error) {
 		return false, nil
 	})
 	return id, err
+}
+
+// awaitTakeover waits until another executor has written to s's account
+// under a higher token than s's, and returns that token. left is false
+// when, in timing mode, the account has nothing left to do while its
+// fence still holds s's token: the frozen holder's last write landed after
+// it froze, and no one will take the account over.
+func (dm *demo) awaitTakeover(ctx context.Context, s stale) (newToken fencing.Token, left bool, err error) {
+	left = true
+	err = waitFor(ctx, 2*time.Minute, 200*time.Millisecond, "another executor to take "+s.key+" over", func() (bool, error) {
+		cctx, cancel := callCtx(ctx)
+		defer cancel()
+		a, err := dm.pay.Account(cctx, s.payout.AccountID)
+		if err != nil {
+			return false, err
+		}
+		if newToken = a.FenceToken; newToken > s.token {
+			return true, nil
+		}
+		if dm.cfg.Freeze != FreezeByTiming {
+			return false, nil
+		}
+		ps, err := dm.payoutsOf(cctx, s.payout.AccountID)
+		if err != nil {
+			return false, err
+		}
+		for _, p := range ps {
+			if p.State.Actionable() {
+				return false, nil
+			}
+		}
+		left = false
+		return true, nil
+	})
+	return newToken, left, err
 }
 
 // freezeByTiming stops name with SIGSTOP at a moment it holds a grant with
