@@ -123,6 +123,13 @@ func (p *prober) get(url string) (int, []byte, error) {
 
 // metric sums the samples of a counter or gauge on the role's /metrics.
 func (p *prober) metric(r *roleStatus, name string) *float64 {
+	return p.metrics(r, name)[0]
+}
+
+// metrics is metric for several series, read from one scrape of /metrics:
+// one sum per name, in order (all nil when /metrics cannot be read).
+func (p *prober) metrics(r *roleStatus, names ...string) []*float64 {
+	out := make([]*float64, len(names))
 	status, body, err := p.get(r.URL + "/metrics")
 	if err == nil && status != http.StatusOK {
 		err = fmt.Errorf("HTTP %d", status)
@@ -134,15 +141,16 @@ func (p *prober) metric(r *roleStatus, name string) *float64 {
 	}
 	if err != nil {
 		r.Errors = append(r.Errors, "read /metrics: "+err.Error())
-		return nil
+		return out
 	}
-	var sum float64
-	if mf, ok := mfs[name]; ok {
-		for _, m := range mf.GetMetric() {
+	for i, name := range names {
+		var sum float64
+		for _, m := range mfs[name].GetMetric() {
 			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
+		out[i] = &sum
 	}
-	return &sum
+	return out
 }
 
 // call runs one API read with the call timeout, noting a failure.
@@ -247,8 +255,8 @@ func (p *prober) proxy(r *roleStatus) {
 		r.Errors = append(r.Errors, err.Error())
 		return
 	}
-	r.FencedOut = p.metric(r, "payouts_proxy_fenced_out_total")
-	r.RailPaused = p.metric(r, "payouts_proxy_rail_paused")
+	m := p.metrics(r, "payouts_proxy_fenced_out_total", "payouts_proxy_rail_paused")
+	r.FencedOut, r.RailPaused = m[0], m[1]
 	p.call(r, "high fence", func(ctx context.Context) error {
 		t, err := c.HighFence(ctx)
 		if err == nil {

@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/payouts/payouts/internal/httpx"
 )
@@ -57,5 +60,36 @@ func TestStatusOnlyOneRoleHealth(t *testing.T) {
 		if code, _, errOut := runArgs(t, bad...); code != 2 || errOut == "" {
 			t.Errorf("%q: exit %d, %q; want 2 and why", bad, code, errOut)
 		}
+	}
+}
+
+// The proxy's key numbers come from its own series, read in one scrape of
+// /metrics: fenced_out from payouts_proxy_fenced_out_total, rail_paused
+// from payouts_proxy_rail_paused; the high fence from GET /v1/fences/high.
+func TestStatusProxyKeyNumbers(t *testing.T) {
+	var scrapes atomic.Int32
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		scrapes.Add(1)
+		fmt.Fprint(w, "# TYPE payouts_proxy_fenced_out_total counter\npayouts_proxy_fenced_out_total 3\n"+
+			"# TYPE payouts_proxy_rail_paused gauge\npayouts_proxy_rail_paused 1\n")
+	})
+	mux.HandleFunc("GET /v1/fences/high", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"token":7}`)
+	})
+	ts := httptest.NewServer(mux)
+	t.Cleanup(ts.Close)
+	p := &prober{ctx: context.Background(), hc: ts.Client(), token: "operator", timeout: 30 * time.Second}
+	r := roleStatus{Role: "proxy", URL: ts.URL, Healthy: true}
+	p.proxy(&r)
+	if len(r.Errors) != 0 || r.FencedOut == nil || *r.FencedOut != 3 || r.RailPaused == nil || *r.RailPaused != 1 || r.HighFence == nil || *r.HighFence != 7 {
+		t.Fatalf("proxy status %+v (errors %v); want fenced_out 3, rail_paused 1, high_fence 7", r, r.Errors)
+	}
+	if n := scrapes.Load(); n != 1 {
+		t.Fatalf("/metrics read %d times for the proxy's key numbers, want once", n)
+	}
+	if got := keyNumbers(r); !strings.Contains(got, "rail_paused=1") {
+		t.Fatalf("key numbers %q lack rail_paused=1", got)
 	}
 }

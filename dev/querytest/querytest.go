@@ -5,14 +5,12 @@
 package querytest
 
 import (
-	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/payouts/payouts/dev/fuzzhttp"
 	"github.com/payouts/payouts/internal/problem"
 )
 
@@ -54,8 +52,8 @@ func Check(t *testing.T, baseURL, bearer string, reads []Read) {
 			}
 			all := strings.Join(as, "&")
 			for _, q := range []string{all, strings.Join(bs, "&")} {
-				if status, body := get(t, baseURL+rd.Path, q, bearer); status/100 != 2 {
-					t.Fatalf("GET %s?%s: %d %s; want 2xx (values the read takes)", rd.Path, q, status, body)
+				if a := get(t, baseURL+rd.Path, q, bearer); !a.OK() {
+					t.Fatalf("GET %s?%s: %d %s; want 2xx (values the read takes)", rd.Path, q, a.Status, a.Body)
 				}
 			}
 			type bad struct{ query, field string }
@@ -70,40 +68,25 @@ func Check(t *testing.T, baseURL, bearer string, reads []Read) {
 					bad{p.Name + "=" + p.A + ";" + p.Name + "=" + p.B, p.Name})
 			}
 			for _, c := range cases {
-				status, body := get(t, baseURL+rd.Path, c.query, bearer)
+				a := get(t, baseURL+rd.Path, c.query, bearer)
 				var pb struct {
-					Code  problem.Code `json:"code"`
-					Field *string      `json:"field"`
+					Field *string `json:"field"`
 				}
-				_ = json.Unmarshal(body, &pb)
-				if status != http.StatusBadRequest || pb.Code != problem.InvalidRequest || pb.Field == nil || *pb.Field != c.field {
-					t.Errorf("GET %s?%s: %d %s; want 400 invalid_request with field %q", rd.Path, c.query, status, body, c.field)
+				_ = json.Unmarshal(a.Body, &pb)
+				if a.Status != http.StatusBadRequest || a.Code != problem.InvalidRequest || pb.Field == nil || *pb.Field != c.field {
+					t.Errorf("GET %s?%s: %d %s; want 400 invalid_request with field %q", rd.Path, c.query, a.Status, a.Body, c.field)
 				}
 			}
 		})
 	}
 }
 
-func get(t *testing.T, url, query, bearer string) (int, []byte) {
+// get sends GET url?query with bearer through fuzzhttp.Do, which also
+// fails t on a 5xx or a 4xx that is not a well-formed problem document.
+func get(t *testing.T, url, query, bearer string) fuzzhttp.Answer {
 	t.Helper()
 	if query != "" {
 		url += "?" + query
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+bearer)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, body
+	return fuzzhttp.Do(t, http.MethodGet, url, bearer, nil)
 }
