@@ -15,11 +15,14 @@ import (
 	"github.com/payouts/payouts/reconcile"
 )
 
-// setupSlowRail returns a stack with a rail whose answers are not final for an hour. It starts
-// clean; the tests using it run in this order: clean, not final, and last
-// the one that removes the proxy's uniqueness index.
+// slow is a stack whose rail answers are not final for an hour, shared by
+// the three tests below: the clean one starts it, the one that removes the
+// proxy's uniqueness index spends it. They hold in any order and on any
+// -count: a test that needs a clean stack starts one, and a spent stack is
+// never handed out again (TestMain stops every stack started).
 var slow *testBundle
 
+// setupSlowRail returns the slow-rail stack, started if there is none.
 func setupSlowRail(t *testing.T) *testBundle {
 	t.Helper()
 	if slow == nil {
@@ -28,8 +31,24 @@ func setupSlowRail(t *testing.T) *testBundle {
 	return slow
 }
 
-func TestCleanSystemReportsNothing(t *testing.T) {
+// freshSlowRail starts a slow-rail stack nothing has planted into yet.
+func freshSlowRail(t *testing.T) *testBundle {
+	t.Helper()
+	slow = startStack(t, time.Hour)
+	return slow
+}
+
+// spendSlowRail returns the slow-rail stack for a test that breaks it: once
+// the test ends, the next one to ask starts a new stack.
+func spendSlowRail(t *testing.T) *testBundle {
+	t.Helper()
 	e := setupSlowRail(t)
+	t.Cleanup(func() { slow = nil })
+	return e
+}
+
+func TestCleanSystemReportsNothing(t *testing.T) {
+	e := freshSlowRail(t)
 	acc := e.newAccount(t, 10_000)
 	for i := 0; i < 3; i++ {
 		e.payOut(t, e.newPayout(t, acc, 100))
@@ -88,7 +107,7 @@ func TestAmbiguousNotFinalIsLeft(t *testing.T) {
 }
 
 func TestForwardedSubmissionsMoreThanOne(t *testing.T) {
-	e := setupSlowRail(t)
+	e := spendSlowRail(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.payOut(t, e.newPayout(t, acc, 100))
 	// Remove the primary (the partial unique index) and forward again.
