@@ -117,6 +117,7 @@ func printE2E(w io.Writer, r bench.E2EResult) {
 	fmt.Fprintf(w, "%.1f payouts/s over %.2f s   latency p50 %.1f ms  p99 %.1f ms  max %.1f ms\n",
 		r.PayoutsPerSec, r.Seconds, r.P50Ms, r.P99Ms, r.MaxMs)
 	fmt.Fprintf(w, "of which waiting to be claimed (created to claimed): p50 %.1f ms  p99 %.1f ms\n", r.ClaimWaitP50Ms, r.ClaimWaitP99Ms)
+	fmt.Fprintf(w, "claimed to terminal (the guards and the rail): p50 %.1f ms  p99 %.1f ms\n", r.PathP50Ms, r.PathP99Ms)
 	fmt.Fprintf(w, "posted %d  failed %d  ambiguous %d  duplicates at the rail %d\n", r.Posted, r.Failed, r.Ambiguous, r.Duplicates)
 	names := make([]string, 0, len(r.CPUPer1000))
 	for n := range r.CPUPer1000 {

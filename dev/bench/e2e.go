@@ -105,7 +105,7 @@ type E2EResult struct {
 	// failed, ambiguous, duplicates and seconds are sums, so the rate is
 	// every round's payouts over every round's time; CPU per 1,000
 	// payouts is the mean of the rounds' (each ran the same payouts);
-	// p50, p99 and the claim waits are the median of the rounds'; max is
+	// p50, p99, the claim waits and the paths are the median of the rounds'; max is
 	// the largest.
 	Rounds []E2ERound `json:"rounds,omitempty"`
 
@@ -120,10 +120,14 @@ type E2EResult struct {
 	// queue, as against the path through the guards and the rail.
 	ClaimWaitP50Ms float64 `json:"claim_wait_p50_ms"`
 	ClaimWaitP99Ms float64 `json:"claim_wait_p99_ms"`
-	Posted         int     `json:"posted"`
-	Failed         int     `json:"failed"`
-	Ambiguous      int     `json:"ambiguous"`
-	LoadAvg        string  `json:"loadavg"`
+	// PathP50Ms and PathP99Ms are the quantiles of the rest: claimed_at to
+	// terminal, the path through the guards and the rail.
+	PathP50Ms float64 `json:"path_p50_ms"`
+	PathP99Ms float64 `json:"path_p99_ms"`
+	Posted    int     `json:"posted"`
+	Failed    int     `json:"failed"`
+	Ambiguous int     `json:"ambiguous"`
+	LoadAvg   string  `json:"loadavg"`
 
 	// Timeline is completions and latency per second of the run (for the plot).
 	Timeline []E2ESecond `json:"-"`
@@ -303,7 +307,7 @@ func poolRounds(rs []E2EResult) E2EResult {
 	}
 	res.Payouts, res.Posted, res.Failed, res.Ambiguous, res.Duplicates, res.Seconds = 0, 0, 0, 0, 0, 0
 	res.CPUPer1000 = map[string]float64{}
-	var p50, p99, w50, w99 []float64
+	var p50, p99, w50, w99, c50, c99 []float64
 	for _, r := range rs {
 		res.Payouts += r.Payouts
 		res.Posted += r.Posted
@@ -317,6 +321,7 @@ func poolRounds(rs []E2EResult) E2EResult {
 		}
 		p50, p99 = append(p50, r.P50Ms), append(p99, r.P99Ms)
 		w50, w99 = append(w50, r.ClaimWaitP50Ms), append(w99, r.ClaimWaitP99Ms)
+		c50, c99 = append(c50, r.PathP50Ms), append(c99, r.PathP99Ms)
 	}
 	for name, v := range res.CPUPer1000 {
 		res.CPUPer1000[name] = round3(v)
@@ -325,6 +330,7 @@ func poolRounds(rs []E2EResult) E2EResult {
 	res.PayoutsPerSec = round3(float64(res.Payouts) / res.Seconds)
 	res.P50Ms, res.P99Ms = median(p50), median(p99)
 	res.ClaimWaitP50Ms, res.ClaimWaitP99Ms = median(w50), median(w99)
+	res.PathP50Ms, res.PathP99Ms = median(c50), median(c99)
 	return res
 }
 

@@ -3,6 +3,7 @@ package bench
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/payouts/payouts/rail/railclient"
 )
@@ -65,11 +66,11 @@ func TestE2EOptionsRefuseBadBaseline(t *testing.T) {
 
 func TestPoolRounds(t *testing.T) {
 	rs := []E2EResult{
-		{Payouts: 100, Posted: 99, Failed: 1, Seconds: 2, P50Ms: 10, P99Ms: 50, MaxMs: 70, ClaimWaitP50Ms: 1, ClaimWaitP99Ms: 5,
+		{Payouts: 100, Posted: 99, Failed: 1, Seconds: 2, P50Ms: 10, P99Ms: 50, MaxMs: 70, ClaimWaitP50Ms: 1, ClaimWaitP99Ms: 5, PathP50Ms: 7, PathP99Ms: 40,
 			CPUPer1000: map[string]float64{"payment": 1, "postgres": 2}, LoadAvg: "first"},
-		{Payouts: 100, Posted: 100, Duplicates: 1, Seconds: 3, P50Ms: 30, P99Ms: 90, MaxMs: 95, ClaimWaitP50Ms: 3, ClaimWaitP99Ms: 9,
+		{Payouts: 100, Posted: 100, Duplicates: 1, Seconds: 3, P50Ms: 30, P99Ms: 90, MaxMs: 95, ClaimWaitP50Ms: 3, ClaimWaitP99Ms: 9, PathP50Ms: 9, PathP99Ms: 20,
 			CPUPer1000: map[string]float64{"payment": 2, "postgres": 4}, LoadAvg: "second"},
-		{Payouts: 100, Posted: 100, Seconds: 5, P50Ms: 20, P99Ms: 60, MaxMs: 80, ClaimWaitP50Ms: 2, ClaimWaitP99Ms: 6,
+		{Payouts: 100, Posted: 100, Seconds: 5, P50Ms: 20, P99Ms: 60, MaxMs: 80, ClaimWaitP50Ms: 2, ClaimWaitP99Ms: 6, PathP50Ms: 8, PathP99Ms: 30,
 			CPUPer1000: map[string]float64{"payment": 3, "postgres": 3}, LoadAvg: "third"},
 	}
 	got := poolRounds(rs)
@@ -79,8 +80,8 @@ func TestPoolRounds(t *testing.T) {
 	if got.PayoutsPerSec != 30 {
 		t.Errorf("rate %v, want 300 payouts over 10 s = 30", got.PayoutsPerSec)
 	}
-	if got.P50Ms != 20 || got.P99Ms != 60 || got.ClaimWaitP50Ms != 2 || got.ClaimWaitP99Ms != 6 || got.MaxMs != 95 {
-		t.Errorf("latencies: want the medians (20, 60, 2, 6) and the largest max (95): %+v", got)
+	if got.P50Ms != 20 || got.P99Ms != 60 || got.ClaimWaitP50Ms != 2 || got.ClaimWaitP99Ms != 6 || got.PathP50Ms != 8 || got.PathP99Ms != 30 || got.MaxMs != 95 {
+		t.Errorf("latencies: want the medians (20, 60, 2, 6, 8, 30) and the largest max (95): %+v", got)
 	}
 	if got.CPUPer1000["payment"] != 2 || got.CPUPer1000["postgres"] != 3 {
 		t.Errorf("CPU per 1,000: want each process's mean (2, 3): %v", got.CPUPer1000)
@@ -96,5 +97,36 @@ func TestPoolRounds(t *testing.T) {
 	}
 	if one := poolRounds(rs[1:2]); one.Payouts != 100 || one.PayoutsPerSec != rs[1].PayoutsPerSec {
 		t.Errorf("one round is not reported as it ran: %+v", one)
+	}
+}
+
+// TestSummarizeSplitsTheLatency: the wait to be claimed and the path from
+// claimed to terminal come from the claimed payouts only, each with its own
+// quantiles; a payout never claimed (cancelled while PENDING) counts in the
+// latency alone.
+func TestSummarizeSplitsTheLatency(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var spans []span
+	for i := range 100 {
+		// Claimed 10+i ms after creation, terminal 5 ms (i < 99) or 500 ms
+		// (the last one) after that.
+		path := 5
+		if i == 99 {
+			path = 500
+		}
+		spans = append(spans, span{created: at(i), claimed: at(i + 10 + i), ended: at(i + 10 + i + path)})
+	}
+	spans = append(spans, span{created: at(0), ended: at(3000)})
+	var res E2EResult
+	summarize(spans, &res)
+	if res.ClaimWaitP50Ms != 59 || res.ClaimWaitP99Ms != 108 {
+		t.Errorf("claim wait p50 %v p99 %v, want 59 and 108 (nearest rank over the 100 claimed)", res.ClaimWaitP50Ms, res.ClaimWaitP99Ms)
+	}
+	if res.PathP50Ms != 5 || res.PathP99Ms != 5 {
+		t.Errorf("path p50 %v p99 %v, want 5 and 5 (one slow payout in 100 is above the 99th)", res.PathP50Ms, res.PathP99Ms)
+	}
+	if res.MaxMs != 3000 || res.Seconds != 3 {
+		t.Errorf("max %v, seconds %v: the unclaimed payout must count in the latency", res.MaxMs, res.Seconds)
 	}
 }

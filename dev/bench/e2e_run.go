@@ -274,7 +274,6 @@ func sumTransitions(resp *http.Response) (int, error) {
 // time and the per-second timeline. A POSTED payout ends at settled_at; a
 // payout that ended otherwise ends at its last event.
 func collectLatencies(ctx context.Context, c *pc.Client, run string, want int, res *E2EResult) error {
-	var waits []float64 // created to claimed, of the payouts claimed
 	spans := make([]span, 0, want)
 	prefix := run + "-p"
 	after := prefix
@@ -293,10 +292,11 @@ func collectLatencies(ctx context.Context, c *pc.Client, run string, want int, r
 			if err != nil {
 				return err
 			}
-			spans = append(spans, span{p.CreatedAt, end})
+			s := span{created: p.CreatedAt, ended: end}
 			if p.ClaimedAt != nil {
-				waits = append(waits, float64(p.ClaimedAt.Sub(p.CreatedAt).Microseconds())/1000)
+				s.claimed = *p.ClaimedAt
 			}
+			spans = append(spans, s)
 		}
 		if done || page.Next == "" {
 			break
@@ -306,17 +306,19 @@ func collectLatencies(ctx context.Context, c *pc.Client, run string, want int, r
 	if len(spans) != want {
 		return fmt.Errorf("found %d of the run's %d payouts", len(spans), want)
 	}
-	summarize(spans, waits, res)
+	summarize(spans, res)
 	return nil
 }
 
-// span is one payout's life: created to terminal.
-type span struct{ created, ended time.Time }
+// span is one payout's life: created, claimed (zero if it never was) and
+// terminal.
+type span struct{ created, claimed, ended time.Time }
 
 // summarize fills a result's duration (first created to last terminal),
-// latency quantiles and timeline from the payouts' spans, and the claim
-// wait from waits (ms, any order).
-func summarize(spans []span, waits []float64, res *E2EResult) {
+// latency quantiles and timeline from the payouts' spans, and, from the
+// spans that were claimed, the quantiles of the wait to be claimed and of
+// the path from claimed to terminal.
+func summarize(spans []span, res *E2EResult) {
 	first, last := spans[0].created, spans[0].ended
 	lat := make([]float64, len(spans))
 	for i, s := range spans {
@@ -326,15 +328,24 @@ func summarize(spans []span, waits []float64, res *E2EResult) {
 		if s.ended.After(last) {
 			last = s.ended
 		}
-		lat[i] = float64(s.ended.Sub(s.created).Microseconds()) / 1000
+		lat[i] = ms(s.ended.Sub(s.created))
 	}
 	res.Seconds = round3(last.Sub(first).Seconds())
 	sorted := append([]float64(nil), lat...)
 	sort.Float64s(sorted)
 	res.P50Ms, res.P99Ms, res.MaxMs = round3(quantile(sorted, 0.50)), round3(quantile(sorted, 0.99)), round3(sorted[len(sorted)-1])
+	var waits, paths []float64
+	for _, s := range spans {
+		if !s.claimed.IsZero() {
+			waits = append(waits, ms(s.claimed.Sub(s.created)))
+			paths = append(paths, ms(s.ended.Sub(s.claimed)))
+		}
+	}
 	if len(waits) > 0 {
 		sort.Float64s(waits)
+		sort.Float64s(paths)
 		res.ClaimWaitP50Ms, res.ClaimWaitP99Ms = round3(quantile(waits, 0.50)), round3(quantile(waits, 0.99))
+		res.PathP50Ms, res.PathP99Ms = round3(quantile(paths, 0.50)), round3(quantile(paths, 0.99))
 	}
 	secs := int(last.Sub(first)/time.Second) + 1
 	res.Timeline = make([]E2ESecond, secs)
@@ -432,3 +443,6 @@ func countDuplicates(report []railclient.Payment, prefix string) int {
 func round3(v float64) float64 { return float64(int64(v*1000+0.5)) / 1000 }
 
 func splitFields(s string) []string { return strings.Fields(s) }
+
+// ms is d in milliseconds, to the microsecond.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -67,6 +67,8 @@ func TestE2EBenchShortRun(t *testing.T) {
 		P99                                                        float64            `json:"p99_ms"`
 		WaitP50                                                    float64            `json:"claim_wait_p50_ms"`
 		WaitP99                                                    float64            `json:"claim_wait_p99_ms"`
+		PathP50                                                    float64            `json:"path_p50_ms"`
+		PathP99                                                    float64            `json:"path_p99_ms"`
 		CPU                                                        map[string]float64 `json:"cpu_s_per_1000"`
 	}
 	if err := json.Unmarshal([]byte(lines[0]), &res); err != nil {
@@ -87,6 +89,9 @@ func TestE2EBenchShortRun(t *testing.T) {
 	// Every payout was claimed, after it was created and before it ended.
 	if res.WaitP50 <= 0 || res.WaitP99 < res.WaitP50 || res.WaitP50 >= res.P50 || res.WaitP99 >= res.P99 {
 		t.Errorf("implausible wait to be claimed (p50 %v, p99 %v) against latency (p50 %v, p99 %v): %s", res.WaitP50, res.WaitP99, res.P50, res.P99, lines[0])
+	}
+	if res.PathP50 <= 0 || res.PathP99 < res.PathP50 || res.PathP50 > res.P50 || res.PathP99 > res.P99 {
+		t.Errorf("implausible path from claimed to terminal (p50 %v, p99 %v) against latency (p50 %v, p99 %v): %s", res.PathP50, res.PathP99, res.P50, res.P99, lines[0])
 	}
 	for _, p := range []string{"bench", "lock", "payment", "payment-2", "proxy", "proxy-2", "rail", "postgres", "executor-1", "executor-2"} {
 		if _, ok := res.CPU[p]; !ok {

@@ -304,7 +304,7 @@ func runRiverBaseline(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2ERes
 			prows.Close()
 			return res, fmt.Errorf("a payout is %s after the run", state)
 		}
-		spans = append(spans, span{created, *ended})
+		spans = append(spans, span{created: created, ended: *ended})
 	}
 	prows.Close()
 	if err := prows.Err(); err != nil {
@@ -323,7 +323,7 @@ func runRiverBaseline(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2ERes
 	if lines != 2*int64(res.Posted) || held != 0 || sum != 0 {
 		return res, fmt.Errorf("baseline ledger: %d lines for %d posted payouts, %d held, lines sum to %d", lines, res.Posted, held, sum)
 	}
-	summarize(spans, nil, &res)
+	summarize(spans, &res)
 	res.PayoutsPerSec = round3(float64(o.Payouts) / res.Seconds)
 	if res.Duplicates, err = railDuplicates(ctx, opRail, "river-"+run+"-"); err != nil {
 		return res, err
