@@ -219,7 +219,7 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if len(held) > 0 {
-		why := s.pausedProblem()
+		why := pausedProblem(s.retryIn())
 		for _, req := range held {
 			out = append(out, batchItemError{PayoutID: req.PayoutID, Error: why})
 		}

@@ -30,6 +30,9 @@ import (
 // back, so a stale token during a pause is fenced out with its evidence as
 // always rather than hidden behind the pause.
 
+// now is the rail pause's clock: time.Now, or the tests' clock.
+func (s *Server) now() time.Time { return s.cfg.now() }
+
 // railAnswer records a forward's answer in the gate, and says so in the
 // log and the metrics when forwarding stops or resumes.
 func (s *Server) railAnswer(log *slog.Logger, usable bool) {
@@ -41,10 +44,15 @@ func (s *Server) railAnswer(log *slog.Logger, usable bool) {
 	}.Observe(&s.gate, log, s.now(), usable)
 }
 
+// retryIn is how long until the pause lets the next submission through
+// (0 when it already would).
+func (s *Server) retryIn() time.Duration {
+	return max(s.gate.PausedUntil().Sub(s.now()), 0)
+}
+
 // pausedProblem is the answer to a submission not admitted while the rail
-// is paused.
-func (s *Server) pausedProblem() *problem.Error {
-	wait := max(s.gate.PausedUntil().Sub(s.now()), 0)
+// is paused, wait before the pause lets one through.
+func pausedProblem(wait time.Duration) *problem.Error {
 	return problem.New(problem.Unavailable,
 		"the rail has given no usable answer to the last submissions: this one was not recorded and not forwarded (nothing was sent); submit it again in %s or later",
 		wait.Round(time.Millisecond)).With(proxyclient.ForwardedExtension, false)
@@ -64,8 +72,9 @@ func (s *Server) paused(ctx context.Context, w http.ResponseWriter, log *slog.Lo
 	if fenced {
 		return s.fencedOut(ctx, log, req, hw)
 	}
-	why := s.pausedProblem()
-	w.Header().Set("Retry-After", strconv.Itoa(int(max(s.gate.PausedUntil().Sub(s.now()), time.Second).Round(time.Second)/time.Second)))
+	wait := s.retryIn()
+	why := pausedProblem(wait)
+	w.Header().Set("Retry-After", strconv.Itoa(int(max(wait, time.Second).Round(time.Second)/time.Second)))
 	s.m.pausedRefusals.Add(float64(n))
 	log.Info("the rail is paused: submission answered 503, not recorded, not forwarded", obs.KeyError, why.Message)
 	return why

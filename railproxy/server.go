@@ -83,9 +83,8 @@ type Server struct {
 	m    *metrics
 
 	// gate stops forwarding new submissions while the rail gives no
-	// usable answer (pause.go); now is its clock (tests set it).
+	// usable answer (pause.go); its clock is cfg.now.
 	gate railgate.Gate
-	now  func() time.Time
 
 	forwards sync.WaitGroup // detached rail calls still running
 	inflight sync.Map       // payout id -> struct{} while its rail call runs
@@ -133,7 +132,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	m := newMetrics(cfg.Registry)
 	st := newStore(pool, func(n int) { m.outcomeGroup.Observe(float64(n)) })
-	s := &Server{cfg: cfg, log: cfg.Logger, pool: pool, st: st, rail: rail, m: m, now: cfg.now}
+	s := &Server{cfg: cfg, log: cfg.Logger, pool: pool, st: st, rail: rail, m: m}
 	cfg.Registry.MustRegister(newUnresolvedCollector(s.st, cfg.RailTimeout, cfg.Logger))
 	s.http = httpx.NewServer(httpx.Config{
 		Role: "proxy", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,
