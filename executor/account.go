@@ -122,7 +122,9 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 		}
 		n += len(ps)
 		if pending {
-			err = r.driveBatch(ps)
+			var waiting int
+			waiting, err = r.driveBatch(ps)
+			n -= waiting // back in r.pending, not driven
 		} else {
 			err = r.drive(ps[0])
 		}
@@ -216,38 +218,10 @@ func (r *run) next(room int) (ps []pc.Payout, pending bool, err error) {
 		r.gated = true
 		return nil, false, nil
 	}
-	// The rest waits for the next batch, after these settle.
-	k := r.covered(r.pending[:room])
-	ps, r.pending = r.pending[:k], r.pending[k:]
+	// The claim takes only what the funds cover (batch.go): the rest comes
+	// back to r.pending, for the next batch.
+	ps, r.pending = r.pending[:room], r.pending[room:]
 	return ps, true, nil
-}
-
-// covered is how many of the PENDING payouts ps, in order, the account's
-// available funds cover (at least one). Claimed together, a payout that
-// later fails (declined, refused) would hold back money a later one of the
-// batch needs, and that one would fail on funds where claimed after it it
-// would be paid; so a batch takes only what the funds cover, and the rest
-// is claimed once these have settled — as when claimed one at a time. The
-// amount read is a hint: the claim's own funds check (D-7) decides.
-func (r *run) covered(ps []pc.Payout) int {
-	if len(ps) < 2 {
-		return len(ps)
-	}
-	ctx, cancel := r.e.callCtx()
-	defer cancel()
-	a, err := r.e.pay.Account(ctx, r.account)
-	if err != nil {
-		r.log.Warn("could not read the account's available funds; claiming one payout at a time", obs.KeyError, err.Error())
-		return 1
-	}
-	left := a.Available
-	for k, p := range ps {
-		if left < p.Amount {
-			return max(k, 1)
-		}
-		left -= p.Amount
-	}
-	return len(ps)
 }
 
 // list returns a page of the account's payouts in the given states, by id.

@@ -30,26 +30,36 @@ var errQueued = errors.New("outcome queued for the batch")
 // table says. The test hooks fire after each batched step, with its first
 // payout; a hook armed between the two steps of a pair splits that pair
 // into two calls, so that it fires where it says.
-func (r *run) driveBatch(ps []pc.Payout) error {
+//
+// The claim takes only what the account's funds cover (while_covered):
+// claimed together, a payout later declined or refused would hold back
+// money a later one of the batch needs, and that one would fail on funds
+// where claimed after it it would be paid. So the claims stop at the first
+// payout the funds do not cover, once one is claimed; it and those after it
+// stay PENDING and go back to r.pending, in order, to be claimed once these
+// have settled — as when claimed one at a time. driveBatch returns how many
+// went back.
+func (r *run) driveBatch(ps []pc.Payout) (int, error) {
 	b := &batch{r: r}
 	submitting := b.pair(claimSubmitting, ps, nil)
+	r.pending = append(b.waiting, r.pending...)
 	if b.fatal != nil {
-		return b.fatal
+		return len(b.waiting), b.fatal
 	}
 	reported, outcomes := b.sendAll(submitting)
 	if b.fatal != nil {
-		return b.fatal
+		return len(b.waiting), b.fatal
 	}
 	b.pair(outcomePost, reported, outcomes)
 	if b.fatal != nil {
-		return b.fatal
+		return len(b.waiting), b.fatal
 	}
 	for _, p := range b.loose {
 		if err := r.drive(r.reread(p)); err != nil {
-			return err
+			return len(b.waiting), err
 		}
 	}
-	return b.leave
+	return len(b.waiting), b.leave
 }
 
 // batch is the state of one driveBatch.
@@ -62,6 +72,9 @@ type batch struct {
 	// leave is set when a payout was left (a refused request): the round
 	// ends once the others are done.
 	leave error
+	// waiting are the PENDING payouts the claim left unclaimed because the
+	// funds do not cover them yet, in order.
+	waiting []pc.Payout
 }
 
 // settle files a payout whose own handling failed with err.
@@ -138,7 +151,8 @@ func (b *batch) step(s stepDef, then *stepDef, ps []pc.Payout, items []pc.StepIt
 	}
 	ctx, cancel := r.e.callCtx()
 	start := time.Now()
-	res, err := r.e.pay.StepsThen(ctx, r.account, r.g.Token(), r.g.Holder(), s.op, thenOp, items)
+	res, err := r.e.pay.PostSteps(ctx, r.account, pc.StepsRequest{Token: r.g.Token(), Holder: r.g.Holder(),
+		Op: s.op, Then: thenOp, WhileCovered: s.op == pc.StepClaim, Items: items})
 	cancel()
 	r.e.m.stepLatency.WithLabelValues(strings.ReplaceAll(name, "+", "_") + "_batch").Observe(time.Since(start).Seconds())
 	if err == nil && len(res) != len(ps) {
@@ -165,6 +179,10 @@ func (b *batch) step(s stepDef, then *stepDef, ps []pc.Payout, items []pc.StepIt
 			continue
 		}
 		next := res[i].Payout
+		if s.op == pc.StepClaim && p.State == pc.Pending && next.State == pc.Pending {
+			b.waiting = append(b.waiting, next) // not covered yet
+			continue
+		}
 		r.e.m.steps.WithLabelValues(step, resultOK).Inc()
 		if then != nil && next.State == then.want {
 			r.e.m.steps.WithLabelValues(string(then.op), resultOK).Inc()

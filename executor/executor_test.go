@@ -327,6 +327,32 @@ func TestExecutorInProcess(t *testing.T) {
 		}
 	})
 
+	t.Run("a batch claims what the funds cover; the rest waits for it to settle", func(t *testing.T) {
+		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: "ip-d", Currency: "EUR", OpeningBalance: 10_000}); err != nil {
+			t.Fatal(err)
+		}
+		// 10,000: ip-d1 and ip-d2 are covered, ip-d3 is not until the
+		// rail declines ip-d2 and gives its 4,000 back; then it is.
+		mk("ip-d1", "ip-d", 4000, "BEN-D1")
+		mk("ip-d2", "ip-d", 4000, "DECLINE-D2")
+		mk("ip-d3", "ip-d", 5000, "BEN-D3")
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- Run(rctx, s.config(t, "ip-exec-d", io.Discard)) }()
+		waitFor(t, time.Minute, "the ip-d payouts to settle", func() bool {
+			return s.state(t, "ip-d1").Terminal() && s.state(t, "ip-d2").Terminal() && s.state(t, "ip-d3").Terminal()
+		})
+		stop()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		for id, want := range map[string]pc.State{"ip-d1": pc.Posted, "ip-d2": pc.Failed, "ip-d3": pc.Posted} {
+			if got := s.state(t, id); got != want {
+				t.Errorf("%s is %s, want %s", id, got, want)
+			}
+		}
+	})
+
 	t.Run("lists an account's payouts a page at a time, not per payout", func(t *testing.T) {
 		if _, err := s.pay.CreateAccount(ctx, pc.CreateAccountRequest{ID: "ip-many", Currency: "EUR", OpeningBalance: 10_000}); err != nil {
 			t.Fatal(err)
@@ -357,6 +383,11 @@ func TestExecutorInProcess(t *testing.T) {
 		// (a short page: no more). A second grant may look once more.
 		if calls := after[`GET /v1/payouts`] - before[`GET /v1/payouts`]; calls > 4 {
 			t.Errorf("%d list calls for %d payouts of one account, want at most 4", calls, n)
+		}
+		// The claim itself takes only what the funds cover (while_covered):
+		// the account is not read first.
+		if calls := after[`GET /v1/accounts/{id}`] - before[`GET /v1/accounts/{id}`]; calls != 0 {
+			t.Errorf("%d account reads for %d payouts of one account, want 0", calls, n)
 		}
 		// The payouts are driven together: one compound call per pair of
 		// steps (claim then submitting, outcome then post) per grant that

@@ -26,7 +26,11 @@ type Steps struct {
 	Account string
 	Cmd     Command // Op, Token, Holder, Actor: the same for every item
 	Then    Op      // "" or the op that may follow Cmd.Op (compound.go)
-	Items   []pc.StepItem
+	// WhileCovered (claims only): once an item has been claimed, the first
+	// PENDING item the funds do not cover ends the claims; it and the
+	// items after it are answered as they stand (pc.StepsRequest).
+	WhileCovered bool
+	Items        []pc.StepItem
 }
 
 // itemCommand is the command of one item: the batch's, with the item's
@@ -111,10 +115,23 @@ func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rej
 	rejs := make([]*rejection, len(b.Items))
 	var chs []change
 	var slots []int
+	// claimed: an item of this request was claimed (its money is held and
+	// may come back); stopped: the claims ended at an item the funds do
+	// not cover.
+	claimed, stopped := false, false
 	for i, it := range b.Items {
 		p, ok := found[it.PayoutID]
 		if !ok {
 			res[i] = pc.StepResult{PayoutID: it.PayoutID, Err: problem.New(problem.NotFound, "no payout %q in account %q", it.PayoutID, b.Account)}
+			continue
+		}
+		if !stopped && b.WhileCovered && claimed && p.State == pc.Pending {
+			if stopped, err = o.funds.short(ctx, tx, p.Amount); err != nil {
+				return nil, nil, nil, err
+			}
+		}
+		if stopped {
+			res[i] = pc.StepResult{Payout: p, PayoutID: p.ID}
 			continue
 		}
 		ch, rej, err := s.decideOne(ctx, tx, p, b.itemCommand(i), o.funds)
@@ -127,6 +144,7 @@ func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rej
 			res[i] = pc.StepResult{PayoutID: it.PayoutID}
 			continue
 		}
+		claimed = claimed || ch.claim
 		if ch, err = s.decideThen(ctx, tx, b, ch, o.funds); err != nil {
 			return nil, nil, nil, err
 		}
@@ -165,6 +183,9 @@ func decodeSteps(r *http.Request, account string) (Steps, error) {
 	if err := checkThen(op, then); err != nil {
 		return Steps{}, err
 	}
+	if req.WhileCovered && op != OpClaim {
+		return Steps{}, badField("while_covered", "belongs to op claim only, got op %q", req.Op)
+	}
 	if err := wire.ValidFence(req.Token, req.Holder); err != nil {
 		return Steps{}, err
 	}
@@ -189,7 +210,8 @@ func decodeSteps(r *http.Request, account string) (Steps, error) {
 			return Steps{}, badField(prefix+"outcome", "outcome, rail_ref and error_code belong to op outcome only")
 		}
 	}
-	return Steps{Account: account, Cmd: Command{Op: op, Token: req.Token, Holder: req.Holder}, Then: then, Items: req.Items}, nil
+	return Steps{Account: account, Cmd: Command{Op: op, Token: req.Token, Holder: req.Holder}, Then: then,
+		WhileCovered: req.WhileCovered, Items: req.Items}, nil
 }
 
 func (s *Service) handleSteps(w http.ResponseWriter, r *http.Request) error {

@@ -162,6 +162,89 @@ func TestStepsClaimFundsInOrder(t *testing.T) {
 	e.assertLedger(t)
 }
 
+// TestStepsClaimWhileCovered: with while_covered, the claims stop at the
+// first PENDING item the funds do not cover once an item has been claimed;
+// it and every item after it are answered as they stand, unchanged and
+// without events, and the request commits the claims before it. An
+// uncovered item before any claim fails on funds as without the flag (no
+// money of the request is held to come back), and so does every claim of
+// a compound request that reaches it first.
+func TestStepsClaimWhileCovered(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	e.payout(t, "po-a", "acc-1", 400)
+	e.payout(t, "po-b", "acc-1", 700) // 600 left after po-a: not covered
+	e.payout(t, "po-c", "acc-1", 100) // covered, but after po-b
+	ev0 := map[string]int{}
+	for _, id := range []string{"po-b", "po-c"} {
+		ev0[id] = e.eventCount(t, id)
+	}
+	res, err := e.exec.PostSteps(tctx(t), "acc-1", pc.StepsRequest{Token: 5, Holder: "h", Op: pc.StepClaim, Then: pc.StepSubmitting,
+		WhileCovered: true, Items: items("po-a", "po-b", "po-c")})
+	if err != nil || len(res) != 3 {
+		t.Fatalf("claim while covered: %+v, %v", res, err)
+	}
+	wantState(t, res[0], pc.RailSubmitted)
+	for _, r := range res[1:] {
+		wantState(t, r, pc.Pending)
+		if r.PayoutID != r.Payout.ID || r.Payout.Token != 0 || r.Payout.ClaimedAt != nil {
+			t.Fatalf("an item left unclaimed is not answered as it stands: %+v", r)
+		}
+		if n := e.eventCount(t, r.PayoutID); n != ev0[r.PayoutID] {
+			t.Fatalf("%s left unclaimed has %d new events, want none", r.PayoutID, n-ev0[r.PayoutID])
+		}
+		if p, _ := e.exec.Payout(bg, r.PayoutID); p.State != pc.Pending {
+			t.Fatalf("%s is %s in paydb, want PENDING", r.PayoutID, p.State)
+		}
+	}
+	if a, _ := e.exec.Account(bg, "acc-1"); a.Available != 600 || a.FenceToken != 5 {
+		t.Fatalf("account after the claim: %+v, want 600 available under fence 5", a)
+	}
+
+	// Nothing claimed yet: an uncovered first item fails on funds, and the
+	// claims go on with the next.
+	e.account(t, "acc-2", 500)
+	e.payout(t, "po-x", "acc-2", 800)
+	e.payout(t, "po-y", "acc-2", 300)
+	e.payout(t, "po-z", "acc-2", 300) // 200 left after po-y: waits
+	res, err = e.exec.PostSteps(tctx(t), "acc-2", pc.StepsRequest{Token: 6, Holder: "h", Op: pc.StepClaim,
+		WhileCovered: true, Items: items("po-x", "po-y", "po-z")})
+	if err != nil || len(res) != 3 {
+		t.Fatalf("claim while covered: %+v, %v", res, err)
+	}
+	wantState(t, res[0], pc.Failed)
+	if res[0].Payout.FailureReason != pc.FailureInsufficientFunds {
+		t.Fatalf("po-x failure reason %q", res[0].Payout.FailureReason)
+	}
+	wantState(t, res[1], pc.Claimed)
+	wantState(t, res[2], pc.Pending)
+
+	// Without the flag the same uncovered item fails on funds.
+	res = e.steps(t, "acc-2", 6, "h", pc.StepClaim, items("po-z"))
+	wantState(t, res[0], pc.Failed)
+	e.assertLedger(t)
+}
+
+// TestStepsWhileCoveredIsForClaims: while_covered on any other op is
+// refused as a whole, naming the field.
+func TestStepsWhileCoveredIsForClaims(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	e.payout(t, "po-a", "acc-1", 400)
+	e.drive(t, "po-a", pc.Claimed, 5, "h")
+	_, err := e.exec.PostSteps(tctx(t), "acc-1", pc.StepsRequest{Token: 5, Holder: "h", Op: pc.StepSubmitting,
+		WhileCovered: true, Items: items("po-a")})
+	var f string
+	if pe := wantCode(t, err, problem.InvalidRequest); !pe.Extension("field", &f) || f != "while_covered" {
+		t.Fatalf("field %q, want while_covered (%v)", f, pe)
+	}
+	if p, _ := e.exec.Payout(bg, "po-a"); p.State != pc.Claimed {
+		t.Fatalf("po-a is %s after a refused request", p.State)
+	}
+}
+
 // TestStepsDriveAndPostBalanced drives payouts through every batched step
 // and posts them in one batch: one ledger group per payout, the account
 // debited and payout-clearing credited by the total, INV-03 holds.

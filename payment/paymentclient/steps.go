@@ -39,12 +39,21 @@ type StepItem struct {
 // Then, when set, is a second step applied in the same transaction to every
 // item the first one brought to the state it starts from: StepSubmitting
 // after StepClaim, or StepPost after StepOutcome (a compound step).
+//
+// WhileCovered (claim only) makes the claims stop, once an item of the
+// request has been claimed, at the first PENDING item the account's
+// available funds do not cover: that item and every one after it are
+// answered as they stand, unchanged, to be claimed once the claimed ones
+// have settled — as if claimed one at a time. Without it such an item fails
+// with insufficient_funds, though a claimed one declined at the rail would
+// have given its money back.
 type StepsRequest struct {
-	Token  fencing.Token  `json:"token"`
-	Holder fencing.Holder `json:"holder"`
-	Op     StepOp         `json:"op"`
-	Then   StepOp         `json:"then,omitempty"`
-	Items  []StepItem     `json:"items"`
+	Token        fencing.Token  `json:"token"`
+	Holder       fencing.Holder `json:"holder"`
+	Op           StepOp         `json:"op"`
+	Then         StepOp         `json:"then,omitempty"`
+	WhileCovered bool           `json:"while_covered,omitempty"`
+	Items        []StepItem     `json:"items"`
 }
 
 // StepResult is one item's answer, in the order of the request: the payout
@@ -122,13 +131,18 @@ func (c *Client) Steps(ctx context.Context, accountID string, token fencing.Toke
 // (FAILED, RAIL_AMBIGUOUS) ends there, and an item op refused has its
 // problem, as for Steps.
 func (c *Client) StepsThen(ctx context.Context, accountID string, token fencing.Token, holder fencing.Holder, op, then StepOp, items []StepItem) ([]StepResult, error) {
+	return c.PostSteps(ctx, accountID, StepsRequest{Token: token, Holder: holder, Op: op, Then: then, Items: items})
+}
+
+// PostSteps sends req as it is (StepsThen, with every member of the
+// request at hand, WhileCovered included).
+func (c *Client) PostSteps(ctx context.Context, accountID string, req StepsRequest) ([]StepResult, error) {
 	// The answer is decoded straight into the wire form: through
 	// StepResult's UnmarshalJSON each item would be scanned twice more.
 	var out struct {
 		Items []stepWire `json:"items"`
 	}
-	if err := c.c.Post(ctx, "/v1/accounts/"+httpx.PathEscape(accountID)+"/steps",
-		StepsRequest{Token: token, Holder: holder, Op: op, Then: then, Items: items}, &out); err != nil {
+	if err := c.c.Post(ctx, "/v1/accounts/"+httpx.PathEscape(accountID)+"/steps", req, &out); err != nil {
 		return nil, err
 	}
 	return stepResults(out.Items)
