@@ -101,6 +101,12 @@ func TestStateScrapeReadsOnlyOpenPayouts(t *testing.T) {
 	if n := rowsRead(t, e.svc.pool, openStateQuery); n > 20 {
 		t.Errorf("a scrape's count of open payouts read %d payout rows of %d, want at most 20 (3 ambiguous, 3 pending)", n, history)
 	}
+	// Through an index on state (rows read do not count the entries a scan
+	// of an index on another first column would pass over).
+	if p := explain(t, e.svc.pool, "", openStateQuery, "SET LOCAL enable_seqscan = off"); !usesOnly(p,
+		"payout_state_idx", "payout_actionable_idx", "payout_waiting_idx") {
+		t.Errorf("a scrape's count of open payouts does not read an index on state:\n%s", p)
+	}
 	got := series(t, e.reg, "payouts_payment_payouts", "state")
 	want := map[string]float64{}
 	for _, s := range pc.States {

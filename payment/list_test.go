@@ -1,6 +1,9 @@
 package payment
 
 import (
+	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -98,4 +101,86 @@ func indexedOn(plan, cond string) bool {
 		}
 	}
 	return false
+}
+
+// A list of payouts by state without an account (the reconciler's
+// ambiguous payouts, an operator's failed ones, `payouts status`) reads the
+// payouts in that state, not the history around them: the rarer states
+// through payout_state_idx (the open ones may use the actionable payouts'
+// indexes instead), and POSTED, most of the table, by walking the primary
+// key.
+func TestStateListsReadTheirOwnPayouts(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := tctx(t)
+	e.account(t, "acc-1", 1_000_000)
+	const history = 3000
+	// Every 500th payout is in one of the rarer states, the rest POSTED.
+	rare := []pc.State{pc.Pending, pc.Claimed, pc.RailSubmitted, pc.RailAcked, pc.RailAmbiguous, pc.Failed}
+	if _, err := e.svc.pool.Exec(ctx, `INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref, state)
+		SELECT 'po-' || lpad(g::text, 5, '0'), 'acc-1', 1, 'EUR', 'b', 'po-po-' || g,
+		       CASE WHEN g % 500 = 0 THEN ($2::text[])[g / 500] ELSE 'POSTED' END
+		  FROM generate_series(1, $1::int) g`, history, rare); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.pool.Exec(ctx, `UPDATE payout SET state = 'ABANDONED' WHERE id = 'po-00499'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.pool.Exec(ctx, "ANALYZE payout"); err != nil {
+		t.Fatal(err)
+	}
+	const limit = 50
+	for _, s := range append(rare, pc.Abandoned, pc.Posted) {
+		sql, args := payoutsQuery([]pc.State{s}, "", "", limit)
+		if args[0] != perCallPlan || len(args) != 4 {
+			t.Fatalf("list by state: arguments %v, want perCallPlan and three", args)
+		}
+		// Planned for its values, as the simple protocol sends it.
+		lit := strings.NewReplacer("$1", "''", "$2", "'"+string(s)+"'", "$3", fmt.Sprint(limit)).Replace(sql)
+		// At most the payouts in the open states (4 actionable, 1
+		// ambiguous) or a page and the row that ends it.
+		want := 5
+		if s == pc.Posted {
+			want = limit + 1
+		}
+		if n := rowsRead(t, e.svc.pool, lit); n > want {
+			t.Errorf("a list of %s payouts read %d payout rows of %d, want at most %d:\n%s", s, n, history, want,
+				explain(t, e.svc.pool, explainAnalyze, lit))
+		}
+		// Rows read do not count the index entries a scan passes over: an
+		// index whose first column is not state (the account's) would be
+		// read whole with few rows to show for it.
+		if idx, p := stateIndexOf(s), explain(t, e.svc.pool, "", lit, "SET LOCAL enable_seqscan = off"); !usesOnly(p, idx...) {
+			t.Errorf("a list of %s payouts does not read %v:\n%s", s, idx, p)
+		}
+	}
+}
+
+// stateIndexOf is the indexes a read of the payouts in state s may use.
+func stateIndexOf(s pc.State) []string {
+	switch {
+	case s == pc.Posted:
+		return []string{"payout_pkey"}
+	case s.Actionable():
+		return []string{"payout_state_idx", "payout_actionable_idx", "payout_waiting_idx"}
+	default:
+		return []string{"payout_state_idx"}
+	}
+}
+
+// payoutScan matches a scan of payout in a plan: an index scan (the
+// index), a bitmap index scan (the index; its heap scan is not matched) or
+// a sequential scan.
+var payoutScan = regexp.MustCompile(`Index (?:Only )?Scan using (\S+) on payout\b|Bitmap Index Scan on (payout\w*)|(Seq Scan) on payout\b`)
+
+// usesOnly reports whether plan scans payout, and only through the
+// indexes idx.
+func usesOnly(plan string, idx ...string) bool {
+	found := payoutScan.FindAllStringSubmatch(plan, -1)
+	for _, m := range found {
+		if !slices.Contains(idx, m[1]+m[2]) {
+			return false
+		}
+	}
+	return len(found) > 0
 }
