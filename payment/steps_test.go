@@ -166,9 +166,8 @@ func TestStepsClaimFundsInOrder(t *testing.T) {
 // first PENDING item the funds do not cover once an item has been claimed;
 // it and every item after it are answered as they stand, unchanged and
 // without events, and the request commits the claims before it. An
-// uncovered item before any claim fails on funds as without the flag (no
-// money of the request is held to come back), and so does every claim of
-// a compound request that reaches it first.
+// uncovered item before any claim fails on funds as without the flag: no
+// money of the request is held that could come back.
 func TestStepsClaimWhileCovered(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
