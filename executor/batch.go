@@ -39,27 +39,33 @@ var errQueued = errors.New("outcome queued for the batch")
 // stay PENDING and go back to r.pending, in order, to be claimed once these
 // have settled — as when claimed one at a time. driveBatch returns how many
 // went back.
-func (r *run) driveBatch(ps []pc.Payout) (int, error) {
+func (r *run) driveBatch(ps []pc.Payout) (waiting int, err error) {
 	b := &batch{r: r}
 	submitting := b.pair(claimSubmitting, ps, nil)
 	r.pending = append(b.waiting, r.pending...)
+	return len(b.waiting), b.finish(submitting)
+}
+
+// finish drives the batch's submitted payouts (submitting) on from the
+// proxy submission to the posting, then the loose ones alone.
+func (b *batch) finish(submitting []pc.Payout) error {
 	if b.fatal != nil {
-		return len(b.waiting), b.fatal
+		return b.fatal
 	}
 	reported, outcomes := b.sendAll(submitting)
 	if b.fatal != nil {
-		return len(b.waiting), b.fatal
+		return b.fatal
 	}
 	b.pair(outcomePost, reported, outcomes)
 	if b.fatal != nil {
-		return len(b.waiting), b.fatal
+		return b.fatal
 	}
 	for _, p := range b.loose {
-		if err := r.drive(r.reread(p)); err != nil {
-			return len(b.waiting), err
+		if err := b.r.drive(b.r.reread(p)); err != nil {
+			return err
 		}
 	}
-	return len(b.waiting), b.leave
+	return b.leave
 }
 
 // batch is the state of one driveBatch.

@@ -205,6 +205,33 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// runUntilSettled runs an executor (owner, logging to log) until every
+// payout of want is terminal, stops it, and checks each payout ended in the
+// state want gives.
+func (s *testBundle) runUntilSettled(t *testing.T, owner string, log io.Writer, want map[string]pc.State) {
+	t.Helper()
+	rctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(rctx, s.config(t, owner, log)) }()
+	waitFor(t, time.Minute, "the payouts to settle", func() bool {
+		for id := range want {
+			if !s.state(t, id).Terminal() {
+				return false
+			}
+		}
+		return true
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	for id, st := range want {
+		if got := s.state(t, id); got != st {
+			t.Errorf("%s is %s, want %s", id, got, st)
+		}
+	}
+}
+
 func (s *testBundle) state(t *testing.T, id string) pc.State {
 	t.Helper()
 	p, err := s.pay.Payout(context.Background(), id)
@@ -297,21 +324,7 @@ func TestExecutorInProcess(t *testing.T) {
 		mk("ip-2", "ip-a", 4000, "DECLINE-2")
 		mk("ip-3", "ip-a", 7000, "BEN-3") // 10000 - 4000 posted: too little
 		log := newSyncBuf()
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- Run(rctx, s.config(t, "ip-exec-1", log)) }()
-		waitFor(t, time.Minute, "all three payouts to settle", func() bool {
-			return s.state(t, "ip-1").Terminal() && s.state(t, "ip-2").Terminal() && s.state(t, "ip-3").Terminal()
-		})
-		stop()
-		if err := <-done; err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-		for id, want := range map[string]pc.State{"ip-1": pc.Posted, "ip-2": pc.Failed, "ip-3": pc.Failed} {
-			if got := s.state(t, id); got != want {
-				t.Errorf("%s is %s, want %s", id, got, want)
-			}
-		}
+		s.runUntilSettled(t, "ip-exec-1", log, map[string]pc.State{"ip-1": pc.Posted, "ip-2": pc.Failed, "ip-3": pc.Failed})
 		p, _ := s.pay.Payout(ctx, "ip-3")
 		if p.FailureReason != pc.FailureInsufficientFunds {
 			t.Errorf("ip-3 failure reason %q, want %s", p.FailureReason, pc.FailureInsufficientFunds)
@@ -336,21 +349,7 @@ func TestExecutorInProcess(t *testing.T) {
 		mk("ip-d1", "ip-d", 4000, "BEN-D1")
 		mk("ip-d2", "ip-d", 4000, "DECLINE-D2")
 		mk("ip-d3", "ip-d", 5000, "BEN-D3")
-		rctx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- Run(rctx, s.config(t, "ip-exec-d", io.Discard)) }()
-		waitFor(t, time.Minute, "the ip-d payouts to settle", func() bool {
-			return s.state(t, "ip-d1").Terminal() && s.state(t, "ip-d2").Terminal() && s.state(t, "ip-d3").Terminal()
-		})
-		stop()
-		if err := <-done; err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-		for id, want := range map[string]pc.State{"ip-d1": pc.Posted, "ip-d2": pc.Failed, "ip-d3": pc.Posted} {
-			if got := s.state(t, id); got != want {
-				t.Errorf("%s is %s, want %s", id, got, want)
-			}
-		}
+		s.runUntilSettled(t, "ip-exec-d", io.Discard, map[string]pc.State{"ip-d1": pc.Posted, "ip-d2": pc.Failed, "ip-d3": pc.Posted})
 	})
 
 	t.Run("lists an account's payouts a page at a time, not per payout", func(t *testing.T) {

@@ -88,12 +88,6 @@ func (f *funds) available(ctx context.Context, tx *pgpool.Tx) (int64, error) {
 	return f.balance - f.held, nil
 }
 
-// short reports whether the available funds fall short of amount.
-func (f *funds) short(ctx context.Context, tx *pgpool.Tx, amount int64) (bool, error) {
-	available, err := f.available(ctx, tx)
-	return available < amount, err
-}
-
 func (f *funds) move(p pc.Payout, to pc.State) {
 	switch {
 	case isHeld(to) && !isHeld(p.State):

@@ -86,18 +86,17 @@ func TestStateCollectorWithoutDatabase(t *testing.T) {
 func TestStateScrapeReadsOnlyOpenPayouts(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	ctx := tctx(t)
 	e.account(t, "acc-1", 1_000_000)
 	const history = 3000
-	if _, err := e.svc.pool.Exec(ctx, `INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref, state, submitted_at)
-		SELECT 'po-' || g, 'acc-1', 1, 'EUR', 'b', 'po-po-' || g,
-		       CASE WHEN g % 1000 = 0 THEN 'RAIL_AMBIGUOUS' WHEN g % 500 = 0 THEN 'PENDING' ELSE 'POSTED' END, now()
-		  FROM generate_series(1, $1::int) g`, history); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.svc.pool.Exec(ctx, "ANALYZE payout"); err != nil {
-		t.Fatal(err)
-	}
+	e.plantPayouts(t, "acc-1", history, func(g int) pc.State {
+		switch {
+		case g%1000 == 0:
+			return pc.RailAmbiguous
+		case g%500 == 0:
+			return pc.Pending
+		}
+		return pc.Posted
+	})
 	if n := rowsRead(t, e.svc.pool, openStateQuery); n > 20 {
 		t.Errorf("a scrape's count of open payouts read %d payout rows of %d, want at most 20 (3 ambiguous, 3 pending)", n, history)
 	}

@@ -172,6 +172,27 @@ func (e *testBundle) payout(t testing.TB, id, account string, amount int64) pc.P
 
 // drive moves a fresh PENDING payout to state along the happy paths, every
 // step under (token, holder).
+// plantPayouts writes n payouts of account straight into paydb (ids
+// po-00001 on, amount 1, EUR, submitted now), payout g (from 1) in the
+// state stateOf(g), and analyzes the table: a history for the plan tests
+// to read against, without driving each payout there.
+func (e *testBundle) plantPayouts(t testing.TB, account string, n int, stateOf func(g int) pc.State) {
+	t.Helper()
+	ctx := tctx(t)
+	states := make([]string, n)
+	for g := 1; g <= n; g++ {
+		states[g-1] = string(stateOf(g))
+	}
+	if _, err := e.svc.pool.Exec(ctx, `INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref, state, submitted_at)
+		SELECT 'po-' || lpad(g::text, 5, '0'), $1, 1, 'EUR', 'b', 'po-po-' || g, st, now()
+		  FROM unnest($2::text[]) WITH ORDINALITY AS u(st, g)`, account, states); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.pool.Exec(ctx, "ANALYZE payout"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (e *testBundle) drive(t testing.TB, id string, state pc.State, token fencing.Token, holder fencing.Holder) pc.Payout {
 	t.Helper()
 	ctx := tctx(t)

@@ -112,23 +112,20 @@ func indexedOn(plan, cond string) bool {
 func TestStateListsReadTheirOwnPayouts(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	ctx := tctx(t)
 	e.account(t, "acc-1", 1_000_000)
 	const history = 3000
-	// Every 500th payout is in one of the rarer states, the rest POSTED.
+	// Every 500th payout is in one of the rarer states, one more is
+	// ABANDONED, the rest POSTED.
 	rare := []pc.State{pc.Pending, pc.Claimed, pc.RailSubmitted, pc.RailAcked, pc.RailAmbiguous, pc.Failed}
-	if _, err := e.svc.pool.Exec(ctx, `INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref, state)
-		SELECT 'po-' || lpad(g::text, 5, '0'), 'acc-1', 1, 'EUR', 'b', 'po-po-' || g,
-		       CASE WHEN g % 500 = 0 THEN ($2::text[])[g / 500] ELSE 'POSTED' END
-		  FROM generate_series(1, $1::int) g`, history, rare); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.svc.pool.Exec(ctx, `UPDATE payout SET state = 'ABANDONED' WHERE id = 'po-00499'`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.svc.pool.Exec(ctx, "ANALYZE payout"); err != nil {
-		t.Fatal(err)
-	}
+	e.plantPayouts(t, "acc-1", history, func(g int) pc.State {
+		switch {
+		case g%500 == 0:
+			return rare[g/500-1]
+		case g == 499:
+			return pc.Abandoned
+		}
+		return pc.Posted
+	})
 	const limit = 50
 	for _, s := range append(rare, pc.Abandoned, pc.Posted) {
 		sql, args := payoutsQuery([]pc.State{s}, "", "", limit)

@@ -61,6 +61,9 @@ func (s *Service) ApplySteps(ctx context.Context, b Steps) ([]pc.StepResult, err
 	if err := checkThen(b.Cmd.Op, b.Then); err != nil {
 		return nil, err
 	}
+	if err := checkWhileCovered(b.Cmd.Op, b.WhileCovered); err != nil {
+		return nil, err
+	}
 	res, rejs, fenced, err := s.stepsTx(ctx, b)
 	if err != nil {
 		return nil, err
@@ -126,9 +129,11 @@ func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rej
 			continue
 		}
 		if !stopped && b.WhileCovered && claimed && p.State == pc.Pending {
-			if stopped, err = o.funds.short(ctx, tx, p.Amount); err != nil {
+			available, err := o.funds.available(ctx, tx)
+			if err != nil {
 				return nil, nil, nil, err
 			}
+			stopped = available < p.Amount
 		}
 		if stopped {
 			res[i] = pc.StepResult{Payout: p, PayoutID: p.ID}
@@ -169,6 +174,15 @@ func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rej
 	return res, rejs, nil, nil
 }
 
+// checkWhileCovered validates the while_covered member of a steps request
+// whose op is op: it belongs to claims only.
+func checkWhileCovered(op Op, whileCovered bool) error {
+	if whileCovered && op != OpClaim {
+		return badField("while_covered", "belongs to op claim only, got op %q", op)
+	}
+	return nil
+}
+
 // decodeSteps reads the body of POST /accounts/{id}/steps.
 func decodeSteps(r *http.Request, account string) (Steps, error) {
 	var req pc.StepsRequest
@@ -183,8 +197,8 @@ func decodeSteps(r *http.Request, account string) (Steps, error) {
 	if err := checkThen(op, then); err != nil {
 		return Steps{}, err
 	}
-	if req.WhileCovered && op != OpClaim {
-		return Steps{}, badField("while_covered", "belongs to op claim only, got op %q", req.Op)
+	if err := checkWhileCovered(op, req.WhileCovered); err != nil {
+		return Steps{}, err
 	}
 	if err := wire.ValidFence(req.Token, req.Holder); err != nil {
 		return Steps{}, err
