@@ -39,7 +39,12 @@ lines. The result line then also has "baseline", "baseline_payouts_per_sec", "ba
 --rounds N runs each system N times, alternating with the baseline (baseline, payouts, payouts,
 baseline, ...) so that the machine's drift falls on both alike. The result line then pools the
 rounds (payouts and seconds summed, CPU the mean, latencies the median) and "rounds" lists each
-run's rate, p99 and CPU in the order they ran.`,
+run's rate, p99 and CPU in the order they ran.
+
+--role-cpus F holds each payment-resource and rail-proxy process the bench starts (--replicas of
+each) to F CPUs with a control group of its own, as a container's CPU limit would: on one machine
+every process otherwise shares the same cores, so a replica adds no CPU. The result line then has
+"role_cpus" and "throttled_s", how long each limited process was held back by its limit.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o.Logger = a.logger(cmd, "bench")
@@ -82,6 +87,7 @@ run's rate, p99 and CPU in the order they ran.`,
 	fl.Float64Var(&o.Rate, "rate", 0, "payouts created per second (0: as fast as the loaders go)")
 	fl.IntVar(&o.LoadWorkers, "load-workers", 16, "payouts created at once")
 	fl.IntVar(&o.Replicas, "replicas", 1, "payment-resource and rail-proxy processes over the same databases (local stack only); executors are spread over them")
+	fl.Float64Var(&o.RoleCPUs, "role-cpus", 0, "limit each payment-resource and rail-proxy process to this many CPUs, as a container's CPU limit (a cgroup quota; local stack only, root on Linux; 0: no limit)")
 	fl.StringVar(&o.Baseline, "baseline", "", `also run the baseline, first: "river" (the same work on a River job queue on the same PostgreSQL, no fencing)`)
 	fl.IntVar(&o.BaselineWorkers, "baseline-workers", bench.DefaultRiverWorkers, "the baseline's River workers")
 	fl.IntVar(&o.Rounds, "rounds", 1, "runs of each system, alternating with the baseline; the result pools them")
@@ -129,6 +135,18 @@ func printE2E(w io.Writer, r bench.E2EResult) {
 		fmt.Fprintf(w, "  %-12s %7.3f\n", n, r.CPUPer1000[n])
 	}
 	fmt.Fprintf(w, "  %-12s %7.3f\n", strings.Repeat("-", 5)+" total", bench.SumCPU(r.CPUPer1000))
+	if r.RoleCPUs > 0 {
+		limited := make([]string, 0, len(r.Throttled))
+		for n := range r.Throttled {
+			limited = append(limited, n)
+		}
+		sort.Strings(limited)
+		fmt.Fprintf(w, "each payment-resource and proxy process limited to %g CPUs; held back by the limit:", r.RoleCPUs)
+		for _, n := range limited {
+			fmt.Fprintf(w, "  %s %.1f s", n, r.Throttled[n])
+		}
+		fmt.Fprintln(w)
+	}
 	if r.Baseline != "" {
 		fmt.Fprintf(w, "baseline %s (%d workers): %.1f payouts/s  latency p50 %.1f ms  p99 %.1f ms  duplicates %d  CPU per 1,000 %.3f s\n",
 			r.Baseline, r.BaselineWorkers, r.BaselinePayoutsPerSec, r.BaselineP50Ms, r.BaselineP99Ms, r.BaselineDuplicates, bench.SumCPU(r.BaselineCPUPer1000))

@@ -8,12 +8,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/payouts/payouts/dev/cpucap"
 	"github.com/payouts/payouts/dev/stack"
 )
 
@@ -45,6 +48,13 @@ type E2EOptions struct {
 	// over the same databases when the bench starts the stack itself;
 	// executors are spread over them.
 	Replicas int
+	// RoleCPUs, when above 0, limits each payment-resource and rail-proxy
+	// process the bench starts to this many CPUs (a cgroup CPU quota, as a
+	// container's CPU limit; package cpucap), so that a replica brings CPU
+	// of its own, as it would on a machine of its own: on one machine the
+	// processes otherwise share the same cores. Local stack only; needs a
+	// writable cgroup CPU controller (root on Linux).
+	RoleCPUs float64
 	// Timeout bounds the wait for every payout to become terminal.
 	Timeout time.Duration
 	// Baseline, when set (BaselineRiver), also runs the same work the way
@@ -109,12 +119,17 @@ type E2EResult struct {
 	// the largest.
 	Rounds []E2ERound `json:"rounds,omitempty"`
 
-	Concurrency   int     `json:"concurrency"`
-	Replicas      int     `json:"replicas"`
-	RailLatencyMs int64   `json:"rail_latency_ms"`
-	OfferedRate   float64 `json:"offered_rate"`
-	Seconds       float64 `json:"seconds"`
-	MaxMs         float64 `json:"max_ms"`
+	Concurrency int `json:"concurrency"`
+	Replicas    int `json:"replicas"`
+	// RoleCPUs is E2EOptions.RoleCPUs, and Throttled how long each limited
+	// process was held back by its limit during the run (seconds; summed
+	// over rounds): time it would have run had it had more CPU.
+	RoleCPUs      float64            `json:"role_cpus,omitempty"`
+	Throttled     map[string]float64 `json:"throttled_s,omitempty"`
+	RailLatencyMs int64              `json:"rail_latency_ms"`
+	OfferedRate   float64            `json:"offered_rate"`
+	Seconds       float64            `json:"seconds"`
+	MaxMs         float64            `json:"max_ms"`
 	// ClaimWaitP50Ms and ClaimWaitP99Ms are the part of the latency spent
 	// before an executor claimed the payout (created to claimed_at): the
 	// queue, as against the path through the guards and the rail.
@@ -194,6 +209,12 @@ func (o *E2EOptions) defaults() error {
 		return fmt.Errorf("bench e2e: --baseline %q: the one baseline is %q", o.Baseline, BaselineRiver)
 	case o.Baseline != "" && len(o.PaymentURLs) > 0:
 		return errors.New("bench e2e: --baseline runs on the local stack the bench starts: not with --payment-urls")
+	case o.RoleCPUs < 0 || o.RoleCPUs > 64:
+		return errors.New("bench e2e: --role-cpus must be from 0 (no limit) to 64")
+	case o.RoleCPUs > 0 && len(o.PaymentURLs) > 0:
+		return errors.New("bench e2e: --role-cpus limits the processes the bench starts: not with --payment-urls")
+	case o.RoleCPUs > 0 && o.Baseline != "":
+		return errors.New("bench e2e: --role-cpus limits payouts' roles, which the baseline does not have: its ratio would compare a limited system with an unlimited one")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -226,6 +247,13 @@ type e2eSystem struct {
 	procs                  *children
 	cpu                    *cpuMeter
 	logs                   map[string]string // process name -> its log file
+	caps                   []roleCap         // --role-cpus
+}
+
+// roleCap is a process held to --role-cpus.
+type roleCap struct {
+	name string
+	g    *cpucap.Group
 }
 
 // RunE2E runs the end-to-end benchmark once.
@@ -307,6 +335,14 @@ func poolRounds(rs []E2EResult) E2EResult {
 	}
 	res.Payouts, res.Posted, res.Failed, res.Ambiguous, res.Duplicates, res.Seconds = 0, 0, 0, 0, 0, 0
 	res.CPUPer1000 = map[string]float64{}
+	if res.Throttled != nil {
+		res.Throttled = map[string]float64{}
+		for _, r := range rs {
+			for name, v := range r.Throttled {
+				res.Throttled[name] = round3(res.Throttled[name] + v)
+			}
+		}
+	}
 	var p50, p99, w50, w99, c50, c99 []float64
 	for _, r := range rs {
 		res.Payouts += r.Payouts
@@ -437,7 +473,43 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 		sys.paymentURLs = append(sys.paymentURLs, pay)
 		sys.proxyURLs = append(sys.proxyURLs, prx)
 	}
+	if o.RoleCPUs > 0 {
+		return sys.capRoles(o)
+	}
 	return nil
+}
+
+// capRoles holds every payment-resource and proxy process to o.RoleCPUs,
+// each in a control group of its own (removed by down).
+func (sys *e2eSystem) capRoles(o E2EOptions) error {
+	for _, name := range slices.Sorted(maps.Keys(sys.cpu.pids)) {
+		if name != "payment" && name != "proxy" && !strings.HasPrefix(name, "payment-") && !strings.HasPrefix(name, "proxy-") {
+			continue
+		}
+		g, err := cpucap.New(fmt.Sprintf("payouts-bench-%d-%s", os.Getpid(), name), o.RoleCPUs)
+		if err != nil {
+			return fmt.Errorf("bench e2e: --role-cpus: %w", err)
+		}
+		sys.caps = append(sys.caps, roleCap{name: name, g: g})
+		if err := g.Add(sys.cpu.pids[name]); err != nil {
+			return fmt.Errorf("bench e2e: --role-cpus: %s: %w", name, err)
+		}
+		o.Logger.Info("role limited", "process", name, "cpus", o.RoleCPUs, "cgroup", g.Dir())
+	}
+	return nil
+}
+
+// throttled is how long each limited process has been held back so far.
+func (sys *e2eSystem) throttled() (map[string]time.Duration, error) {
+	out := make(map[string]time.Duration, len(sys.caps))
+	for _, c := range sys.caps {
+		st, err := c.g.Stat()
+		if err != nil {
+			return nil, err
+		}
+		out[c.name] = st.ThrottledTime
+	}
+	return out, nil
 }
 
 func (sys *e2eSystem) startServer(ctx context.Context, name string, args ...string) (string, error) {
@@ -465,6 +537,11 @@ func (sys *e2eSystem) down(log *slog.Logger) {
 	if sys.st != nil {
 		if err := sys.st.Stop(); err != nil {
 			log.Warn("stopping the stack", "error", err.Error())
+		}
+	}
+	for _, c := range sys.caps {
+		if err := c.g.Remove(); err != nil {
+			log.Warn("removing a --role-cpus control group", "process", c.name, "cgroup", c.g.Dir(), "error", err.Error())
 		}
 	}
 }

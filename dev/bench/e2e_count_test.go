@@ -39,7 +39,8 @@ func TestE2EQuantile(t *testing.T) {
 
 // --baseline names the one baseline there is, runs only on the stack the
 // bench starts itself, and has a bounded number of workers; --rounds is
-// bounded too.
+// bounded too. --role-cpus is bounded, and limits only processes the bench
+// starts, never beside a baseline.
 func TestE2EOptionsRefuseBadBaseline(t *testing.T) {
 	for _, c := range []struct {
 		o    E2EOptions
@@ -52,6 +53,12 @@ func TestE2EOptionsRefuseBadBaseline(t *testing.T) {
 			ExecutorToken: "x", OperatorToken: "y"}, "not with --payment-urls"},
 		{E2EOptions{Accounts: 1, Payouts: 1, Rounds: -1}, "--rounds must be from 1 to 10"},
 		{E2EOptions{Accounts: 1, Payouts: 1, Baseline: BaselineRiver, Rounds: 11}, "--rounds must be from 1 to 10"},
+		{E2EOptions{Accounts: 1, Payouts: 1, RoleCPUs: -0.5}, "--role-cpus must be from 0"},
+		{E2EOptions{Accounts: 1, Payouts: 1, RoleCPUs: 65}, "--role-cpus must be from 0"},
+		{E2EOptions{Accounts: 1, Payouts: 1, RoleCPUs: 0.5, Baseline: BaselineRiver}, "--role-cpus limits payouts' roles"},
+		{E2EOptions{Accounts: 1, Payouts: 1, RoleCPUs: 0.5, PaymentURLs: []string{"http://127.0.0.1:1"},
+			ProxyURLs: []string{"http://127.0.0.1:2"}, LockURL: "http://127.0.0.1:3", RailURL: "http://127.0.0.1:4",
+			ExecutorToken: "x", OperatorToken: "y"}, "--role-cpus limits the processes the bench starts"},
 	} {
 		err := c.o.defaults()
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -67,11 +74,11 @@ func TestE2EOptionsRefuseBadBaseline(t *testing.T) {
 func TestPoolRounds(t *testing.T) {
 	rs := []E2EResult{
 		{Payouts: 100, Posted: 99, Failed: 1, Seconds: 2, P50Ms: 10, P99Ms: 50, MaxMs: 70, ClaimWaitP50Ms: 1, ClaimWaitP99Ms: 5, PathP50Ms: 7, PathP99Ms: 40,
-			CPUPer1000: map[string]float64{"payment": 1, "postgres": 2}, LoadAvg: "first"},
+			CPUPer1000: map[string]float64{"payment": 1, "postgres": 2}, LoadAvg: "first", Throttled: map[string]float64{"payment": 1.5}},
 		{Payouts: 100, Posted: 100, Duplicates: 1, Seconds: 3, P50Ms: 30, P99Ms: 90, MaxMs: 95, ClaimWaitP50Ms: 3, ClaimWaitP99Ms: 9, PathP50Ms: 9, PathP99Ms: 20,
 			CPUPer1000: map[string]float64{"payment": 2, "postgres": 4}, LoadAvg: "second"},
 		{Payouts: 100, Posted: 100, Seconds: 5, P50Ms: 20, P99Ms: 60, MaxMs: 80, ClaimWaitP50Ms: 2, ClaimWaitP99Ms: 6, PathP50Ms: 8, PathP99Ms: 30,
-			CPUPer1000: map[string]float64{"payment": 3, "postgres": 3}, LoadAvg: "third"},
+			CPUPer1000: map[string]float64{"payment": 3, "postgres": 3}, LoadAvg: "third", Throttled: map[string]float64{"payment": 2, "proxy": 0.25}},
 	}
 	got := poolRounds(rs)
 	if got.Payouts != 300 || got.Posted != 299 || got.Failed != 1 || got.Duplicates != 1 || got.Seconds != 10 {
@@ -85,6 +92,9 @@ func TestPoolRounds(t *testing.T) {
 	}
 	if got.CPUPer1000["payment"] != 2 || got.CPUPer1000["postgres"] != 3 {
 		t.Errorf("CPU per 1,000: want each process's mean (2, 3): %v", got.CPUPer1000)
+	}
+	if got.Throttled["payment"] != 3.5 || got.Throttled["proxy"] != 0.25 {
+		t.Errorf("time held back by --role-cpus: want each process's sum over the rounds (3.5, 0.25): %v", got.Throttled)
 	}
 	if got.LoadAvg != "third" {
 		t.Errorf("load average %q, want the last round's", got.LoadAvg)

@@ -63,6 +63,10 @@ func runE2E(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2EResult, error
 	if err := sys.cpu.start(); err != nil {
 		return E2EResult{}, err
 	}
+	held, err := sys.throttled()
+	if err != nil {
+		return E2EResult{}, err
+	}
 	prof := sys.startProfiles(ctx, o)
 
 	log.Info("creating payouts", "payouts", o.Payouts, "offered_rate", o.Rate)
@@ -80,6 +84,10 @@ func runE2E(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2EResult, error
 	if err != nil {
 		return E2EResult{}, err
 	}
+	heldAfter, err := sys.throttled()
+	if err != nil {
+		return E2EResult{}, err
+	}
 	loadavg := loadAvg()
 	prof.stop()
 
@@ -90,6 +98,12 @@ func runE2E(ctx context.Context, o E2EOptions, sys *e2eSystem) (E2EResult, error
 	}
 	for name, d := range cpu {
 		res.CPUPer1000[name] = round3(d.Seconds() * 1000 / float64(o.Payouts))
+	}
+	if len(sys.caps) > 0 {
+		res.RoleCPUs, res.Throttled = o.RoleCPUs, map[string]float64{}
+		for name, d := range heldAfter {
+			res.Throttled[name] = round3((d - held[name]).Seconds())
+		}
 	}
 	if err := collectLatencies(ctx, opClients[0], run, o.Payouts, &res); err != nil {
 		return res, err

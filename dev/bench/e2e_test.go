@@ -32,7 +32,9 @@ func TestMain(m *testing.M) {
 // TestE2EBenchShortRun runs `payouts bench e2e` on a throwaway stack and
 // checks the result line: its shape, every payout terminal, nothing paid
 // twice at the rail, a CPU figure for every process, the profiles and the
-// plot.
+// plot. As root (always under CI) it also limits the payment resources and
+// proxies (--role-cpus): each in a control group of its own while the
+// bench runs, none left afterwards.
 func TestE2EBenchShortRun(t *testing.T) {
 	bin := proctest.Binary(t)
 	dir := t.TempDir()
@@ -40,8 +42,15 @@ func TestE2EBenchShortRun(t *testing.T) {
 	prof := filepath.Join(dir, "profiles")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "bench", "e2e", "--accounts", "10", "--payouts", "100",
-		"--executors", "2", "--concurrency", "8", "--replicas", "2", "--json", "--plot", plot, "--profile", prof, "--dir", filepath.Join(dir, "stack"))
+	args := []string{"bench", "e2e", "--accounts", "10", "--payouts", "100",
+		"--executors", "2", "--concurrency", "8", "--replicas", "2", "--json", "--plot", plot, "--profile", prof, "--dir", filepath.Join(dir, "stack")}
+	limited := os.Geteuid() == 0 || os.Getenv("CI") == "true"
+	if limited {
+		args = append(args, "--role-cpus", "1.5")
+	} else {
+		t.Log("not root: --role-cpus is not exercised")
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -70,6 +79,8 @@ func TestE2EBenchShortRun(t *testing.T) {
 		PathP50                                                    float64            `json:"path_p50_ms"`
 		PathP99                                                    float64            `json:"path_p99_ms"`
 		CPU                                                        map[string]float64 `json:"cpu_s_per_1000"`
+		RoleCPUs                                                   float64            `json:"role_cpus"`
+		Throttled                                                  map[string]float64 `json:"throttled_s"`
 	}
 	if err := json.Unmarshal([]byte(lines[0]), &res); err != nil {
 		t.Fatal(err)
@@ -103,9 +114,55 @@ func TestE2EBenchShortRun(t *testing.T) {
 			t.Errorf("no CPU profile %s (err %v)", p, err)
 		}
 	}
+	if limited {
+		checkRoleLimits(t, stderr.String(), res.RoleCPUs, res.Throttled)
+	} else if res.RoleCPUs != 0 || res.Throttled != nil {
+		t.Errorf("no --role-cpus, yet the result has role_cpus %v, throttled_s %v", res.RoleCPUs, res.Throttled)
+	}
 	svg, err := os.ReadFile(plot)
 	if err != nil || !bytes.HasPrefix(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("</svg>")) {
 		t.Errorf("plot %s is not an SVG image (err %v)", plot, err)
+	}
+}
+
+// checkRoleLimits checks a run with --role-cpus 1.5 and replicas 2: every
+// payment resource and proxy was put in a control group of its own with
+// that limit (the bench logs each), the result reports how long each was
+// held back, and no group is left once the bench has exited.
+func checkRoleLimits(t *testing.T, logs string, cpus float64, throttled map[string]float64) {
+	t.Helper()
+	want := []string{"payment", "payment-2", "proxy", "proxy-2"}
+	if cpus != 1.5 {
+		t.Errorf("role_cpus = %v, want 1.5", cpus)
+	}
+	if len(throttled) != len(want) {
+		t.Errorf("throttled_s = %v, want a figure for each of %v", throttled, want)
+	}
+	groups := map[string]string{}
+	for _, line := range strings.Split(logs, "\n") {
+		var l struct {
+			Msg, Process, Cgroup string
+			CPUs                 float64
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "role limited" {
+			groups[l.Process] = l.Cgroup
+			if l.CPUs != 1.5 {
+				t.Errorf("%s limited to %v CPUs, want 1.5", l.Process, l.CPUs)
+			}
+		}
+	}
+	for _, p := range want {
+		if v, ok := throttled[p]; !ok || v < 0 {
+			t.Errorf("throttled_s[%s] = %v (%v)", p, v, ok)
+		}
+		g, ok := groups[p]
+		if !ok || !strings.Contains(g, "payouts-bench-") || !strings.HasSuffix(g, "-"+p) {
+			t.Errorf("no control group logged for %s: %v", p, groups)
+			continue
+		}
+		if _, err := os.Stat(g); !os.IsNotExist(err) {
+			t.Errorf("the control group of %s is left after the bench: %s (%v)", p, g, err)
+		}
 	}
 }
 
