@@ -13,7 +13,7 @@ import (
 )
 
 // lockService implements LockService over lockclient. Its session is
-// opened on the first TryAcquire (a pass with nothing to resolve holds no
+// opened on the first Acquire (a pass with nothing to resolve holds no
 // session) and opened again if it is lost.
 type lockService struct {
 	c     *lockclient.Client
@@ -83,14 +83,14 @@ func (l *lockService) session(ctx context.Context) (*lockclient.Session, error) 
 	return s, nil
 }
 
-func (l *lockService) TryAcquire(ctx context.Context, key string) (Lease, bool, error) {
+func (l *lockService) Acquire(ctx context.Context, key string, wait time.Duration) (Lease, bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s, err := l.session(ctx)
 	if err != nil {
 		return Lease{}, false, err
 	}
-	g, err := s.TryAcquire(ctx, key)
+	g, err := s.Acquire(ctx, key, wait)
 	if problem.Has(err, problem.LockHeld) {
 		return Lease{}, true, nil
 	}

@@ -68,7 +68,7 @@ func TestLostReleaseIsRetriedByTheNextPass(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = lock.Close(context.Background()) })
 	key := fencing.Key(e.newAccount(t, 100))
-	lease, held, err := lock.TryAcquire(ctxT(t), key)
+	lease, held, err := lock.Acquire(ctxT(t), key, 0)
 	if err != nil || held {
 		t.Fatalf("acquire %s: held=%v err=%v", key, held, err)
 	}

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"time"
 
 	"github.com/payouts/payouts/lock/fencing"
 )
@@ -31,10 +32,11 @@ type LockService interface {
 	Grants(ctx context.Context, after fencing.Token, limit int) ([]GrantRecord, fencing.Token, error)
 	// HighToken is the highest token the service has issued.
 	HighToken(ctx context.Context) (fencing.Token, error)
-	// TryAcquire takes key at once; held is true (and err nil) when
-	// another session holds it.
-	TryAcquire(ctx context.Context, key string) (lease Lease, held bool, err error)
-	// Release gives back a lease taken with TryAcquire. A release that got
+	// Acquire takes key, waiting up to wait for it to be free (0: at
+	// once); held is true (and err nil) when another session still holds
+	// it.
+	Acquire(ctx context.Context, key string, wait time.Duration) (lease Lease, held bool, err error)
+	// Release gives back a lease taken with Acquire. A release that got
 	// no verdict is kept and retried by RetryReleases: the lease is
 	// forgotten only once the lock service acknowledges it.
 	Release(ctx context.Context, key string, lease Lease) error

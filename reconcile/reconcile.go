@@ -36,6 +36,9 @@ const (
 	DefaultAmbiguitySLA     = 24 * time.Hour
 	DefaultSessionTTL       = 15 * time.Second
 	DefaultWorkers          = 8
+	// DefaultLockWait is how long `payouts reconcile` waits for a held
+	// account's lock, as `payouts payout cancel|abandon` do (--wait).
+	DefaultLockWait = 30 * time.Second
 )
 
 // Options tune a Reconciler.
@@ -68,6 +71,13 @@ type Options struct {
 	Workers int
 	// Owner names the reconciler's lock session (logs, grant log).
 	Owner string
+	// LockWait is how long resolving an ambiguous payout waits for its
+	// account's lock when another session holds it (0: not at all; the
+	// payout is then left for a later pass). An executor keeps an
+	// account's grant between its rounds, up to twice its grant linger
+	// from the acquire, so a pass that does not wait may find a busy
+	// account held every time. `payouts reconcile` waits DefaultLockWait.
+	LockWait time.Duration
 	// SessionTTL is the lock session's TTL while resolving.
 	SessionTTL time.Duration
 	// Logger receives the structured log; slog.Default when nil.
@@ -89,6 +99,9 @@ type EventCursor struct {
 func (o *Options) defaults() {
 	if o.SettlementWindow < 0 {
 		o.SettlementWindow = 0
+	}
+	if o.LockWait < 0 {
+		o.LockWait = 0
 	}
 	if o.AmbiguitySLA <= 0 {
 		o.AmbiguitySLA = DefaultAmbiguitySLA

@@ -64,14 +64,24 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
 		return
 	}
 	key := lockKey(p.AccountID)
-	lease, held, err := r.c.Lock.TryAcquire(ctx, key)
+	lease, held, err := r.c.Lock.Acquire(ctx, key, 0)
+	if err == nil && held && r.opts.LockWait > 0 {
+		// An executor keeps an account's grant between its rounds (up to
+		// twice its grant linger from the acquire): wait for it to end.
+		log.Info("the account's lock is held by another session; waiting for it", obs.KeyKey, key, "lock_wait", r.opts.LockWait.String())
+		lease, held, err = r.c.Lock.Acquire(ctx, key, r.opts.LockWait)
+	}
 	if err != nil {
 		log.Warn("could not acquire the account's lock to resolve an ambiguous payout", obs.KeyKey, key, obs.KeyError, err.Error())
 		r.leave(rep, p, "could not acquire %s: %v", key, err)
 		return
 	}
 	if held {
-		r.leave(rep, p, "%s is held by another session; resolved on a later pass", key)
+		waited := ""
+		if r.opts.LockWait > 0 {
+			waited = " (waited " + r.opts.LockWait.String() + ")"
+		}
+		r.leave(rep, p, "%s is held by another session%s; resolved on a later pass", key, waited)
 		return
 	}
 	log = log.With(obs.KeyKey, key, obs.KeyToken, int64(lease.Token), obs.KeyHolder, string(lease.Holder))

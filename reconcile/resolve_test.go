@@ -1,11 +1,13 @@
 package reconcile_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
@@ -105,6 +107,54 @@ func TestResolveWaitsForSettlementWindowAndLock(t *testing.T) {
 	}
 	e.release(t, g)
 	resolveUntil(t, e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator), p.ID)
+}
+
+// waitingLock is the lock service as a reconciler sees it, telling the test
+// when the reconciler asks to wait for a key.
+type waitingLock struct {
+	reconcile.LockService
+	waiting chan string
+}
+
+func (l *waitingLock) Acquire(ctx context.Context, key string, wait time.Duration) (reconcile.Lease, bool, error) {
+	if wait > 0 {
+		l.waiting <- key
+	}
+	return l.LockService.Acquire(ctx, key, wait)
+}
+
+// TestResolveWaitsForAHeldLock: with LockWait, a payout whose account
+// another session holds (an executor keeping its grant between rounds) is
+// resolved in the same pass once the holder lets go, instead of being left
+// for a later pass that may find the account held again.
+func TestResolveWaitsForAHeldLock(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.ambiguous(t, e.newPayout(t, acc, 66), railclient.Faults{TimeoutAfterAccept: 1})
+	g := e.grant(t, acc)
+	lock := &waitingLock{waiting: make(chan string, 1)}
+	r := e.reconcilerWith(t, reconcile.Options{Resolve: true, LockWait: 2 * time.Minute}, e.st.Ready.Tokens.Operator,
+		func(l reconcile.LockService) reconcile.LockService { lock.LockService = l; return lock })
+	released := make(chan struct{})
+	t.Cleanup(func() { <-released })
+	go func() {
+		defer close(released)
+		select {
+		case key := <-lock.waiting:
+			if key != fencing.Key(acc) {
+				t.Errorf("the reconciler waited for %s, want %s", key, fencing.Key(acc))
+			}
+		case <-time.After(2 * time.Minute):
+			t.Error("the reconciler never waited for the held lock")
+		}
+		if err := e.lock.Release(context.Background(), g); err != nil {
+			t.Errorf("release: %v", err)
+		}
+	}()
+	x := resolveUntil(t, r, p.ID)
+	if x.Resolution != string(pc.ResolutionSettled) {
+		t.Fatalf("resolved %+v, want SETTLED", x)
+	}
 }
 
 func leftWith(rep *reconcile.Report, payoutID, reason string) bool {
