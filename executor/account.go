@@ -77,13 +77,22 @@ type run struct {
 // on); any other round releases it.
 func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (res roundResult) {
 	key := fencing.Key(account)
-	g, since := e.takeKept(account)
+	k, retired := e.takeKept(account, time.Now())
+	if retired {
+		// Kept for as long as a grant may be: let whatever waits for the
+		// account have it, as when another session holds it.
+		log.Debug("kept lock retired; leaving the account for now", obs.KeyKey, key, obs.KeyAccountID, account)
+		res.held = true
+		return res
+	}
+	g, since, acquired := k.g, k.since, k.acquired
 	how := "kept lock reused"
 	if g == nil {
 		how = "lock acquired"
 		if g, res.held = e.acquire(sess, log, account, key); g == nil {
 			return res
 		}
+		acquired = time.Now()
 	} else {
 		e.m.acquires.WithLabelValues("kept").Inc()
 	}
@@ -104,7 +113,7 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 		default:
 			since = time.Time{}
 		}
-		if !since.IsZero() && e.keep(account, g, since) {
+		if !since.IsZero() && e.keep(account, keptGrant{g: g, since: since, acquired: acquired}) {
 			r.log.Debug("lock kept for the account's next round", "linger", e.cfg.GrantLinger.String())
 			return
 		}

@@ -26,7 +26,29 @@ import "time"
 // keptGrant is a grant kept for its account's next round.
 type keptGrant struct {
 	g     grant
-	since time.Time
+	since time.Time // kept at: its linger counts from here
+	// acquired is when the grant was taken from the lock service. Rounds
+	// under it end keptGrantAge after that however busy the account is,
+	// so that whatever else waits for the account (the reconciler, an
+	// operator's cancel) gets it.
+	acquired time.Time
+}
+
+// keptGrantAge is how long after its acquire a grant may still be kept
+// for another round: twice the linger, which with the default 10 s
+// leaves a waiter of `payouts payout cancel` (30 s) or the reconciler
+// (--lock-wait, 30 s) the account after at most 20 s, one round and one
+// poll.
+func (e *Executor) keptGrantAge() time.Duration { return 2 * e.cfg.GrantLinger }
+
+// end is when k is released if no round takes it first: its linger's end,
+// or keptGrantAge after its acquire if that is sooner.
+func (e *Executor) end(k keptGrant) time.Time {
+	end := k.since.Add(e.cfg.GrantLinger)
+	if last := k.acquired.Add(e.keptGrantAge()); last.Before(end) {
+		return last
+	}
+	return end
 }
 
 // maxKeptGrants caps the kept grants (Executor.keptCap). It is sized for
@@ -41,40 +63,45 @@ type keptGrant struct {
 // than that could not all be listed again in time to be used.
 const maxKeptGrants = maxWorkLimit
 
-// takeKept hands the account's kept grant, and when it was kept, to the
-// worker that reserved the account; nil when none is kept or the kept one
-// is no longer valid (the session is in jeopardy or lost), which is queued
-// for release instead and never used.
-func (e *Executor) takeKept(account string) (grant, time.Time) {
+// takeKept hands the account's kept grant to the worker that reserved the
+// account at now; k.g is nil when none is kept, or when the kept one is no
+// longer valid (the session is in jeopardy or lost) or past its end (a
+// poll has not released it yet): that one is queued for release instead
+// and never used. retired reports the last case: the worker must then
+// leave the account for now, since an acquire by this session would hand
+// it the same grant again and whatever waits for the account would not
+// get it.
+func (e *Executor) takeKept(account string, now time.Time) (k keptGrant, retired bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	k, ok := e.kept[account]
 	if !ok {
-		return nil, time.Time{}
+		return keptGrant{}, false
 	}
 	delete(e.kept, account)
 	e.m.keptGrants.Set(float64(len(e.kept)))
-	if !k.g.Valid() {
+	if !k.g.Valid() || !now.Before(e.end(k)) {
 		e.unreleased[account] = toRelease{g: k.g}
-		return nil, time.Time{}
+		return keptGrant{}, k.g.Valid()
 	}
-	return k.g, k.since
+	return k, false
 }
 
-// keep parks g, the grant of a round that left account with nothing more
-// to do, for the account's next round, its linger counted from since. It
-// reports false when g is not to be kept (lingering off, a stop requested,
-// g no longer valid): the caller releases it. The caller is the account's
+// keep parks k.g, the grant of a round that left account with nothing
+// more to do, for the account's next round, its linger counted from
+// k.since. It reports false when the grant is not to be kept (lingering
+// off, a stop requested, the grant no longer valid, or keptGrantAge past
+// its acquire): the caller releases it. The caller is the account's
 // worker, so the account is reserved until it has returned. Beyond the cap
 // the oldest kept grant is queued for release, which the poll loop's next
 // pass starts (a round that moved payouts wakes it at once).
-func (e *Executor) keep(account string, g grant, since time.Time) bool {
-	if e.cfg.GrantLinger <= 0 || e.stopRequested() || !g.Valid() {
+func (e *Executor) keep(account string, k keptGrant) bool {
+	if e.cfg.GrantLinger <= 0 || e.stopRequested() || !k.g.Valid() || !k.since.Before(e.end(k)) {
 		return false
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.kept[account] = keptGrant{g: g, since: since}
+	e.kept[account] = k
 	for len(e.kept) > e.keptCap {
 		oldest := ""
 		for a, k := range e.kept {
@@ -94,7 +121,7 @@ func (e *Executor) keep(account string, g grant, since time.Time) bool {
 	return true
 }
 
-// expireKept queues for release the kept grants whose linger has passed,
+// expireKept queues for release the kept grants whose end has passed,
 // or every kept grant when all is set (the session is in jeopardy: a kept
 // grant is never used after that). It returns when the next linger ends
 // (zero when nothing else is kept). A grant whose account a worker has
@@ -106,7 +133,7 @@ func (e *Executor) expireKept(now time.Time, all bool) (next time.Time) {
 		if e.active[a] {
 			continue
 		}
-		end := k.since.Add(e.cfg.GrantLinger)
+		end := e.end(k)
 		if all || !now.Before(end) {
 			e.unreleased[a] = toRelease{g: k.g}
 			delete(e.kept, a)

@@ -52,7 +52,7 @@ func endRound(t *testing.T, e *Executor, account string, g grant, at time.Time) 
 	if !e.reserve(account, at) {
 		t.Fatalf("account %s could not be reserved", account)
 	}
-	if !e.keep(account, g, at) {
+	if !e.keep(account, keptGrant{g: g, since: at, acquired: at}) {
 		t.Fatalf("the grant of %s was not kept", account)
 	}
 	e.unreserve(account)
@@ -79,10 +79,10 @@ func TestKeptGrantIsReusedThenReleasedAfterItsLinger(t *testing.T) {
 	}
 	// The next round takes it.
 	e.reserve("a", t0)
-	if got, since := e.takeKept("a"); got != g || !since.Equal(t0) {
-		t.Fatalf("the next round got %v kept at %v, want the kept grant, kept at %v", got, since, t0)
+	if k, _ := e.takeKept("a", t0); k.g != g || !k.since.Equal(t0) {
+		t.Fatalf("the next round got %v kept at %v, want the kept grant, kept at %v", k.g, k.since, t0)
 	}
-	if got, _ := e.takeKept("a"); got != nil {
+	if k, _ := e.takeKept("a", t0); k.g != nil {
 		t.Fatal("a kept grant was handed out twice")
 	}
 	e.unreserve("a")
@@ -99,6 +99,63 @@ func TestKeptGrantIsReusedThenReleasedAfterItsLinger(t *testing.T) {
 	}
 	if v := gaugeValue(t, e.m.keptGrants); v != 0 {
 		t.Fatalf("kept_grants = %v, want 0", v)
+	}
+}
+
+// TestKeptGrantRetiresTwoLingersAfterItsAcquire: however busy its account,
+// a grant is kept across rounds only until twice the linger after its
+// acquire, so that whatever waits for the account gets it: a round ending
+// after that releases it, a kept grant is released then even within its
+// linger, and a worker that finds it past that leaves the account.
+func TestKeptGrantRetiresTwoLingersAfterItsAcquire(t *testing.T) {
+	e := lingerExecutor(time.Second, 1)
+	log := slog.New(slog.DiscardHandler)
+	g := &keptTestGrant{key: "payout:a"}
+	t0 := time.Now() // acquired
+	// Rounds every 0.9 s, each within the linger of the one before.
+	at := t0
+	for i := range 2 {
+		e.reserve("a", at)
+		if !e.keep("a", keptGrant{g: g, since: at, acquired: t0}) {
+			t.Fatalf("round %d: not kept %v after the acquire", i, at.Sub(t0))
+		}
+		e.unreserve("a")
+		at = at.Add(900 * time.Millisecond)
+		e.reserve("a", at)
+		if k, retired := e.takeKept("a", at); k.g != g || retired || !k.acquired.Equal(t0) {
+			t.Fatalf("round %d at %v: got %v (retired %v, acquired %v)", i, at.Sub(t0), k.g, retired, k.acquired)
+		}
+		e.unreserve("a")
+	}
+	// Kept at 1.8 s: released at 2 s, not at its linger's end (2.8 s).
+	e.keep("a", keptGrant{g: g, since: at, acquired: t0})
+	if next := e.expireKept(at.Add(100*time.Millisecond), false); !next.Equal(t0.Add(2 * time.Second)) {
+		t.Fatalf("next wake %v after the acquire, want 2s", next.Sub(t0))
+	}
+	e.expireKept(t0.Add(2*time.Second), false)
+	e.retryReleases(log)
+	if n := g.releases.Load(); n != 1 || len(e.kept) != 0 {
+		t.Fatalf("two lingers after the acquire: %d release(s), %d kept; want 1, 0", n, len(e.kept))
+	}
+	// A round ending past that does not keep its grant.
+	e.reserve("a", t0.Add(2*time.Second))
+	if e.keep("a", keptGrant{g: g, since: t0.Add(2 * time.Second), acquired: t0}) {
+		t.Fatal("a grant was kept two lingers after its acquire")
+	}
+	e.unreserve("a")
+	// A worker that takes a kept grant past that (no poll released it
+	// yet) leaves the account, and the grant is queued for release.
+	e.reserve("a", t0)
+	e.keep("a", keptGrant{g: g, since: t0.Add(1500 * time.Millisecond), acquired: t0})
+	e.unreserve("a")
+	e.reserve("a", t0)
+	if k, retired := e.takeKept("a", t0.Add(2100*time.Millisecond)); k.g != nil || !retired {
+		t.Fatalf("past its end: got %v, retired %v; want nothing, retired", k.g, retired)
+	}
+	e.unreserve("a")
+	e.retryReleases(log)
+	if n := g.releases.Load(); n != 2 || len(e.unreleased) != 0 {
+		t.Fatalf("the retired grant: %d release(s) in all, %d queued; want 2, 0", n, len(e.unreleased))
 	}
 }
 
@@ -122,7 +179,7 @@ func TestGrantNotKept(t *testing.T) {
 			}
 			g := &keptTestGrant{key: "payout:a"}
 			g.invalid.Store(tc.lost)
-			if e.keep("a", g, time.Now()) || len(e.kept) != 0 {
+			if e.keep("a", keptGrant{g: g, since: time.Now(), acquired: time.Now()}) || len(e.kept) != 0 {
 				t.Fatal("the grant was kept")
 			}
 		})
@@ -147,8 +204,8 @@ func TestKeptGrantUnderAWorkerIsLeftToIt(t *testing.T) {
 		t.Fatal("a kept grant was released while a worker was about to use it")
 	}
 	g.invalid.Store(true)
-	if got, _ := e.takeKept("a"); got != nil {
-		t.Fatal("a kept grant that is no longer valid was handed to a worker")
+	if k, retired := e.takeKept("a", t0); k.g != nil || retired {
+		t.Fatal("a kept grant that is no longer valid was handed to a worker (or retired, which would skip the account)")
 	}
 	e.retryReleases(log)
 	if g.releases.Load() != 0 {
@@ -194,7 +251,7 @@ func TestSpreadWorkKeepsItsGrants(t *testing.T) {
 	if len(e.kept) != maxWorkLimit || len(e.unreleased) != 0 {
 		t.Fatalf("after rounds on %d accounts with 8 workers: %d grants kept, %d queued for release; want every one kept", maxWorkLimit, len(e.kept), len(e.unreleased))
 	}
-	if g, _ := e.takeKept("acc-0000"); g == nil {
+	if k, _ := e.takeKept("acc-0000", t0); k.g == nil {
 		t.Fatal("the first account's grant was not kept for its next round")
 	}
 }
