@@ -280,6 +280,8 @@ func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
 		{"--grant-retention", []string{"serve", "lock", "--backend", "postgres", "--grant-retention", "-1h"}},
 		{"--ambiguity-sla", []string{"reconcile", "--once", "--ambiguity-sla", "0s"}},
 		{"--settlement-window", []string{"reconcile", "--once", "--settlement-window", "-1s"}},
+		{"--lock-wait", []string{"reconcile", "--once", "--lock-wait", "-1s"}},
+		{"--lock-wait", []string{"reconcile", "--once", "--lock-wait", "6m"}},
 		{"--log-level", []string{"--log-level", "bogus", "serve", "payment", "--insecure-no-auth"}},
 		{"--log-level", []string{"status", "--log-level", "verbose"}},
 	} {

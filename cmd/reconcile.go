@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/payouts/payouts/internal/wire"
+	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/reconcile"
 )
 
@@ -42,6 +43,9 @@ on --listen. docs/operations.md explains every finding.`,
 			}
 			if err := checkNonNegativeDurations(cmd, "settlement-window", "lock-wait"); err != nil {
 				return err
+			}
+			if cfg.LockWait > backend.MaxWait {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--lock-wait must be at most %s (the lock service's longest wait), got %s", backend.MaxWait, cfg.LockWait)}
 			}
 			token, hc, err := cf.connect()
 			if err != nil {
