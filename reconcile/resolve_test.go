@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,17 +111,27 @@ func TestResolveWaitsForSettlementWindowAndLock(t *testing.T) {
 }
 
 // waitingLock is the lock service as a reconciler sees it, telling the test
-// when the reconciler asks to wait for a key.
+// when the reconciler asks to wait for a key, and whether that wait ended
+// with the lease.
 type waitingLock struct {
 	reconcile.LockService
 	waiting chan string
+	got     atomic.Bool
 }
 
 func (l *waitingLock) Acquire(ctx context.Context, key string, wait time.Duration) (reconcile.Lease, bool, error) {
-	if wait > 0 {
-		l.waiting <- key
+	if wait == 0 {
+		return l.LockService.Acquire(ctx, key, 0)
 	}
-	return l.LockService.Acquire(ctx, key, wait)
+	select {
+	case l.waiting <- key:
+	default:
+	}
+	lease, held, err := l.LockService.Acquire(ctx, key, wait)
+	if err == nil && !held {
+		l.got.Store(true)
+	}
+	return lease, held, err
 }
 
 // TestResolveWaitsForAHeldLock: with LockWait, a payout whose account
@@ -154,6 +165,11 @@ func TestResolveWaitsForAHeldLock(t *testing.T) {
 	x := resolveUntil(t, r, p.ID)
 	if x.Resolution != string(pc.ResolutionSettled) {
 		t.Fatalf("resolved %+v, want SETTLED", x)
+	}
+	// Resolved through the wait, not by a later pass that found the
+	// account free.
+	if !lock.got.Load() {
+		t.Fatal("the reconciler's wait for the held lock did not end with the lease")
 	}
 }
 

@@ -60,9 +60,8 @@ func hasWord(b []byte, w string) bool {
 
 // Group is one control group with a CPU quota.
 type Group struct {
-	h    hierarchy
-	dir  string
-	cpus float64
+	h   hierarchy
+	dir string
 }
 
 // New makes the control group name (a single path element) allowing cpus
@@ -70,7 +69,7 @@ type Group struct {
 // threads of every process added to it.
 func New(name string, cpus float64) (*Group, error) {
 	if !(cpus > 0) || cpus > 1024 {
-		return nil, fmt.Errorf("cpucap: a limit of %v CPUs: it must be above 0", cpus)
+		return nil, fmt.Errorf("cpucap: a limit of %v CPUs: it must be above 0 and at most 1024", cpus)
 	}
 	if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
 		return nil, fmt.Errorf("cpucap: %q is not a group name", name)
@@ -91,7 +90,7 @@ func New(name string, cpus float64) (*Group, error) {
 			}
 		}
 	}
-	g := &Group{h: h, dir: filepath.Join(h.dir, name), cpus: cpus}
+	g := &Group{h: h, dir: filepath.Join(h.dir, name)}
 	if err := os.Mkdir(g.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("cpucap: make the group: %w", err)
 	}
@@ -112,9 +111,6 @@ func New(name string, cpus float64) (*Group, error) {
 
 // Dir is the group's directory.
 func (g *Group) Dir() string { return g.dir }
-
-// CPUs is the group's limit.
-func (g *Group) CPUs() float64 { return g.cpus }
 
 // Add moves the process pid, with all its threads, into the group. Threads
 // it starts later are in the group too.
