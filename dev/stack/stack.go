@@ -138,14 +138,11 @@ func choosePorts(base int) (ports, error) {
 		return p, nil
 	}
 	// The servers bind port 0 themselves (see listen in Start), and etcd
-	// picks its own (infra.StartEtcdCluster, which picks again when another
-	// process took one before etcd could listen); PostgreSQL needs its port
-	// chosen here.
-	n, err := infra.FreePort()
-	if err != nil {
-		return ports{}, err
-	}
-	return ports{pg: n}, nil
+	// and PostgreSQL pick their own (infra.StartEtcdCluster and
+	// PGCluster.Start with port 0, each picking again when another process
+	// took the port before it could listen). A port chosen here and bound
+	// later could be taken in between: under a loaded make test it was.
+	return ports{}, nil
 }
 
 func (o *Options) defaults() error {
@@ -257,7 +254,7 @@ var stackPGConf = []string{"autovacuum_naptime=5s", "shared_buffers=256MB"}
 
 func (s *Stack) startPostgres(ctx context.Context, port int) (DatabaseURLs, error) {
 	pgDir := filepath.Join(s.opts.Dir, "pg")
-	s.opts.Logger.Info("starting PostgreSQL", "dir", pgDir, "port", port)
+	s.opts.Logger.Info("starting PostgreSQL", "dir", pgDir, "port", port) // 0: it picks a free one
 	var err error
 	// The stack's tables start empty and grow fast. A statement prepared
 	// while a table is nearly empty is planned for that size (a
@@ -271,6 +268,7 @@ func (s *Stack) startPostgres(ctx context.Context, port int) (DatabaseURLs, erro
 	if err := s.pg.Start(ctx); err != nil {
 		return DatabaseURLs{}, err
 	}
+	s.opts.Logger.Info("PostgreSQL started", "port", s.pg.Port)
 	urls := DatabaseURLs{PayDB: s.pg.URL("paydb"), ProxyDB: s.pg.URL("proxydb"), LockDB: s.pg.URL("lockdb")}
 	for db, url := range map[migrations.DB]string{migrations.PayDB: urls.PayDB, migrations.ProxyDB: urls.ProxyDB, migrations.LockDB: urls.LockDB} {
 		if err := s.pg.CreateDatabase(ctx, string(db), ""); err != nil {
