@@ -37,6 +37,9 @@ type cache struct {
 	sessions map[string]*sessInfo
 	held     map[string]heldLock
 	pruneAt  int
+
+	ends        map[int64]*ending // by token
+	endsPruneAt int
 }
 
 const cacheMinPrune = 1024
@@ -111,4 +114,79 @@ func (c *cache) forgetLock(key string, token int64) {
 	if h, ok := c.held[key]; ok && (token == 0 || h.token == token) {
 		delete(c.held, key)
 	}
+}
+
+// An end this process is making or has made: the watch sees the deletion
+// of the lock key as it sees a lease's expiry, and need not ask etcd about
+// a deletion this process's own transaction made.
+type ending struct {
+	done  chan struct{} // closed when the transaction has answered
+	rev   int64         // the revision it deleted the key at; 0: it did not
+	begun time.Time
+}
+
+// endingWait bounds how long the watch waits for a transaction it saw the
+// effect of to answer its caller; past it, the watch asks etcd as it
+// would for any other deletion.
+const endingWait = 5 * time.Second
+
+// beginEnd registers an end of the grant with token about to be tried, and
+// returns the function that records its outcome (rev 0: no deletion). A
+// second end of the same grant while one is in flight is not registered.
+func (c *cache) beginEnd(token int64) func(rev int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.ends[token]; ok {
+		return func(int64) {}
+	}
+	if c.ends == nil {
+		c.ends = map[int64]*ending{}
+	}
+	e := &ending{done: make(chan struct{}), begun: time.Now()}
+	c.ends[token] = e
+	if len(c.ends) >= max(c.endsPruneAt, cacheMinPrune) {
+		// Ends the watch never came for (it was down, or the end did not
+		// delete the key): nothing will ask for them.
+		stale := time.Now().Add(-time.Minute)
+		for k, v := range c.ends {
+			if v.begun.Before(stale) {
+				delete(c.ends, k)
+			}
+		}
+		c.endsPruneAt = 2 * len(c.ends)
+	}
+	return func(rev int64) {
+		c.mu.Lock()
+		e.rev = rev
+		if rev == 0 {
+			delete(c.ends, token)
+		}
+		c.mu.Unlock()
+		close(e.done)
+	}
+}
+
+// endedHere reports whether this process's own transaction deleted the
+// lock key of the grant with token at revision rev, waiting (up to
+// endingWait) for one in flight to answer. The entry is consumed.
+func (c *cache) endedHere(token, rev int64) bool {
+	c.mu.Lock()
+	e, ok := c.ends[token]
+	c.mu.Unlock()
+	if !ok {
+		return false
+	}
+	t := time.NewTimer(endingWait)
+	defer t.Stop()
+	select {
+	case <-e.done:
+	case <-t.C:
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ends[token] == e {
+		delete(c.ends, token)
+	}
+	return e.rev == rev
 }

@@ -56,14 +56,16 @@ func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
 // so the CAS on its ModRevision == token fails and nothing is written
 // twice).
 //
-// Most deletions are releases. A release or revoke deletes the grant's
-// open marker in the same transaction as the lock key; a lease's expiry
-// deletes the lock key alone. So the marker is read as of rev first — a
-// read, which etcd answers without a raft round — and only a grant whose
-// marker was still there gets the conditional write; before this, every
-// release was followed by a second write transaction through raft that
-// could only fail its compare. When the read cannot answer (rev compacted
-// or not yet applied where it was served), the write is tried as before.
+// Most deletions are releases, and most releases are this process's own:
+// a deletion its own release or revoke transaction made at rev (the
+// transaction's answer says so) is done with at once, without a call to
+// etcd. For any other deletion — a lease's expiry, another process's
+// release — the grant's open marker is read as of rev: a release or revoke
+// deletes it in the same transaction as the lock key, a lease's expiry
+// deletes the lock key alone. That is a read, which etcd answers without a
+// raft round, and only a grant whose marker was still there gets the
+// conditional write. When the read cannot answer (rev compacted or not yet
+// applied where it was served), the write is tried as before.
 func (b *Backend) recordExpiry(ctx context.Context, prev *mvccpb.KeyValue, rev int64) {
 	var lv lockValue
 	if err := json.Unmarshal(prev.Value, &lv); err != nil {
@@ -71,6 +73,9 @@ func (b *Backend) recordExpiry(ctx context.Context, prev *mvccpb.KeyValue, rev i
 	}
 	key := strings.TrimPrefix(string(prev.Key), b.prefix+"/locks/")
 	b.cache.forgetLock(key, prev.CreateRevision)
+	if b.cache.endedHere(prev.CreateRevision, rev) {
+		return // this process's release or revoke, which ended the grant
+	}
 	if r, err := b.cli.Get(ctx, b.openPath(lv.GrantID), clientv3.WithRev(rev), clientv3.WithSerializable(), clientv3.WithCountOnly()); err == nil && r.Count == 0 {
 		return // ended by a release or revoke in that revision (or recorded already)
 	}

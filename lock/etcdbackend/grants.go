@@ -101,16 +101,20 @@ func (b *Backend) end(ctx context.Context, key string, h heldLock, lease clientv
 	if lease != 0 {
 		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(lp), "=", lease))
 	}
+	answered := b.cache.beginEnd(h.token)
 	resp, err := b.cli.Txn(ctx).If(cmps...).
 		Then(clientv3.OpDelete(lp), clientv3.OpPut(b.grantPath(h.lv.GrantID), mustJSON(gv)), clientv3.OpDelete(b.openPath(h.lv.GrantID))).
 		Commit()
 	if err != nil {
+		answered(0)
 		return backend.GrantRecord{}, classify("end grant", err)
 	}
 	b.cache.forgetLock(key, h.token)
 	if !resp.Succeeded {
+		answered(0)
 		return backend.GrantRecord{}, backend.ErrNotHeld(key, h.lv.SessionID, fencing.Token(h.token))
 	}
+	answered(resp.Header.Revision)
 	b.signal(key)
 	return record(fencing.Token(h.token), gv), nil
 }
