@@ -128,7 +128,7 @@ type ending struct {
 // endingWait bounds how long the watch waits for a transaction it saw the
 // effect of to answer its caller; past it, the watch asks etcd as it
 // would for any other deletion.
-const endingWait = 5 * time.Second
+const endingWait = 2 * time.Second
 
 // beginEnd registers an end of the grant with token about to be tried, and
 // returns the function that records its outcome (rev 0: no deletion). A
