@@ -122,37 +122,75 @@ func TestOneTransactionPerStep(t *testing.T) {
 	}))
 }
 
-// markerReads counts the watch's reads of an open marker as of a deletion's
-// revision.
-func markerReads(calls []rpcCall) int {
-	n := 0
+// markerReads counts the calls that read open markers' counts (the
+// watch's check after lock keys' deletions), and the markers they read.
+func markerReads(calls []rpcCall) (txns, markers int) {
 	for _, c := range calls {
-		r, ok := c.req.(*etcdserverpb.RangeRequest)
-		if ok && r.CountOnly && r.Revision > 0 && strings.Contains(string(r.Key), "/open/") {
-			n++
+		n := 0
+		for _, op := range txnOps(c.req) {
+			if r := op.GetRequestRange(); r != nil && r.CountOnly && strings.Contains(string(r.Key), "/open/") {
+				n++
+			}
+		}
+		if n > 0 {
+			txns, markers = txns+1, markers+n
 		}
 	}
-	return n
+	return txns, markers
 }
 
-// expiryWrites counts the transactions that record a grant as expired (a
-// compare on a grant record's ModRevision, which is the grant's token), by
-// the token they compare against.
-func expiryWrites(calls []rpcCall) map[int64]int {
-	n := map[int64]int{}
+// txnOps is a call's operations: a transaction's, nested ones' included, or
+// the call itself as one.
+func txnOps(req any) []*etcdserverpb.RequestOp {
+	switch r := req.(type) {
+	case *etcdserverpb.RangeRequest:
+		return []*etcdserverpb.RequestOp{{Request: &etcdserverpb.RequestOp_RequestRange{RequestRange: r}}}
+	case *etcdserverpb.TxnRequest:
+		var ops []*etcdserverpb.RequestOp
+		for _, op := range append(append([]*etcdserverpb.RequestOp{}, r.Success...), r.Failure...) {
+			ops = append(ops, op)
+			if t := op.GetRequestTxn(); t != nil {
+				ops = append(ops, txnOps(t)...)
+			}
+		}
+		return ops
+	}
+	return nil
+}
+
+// txnCompares is a transaction's compares, nested transactions' included.
+func txnCompares(t *etcdserverpb.TxnRequest) []*etcdserverpb.Compare {
+	cmps := append([]*etcdserverpb.Compare{}, t.Compare...)
+	for _, op := range append(append([]*etcdserverpb.RequestOp{}, t.Success...), t.Failure...) {
+		if n := op.GetRequestTxn(); n != nil {
+			cmps = append(cmps, txnCompares(n)...)
+		}
+	}
+	return cmps
+}
+
+// expiryWrites counts, by token, the conditional writes that record a grant
+// as expired (a compare on a grant record's ModRevision, which is the
+// grant's token), and how many transactions carried them.
+func expiryWrites(calls []rpcCall) (byToken map[int64]int, txns int) {
+	byToken = map[int64]int{}
 	for _, c := range calls {
 		txn, ok := c.req.(*etcdserverpb.TxnRequest)
 		if !ok {
 			continue
 		}
-		for _, cmp := range txn.Compare {
+		found := false
+		for _, cmp := range txnCompares(txn) {
 			if cmp.Target == etcdserverpb.Compare_MOD && strings.Contains(string(cmp.Key), "/grants/") {
-				n[cmp.GetModRevision()]++
-				break
+				byToken[cmp.GetModRevision()]++
+				found = true
 			}
 		}
+		if found {
+			txns++
+		}
 	}
-	return n
+	return byToken, txns
 }
 
 // TestReleaseIsNotFollowedByAnExpiryWrite: the watch sees every deletion of
@@ -222,7 +260,7 @@ func TestReleaseIsNotFollowedByAnExpiryWrite(t *testing.T) {
 			}
 		}
 	})
-	writes := expiryWrites(calls)
+	writes, _ := expiryWrites(calls)
 	forReleased := 0
 	for _, tok := range released {
 		forReleased += writes[int64(tok)]
@@ -230,7 +268,7 @@ func TestReleaseIsNotFollowedByAnExpiryWrite(t *testing.T) {
 	if forReleased > 0 {
 		t.Errorf("%d expiry-record transaction(s) for the 10 released grants; want none (all: %v)", forReleased, writes)
 	}
-	if n := markerReads(calls); n > 1 {
+	if _, n := markerReads(calls); n > 1 {
 		t.Errorf("%d open-marker read(s) by the watch; want at most 1 (the expired grant's), none for a release this process made", n)
 	}
 	if writes[int64(expired)] < 1 {
@@ -238,11 +276,88 @@ func TestReleaseIsNotFollowedByAnExpiryWrite(t *testing.T) {
 	}
 }
 
+// TestExpiryOfManyKeysIsRecordedInBatches: when a lease holding many lock
+// keys expires, etcd deletes them all in one revision. Every grant is
+// recorded as expired, and the watch reads their open markers and writes
+// their records a batch at a time (64 grants per transaction), not one
+// read and one write transaction per grant.
+func TestExpiryOfManyKeysIsRecordedInBatches(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rc, cli, b := countedBackend(t, ctx)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = b.Run(rctx) }()
+	defer func() { stop(); <-done }()
+
+	s, err := b.CreateSession(ctx, "many", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 100
+	tokens := map[fencing.Token]bool{}
+	var first fencing.Token
+	for i := range n {
+		g, err := b.Acquire(ctx, fmt.Sprintf("many:%03d", i), s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = g.Token
+		}
+		tokens[g.Token] = true
+	}
+	lease, err := strconv.ParseInt(s.ID, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := rc.duringCalls(func() {
+		if _, err := cli.Revoke(ctx, clientv3.LeaseID(lease)); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			recs, err := b.Grants(ctx, first-1, 2*n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			expired := 0
+			for _, r := range recs {
+				if tokens[r.Token] && r.EndReason == backend.EndExpired {
+					expired++
+				}
+			}
+			if expired == n {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%d of the %d grants recorded as expired", expired, n)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	// Two batches for the watch; a sweep may race it with as many again.
+	readTxns, markers := markerReads(calls)
+	if readTxns > 4 {
+		t.Errorf("%d transactions read %d open markers; want the %d grants' read in batches (at most 4 transactions)", readTxns, markers, n)
+	}
+	byToken, writeTxns := expiryWrites(calls)
+	if writeTxns > 6 {
+		t.Errorf("%d transactions wrote expiry records; want the %d grants' written in batches (at most 6 transactions)", writeTxns, n)
+	}
+	for tok := range tokens {
+		if byToken[int64(tok)] == 0 {
+			t.Errorf("no expiry write named grant %d", tok)
+		}
+	}
+}
+
 // TestSweepRecordsWhatTheWatchMissed: a lease that expired while no lock
 // service watched is recorded by the sweep Run starts with, and that sweep
 // reads the open grants and the lock keys in one transaction, not one read
 // per open grant: with 20 grants held it makes one read-only transaction,
-// then a read and a write for the one grant to record.
+// then a read and a write transaction for the grants to record (here one).
 func TestSweepRecordsWhatTheWatchMissed(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -318,8 +433,8 @@ func TestSweepRecordsWhatTheWatchMissed(t *testing.T) {
 			sweep = append(sweep, c.method)
 		}
 	}
-	if want := "[/etcdserverpb.KV/Txn /etcdserverpb.KV/Range /etcdserverpb.KV/Txn]"; fmt.Sprint(sweep) != want {
-		t.Errorf("the first sweep made %v; want one read transaction, the lapsed grant's read and its expiry write: %s", sweep, want)
+	if want := "[/etcdserverpb.KV/Txn /etcdserverpb.KV/Txn /etcdserverpb.KV/Txn]"; fmt.Sprint(sweep) != want {
+		t.Errorf("the first sweep made %v; want one read transaction, one for the lapsed grant's record and its expiry write: %s", sweep, want)
 	}
 }
 

@@ -51,52 +51,122 @@ func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
 	return fencing.Token(resp.Kvs[0].CreateRevision), nil
 }
 
-// recordExpiry ends the grant of a lock key that vanished, at revision rev,
-// without a release or revoke transaction (those rewrite the grant record,
-// so the CAS on its ModRevision == token fails and nothing is written
-// twice).
-//
-// Most deletions are releases, and most releases are this process's own:
-// a deletion its own release or revoke transaction made at rev (the
-// transaction's answer says so) is done with at once, without a call to
-// etcd. For any other deletion — a lease's expiry, another process's
-// release — the grant's open marker is read as of rev: a release or revoke
-// deletes it in the same transaction as the lock key, a lease's expiry
-// deletes the lock key alone. That is a read, which etcd answers without a
-// raft round, and only a grant whose marker was still there gets the
-// conditional write. When the read cannot answer (rev compacted or not yet
-// applied where it was served), the write is tried as before.
-func (b *Backend) recordExpiry(ctx context.Context, prev *mvccpb.KeyValue, rev int64) {
-	var lv lockValue
-	if err := json.Unmarshal(prev.Value, &lv); err != nil {
-		return
-	}
-	key := strings.TrimPrefix(string(prev.Key), b.prefix+"/locks/")
-	b.cache.forgetLock(key, prev.CreateRevision)
-	if b.cache.endedHere(prev.CreateRevision, rev) {
-		return // this process's release or revoke, which ended the grant
-	}
-	if r, err := b.cli.Get(ctx, b.openPath(lv.GrantID), clientv3.WithRev(rev), clientv3.WithSerializable(), clientv3.WithCountOnly()); err == nil && r.Count == 0 {
-		return // ended by a release or revoke in that revision (or recorded already)
-	}
-	b.expireGrant(ctx, key, lv, prev.CreateRevision)
+// expiring is a grant whose lock key vanished without a release or revoke
+// transaction seen by this process: possibly ended by its lease's expiry.
+type expiring struct {
+	key   string
+	lv    lockValue
+	token int64
 }
 
-func (b *Backend) expireGrant(ctx context.Context, key string, lv lockValue, token int64) {
+// expiryBatch bounds the grants one read or one write transaction covers
+// (etcd allows 128 operations per transaction level by default).
+const expiryBatch = 64
+
+// recordDeletions handles the deletions of lock keys in one watch answer:
+// each key's waiters are told first, then the grants that the deletions
+// ended without a release or revoke are recorded as expired (a release or
+// revoke rewrites the grant record, so the compare on its ModRevision ==
+// token fails and nothing is written twice).
+//
+// Most deletions are releases, and most releases are this process's own:
+// a deletion its own release or revoke transaction made at that revision
+// (the transaction's answer says so) is done with, without a call to etcd.
+// For the rest — a lease's expiry, another process's release — the grants'
+// open markers are read, all of the answer's in one read-only transaction
+// (served without a raft round): a release or revoke deletes the marker in
+// the same transaction as the lock key, a lease's expiry deletes the lock
+// key alone, and recording an expiry deletes it too. Only the grants whose
+// marker is still there are written, again all in one transaction of one
+// conditional transaction per grant. When a lease that held many keys
+// expires, etcd deletes them all in one revision and the watch brings them
+// in one answer: before, each cost a read and a write transaction in turn,
+// and waiters for the keys late in the answer were told only after them.
+// When the read fails, every grant of the batch gets its conditional write.
+func (b *Backend) recordDeletions(ctx context.Context, evs []*clientv3.Event) {
+	var gone []*clientv3.Event
+	for _, ev := range evs {
+		if ev.Type != mvccpb.DELETE || ev.PrevKv == nil {
+			continue
+		}
+		b.signal(strings.TrimPrefix(string(ev.Kv.Key), b.prefix+"/locks/"))
+		gone = append(gone, ev)
+	}
+	var maybe []expiring
+	for _, ev := range gone {
+		key, prev := strings.TrimPrefix(string(ev.Kv.Key), b.prefix+"/locks/"), ev.PrevKv
+		b.cache.forgetLock(key, prev.CreateRevision)
+		if b.cache.endedHere(prev.CreateRevision, ev.Kv.ModRevision) {
+			continue // this process's release or revoke, which ended the grant
+		}
+		var lv lockValue
+		if json.Unmarshal(prev.Value, &lv) != nil {
+			continue
+		}
+		maybe = append(maybe, expiring{key: key, lv: lv, token: prev.CreateRevision})
+	}
+	for len(maybe) > 0 {
+		batch := maybe[:min(len(maybe), expiryBatch)]
+		maybe = maybe[len(batch):]
+		b.expire(ctx, b.stillOpen(ctx, batch))
+	}
+}
+
+// stillOpen returns the grants of batch whose open marker is still there,
+// read in one transaction; all of them when that read fails.
+func (b *Backend) stillOpen(ctx context.Context, batch []expiring) []expiring {
+	ops := make([]clientv3.Op, len(batch))
+	for i, x := range batch {
+		ops[i] = clientv3.OpGet(b.openPath(x.lv.GrantID), clientv3.WithSerializable(), clientv3.WithCountOnly())
+	}
+	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return batch
+	}
+	var open []expiring
+	for i, r := range resp.Responses {
+		if r.GetResponseRange().GetCount() > 0 {
+			open = append(open, batch[i])
+		}
+	}
+	return open
+}
+
+// expire records the grants of batch as expired, in one transaction of one
+// conditional transaction per grant: a grant whose record was rewritten
+// since it was made (released, revoked, or recorded already) is left as
+// it is.
+func (b *Backend) expire(ctx context.Context, batch []expiring) {
+	if len(batch) == 0 {
+		return
+	}
 	ended := time.Now().UTC()
-	gv := grantValue{Key: key, Owner: lv.Owner, SessionID: lv.SessionID, GrantedAt: lv.GrantedAt, EndedAt: &ended,
-		EndReason: backend.EndExpired, Actor: "lock-service"}
-	gp := b.grantPath(lv.GrantID)
-	resp, err := b.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(gp), "=", token)).
-		Then(clientv3.OpPut(gp, mustJSON(gv)), clientv3.OpDelete(b.openPath(lv.GrantID))).Commit()
+	ops := make([]clientv3.Op, len(batch))
+	recs := make([]backend.GrantRecord, len(batch))
+	for i, x := range batch {
+		gv := grantValue{Key: x.key, Owner: x.lv.Owner, SessionID: x.lv.SessionID, GrantedAt: x.lv.GrantedAt, EndedAt: &ended,
+			EndReason: backend.EndExpired, Actor: "lock-service"}
+		gp := b.grantPath(x.lv.GrantID)
+		ops[i] = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(gp), "=", x.token)},
+			[]clientv3.Op{clientv3.OpPut(gp, mustJSON(gv)), clientv3.OpDelete(b.openPath(x.lv.GrantID))}, nil)
+		recs[i] = record(fencing.Token(x.token), gv)
+	}
+	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
 		if ctx.Err() == nil {
-			b.log.Warn("could not record an expired grant; the sweep will retry", "key", key, "token", token, "error", err.Error())
+			b.log.Warn("could not record expired grants; the sweep will retry", "grants", len(batch), "first_key", batch[0].key,
+				"first_token", batch[0].token, "error", err.Error())
 		}
 		return
 	}
-	if resp.Succeeded {
-		b.obs().Expired([]backend.GrantRecord{record(fencing.Token(token), gv)})
+	var done []backend.GrantRecord
+	for i, r := range resp.Responses {
+		if r.GetResponseTxn().GetSucceeded() {
+			done = append(done, recs[i])
+		}
+	}
+	if len(done) > 0 {
+		b.obs().Expired(done)
 	}
 }
 
@@ -121,29 +191,49 @@ func (b *Backend) sweep(ctx context.Context) {
 	for _, kv := range locks {
 		held[string(kv.Key)] = kv.CreateRevision
 	}
+	var ended []expiring // open grants whose key is gone or a newer grant's
 	for _, kv := range open {
-		gid := strings.TrimPrefix(string(kv.Key), b.prefix+"/open/")
 		key := string(kv.Value)
-		token := kv.CreateRevision
-		if held[b.lockPath(key)] == token {
+		if held[b.lockPath(key)] == kv.CreateRevision {
 			continue // still held
 		}
-		gr, err := b.cli.Get(ctx, b.grantPath(gid))
-		if err != nil {
+		ended = append(ended, expiring{key: key, lv: lockValue{GrantID: strings.TrimPrefix(string(kv.Key), b.prefix+"/open/")}, token: kv.CreateRevision})
+	}
+	for len(ended) > 0 {
+		batch := ended[:min(len(ended), expiryBatch)]
+		ended = ended[len(batch):]
+		if !b.readGrants(ctx, batch) {
 			return
 		}
-		if len(gr.Kvs) == 0 {
-			continue
-		}
-		var gv grantValue
-		if json.Unmarshal(gr.Kvs[0].Value, &gv) != nil {
-			continue
-		}
-		b.expireGrant(ctx, key, lockValue{Owner: gv.Owner, SessionID: gv.SessionID, GrantID: gid, GrantedAt: gv.GrantedAt}, token)
+		b.expire(ctx, batch)
 	}
 	if lr, err := b.cli.Leases(ctx); err == nil {
 		b.obs().ActiveSessions(len(lr.Leases))
 	}
+}
+
+// readGrants fills in each grant's owner, session and start from its
+// record, all read in one transaction; false when that read failed. A
+// grant without a record (compacted) is left with its zero values: the
+// compare on its record's ModRevision then fails.
+func (b *Backend) readGrants(ctx context.Context, batch []expiring) bool {
+	ops := make([]clientv3.Op, len(batch))
+	for i, x := range batch {
+		ops[i] = clientv3.OpGet(b.grantPath(x.lv.GrantID))
+	}
+	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return false
+	}
+	for i, r := range resp.Responses {
+		kvs := r.GetResponseRange().GetKvs()
+		var gv grantValue
+		if len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &gv) != nil {
+			continue
+		}
+		batch[i].lv.Owner, batch[i].lv.SessionID, batch[i].lv.GrantedAt = gv.Owner, gv.SessionID, gv.GrantedAt
+	}
+	return true
 }
 
 // compactPage bounds one read of compaction, and compactOps one delete

@@ -3,10 +3,8 @@ package etcdbackend
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -81,14 +79,7 @@ func (b *Backend) Run(ctx context.Context) error {
 				b.mu.Unlock()
 				continue
 			}
-			for _, ev := range resp.Events {
-				if ev.Type != mvccpb.DELETE || ev.PrevKv == nil {
-					continue
-				}
-				key := strings.TrimPrefix(string(ev.Kv.Key), b.prefix+"/locks/")
-				b.signal(key)
-				b.recordExpiry(ctx, ev.PrevKv, ev.Kv.ModRevision)
-			}
+			b.recordDeletions(ctx, resp.Events)
 		}
 	}
 	return nil
