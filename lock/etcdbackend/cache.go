@@ -1,6 +1,7 @@
 package etcdbackend
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -125,10 +126,10 @@ type ending struct {
 	begun time.Time
 }
 
-// endingWait bounds how long the watch waits for a transaction it saw the
-// effect of to answer its caller; past it, the watch asks etcd as it
-// would for any other deletion.
-const endingWait = 2 * time.Second
+// endingWait bounds how long the watch waits, per watch answer, for the
+// answers of this process's own transactions whose effect it saw; past it,
+// it reads as it would for any other deletion.
+const endingWait = time.Second
 
 // beginEnd registers an end of the grant with token about to be tried, and
 // returns the function that records its outcome (rev 0: no deletion). A
@@ -158,7 +159,7 @@ func (c *cache) beginEnd(token int64) func(rev int64) {
 	return func(rev int64) {
 		c.mu.Lock()
 		e.rev = rev
-		if rev == 0 {
+		if rev == 0 && c.ends[token] == e {
 			delete(c.ends, token)
 		}
 		c.mu.Unlock()
@@ -167,21 +168,28 @@ func (c *cache) beginEnd(token int64) func(rev int64) {
 }
 
 // endedHere reports whether this process's own transaction deleted the
-// lock key of the grant with token at revision rev, waiting (up to
-// endingWait) for one in flight to answer. The entry is consumed.
-func (c *cache) endedHere(token, rev int64) bool {
+// lock key of the grant with token at revision rev, waiting (until
+// deadline, or ctx's end) for one in flight to answer. The entry is
+// consumed.
+func (c *cache) endedHere(ctx context.Context, token, rev int64, deadline time.Time) bool {
 	c.mu.Lock()
 	e, ok := c.ends[token]
 	c.mu.Unlock()
 	if !ok {
 		return false
 	}
-	t := time.NewTimer(endingWait)
-	defer t.Stop()
 	select {
 	case <-e.done:
-	case <-t.C:
-		return false
+	default:
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		select {
+		case <-e.done:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

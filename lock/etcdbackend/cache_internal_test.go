@@ -1,8 +1,13 @@
 package etcdbackend
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 )
 
 // TestEndedHereOnlyForThisProcessesDeletion: the watch skips its read of a
@@ -12,22 +17,24 @@ import (
 // deletion to the read (and the expiry write when the marker was there).
 func TestEndedHereOnlyForThisProcessesDeletion(t *testing.T) {
 	var c cache
-	if c.endedHere(7, 70) {
+	ctx := context.Background()
+	endedHere := func(token, rev int64) bool { return c.endedHere(ctx, token, rev, time.Now().Add(time.Minute)) }
+	if endedHere(7, 70) {
 		t.Error("a grant this process never ended counted as ended here")
 	}
 	c.beginEnd(8)(0) // the end failed its compare, or erred
-	if c.endedHere(8, 80) {
+	if endedHere(8, 80) {
 		t.Error("a failed end counted as the deletion")
 	}
 	c.beginEnd(9)(90)
-	if c.endedHere(9, 91) {
+	if endedHere(9, 91) {
 		t.Error("an end at revision 90 counted as the deletion at 91")
 	}
 	c.beginEnd(10)(100)
-	if !c.endedHere(10, 100) {
+	if !endedHere(10, 100) {
 		t.Error("this process's end at revision 100 not recognised")
 	}
-	if c.endedHere(10, 100) {
+	if endedHere(10, 100) {
 		t.Error("an entry answered twice; it is consumed by the deletion it names")
 	}
 
@@ -35,7 +42,7 @@ func TestEndedHereOnlyForThisProcessesDeletion(t *testing.T) {
 	// answer: it waits for that answer.
 	answer := c.beginEnd(11)
 	got := make(chan bool)
-	go func() { got <- c.endedHere(11, 110) }()
+	go func() { got <- endedHere(11, 110) }()
 	select {
 	case v := <-got:
 		t.Fatalf("endedHere answered %v before the end did", v)
@@ -51,8 +58,72 @@ func TestEndedHereOnlyForThisProcessesDeletion(t *testing.T) {
 	first := c.beginEnd(12)
 	c.beginEnd(12)(120)
 	first(0)
-	if c.endedHere(12, 120) {
+	if endedHere(12, 120) {
 		t.Error("the unregistered second end counted")
+	}
+}
+
+// TestEndedHereWaitsNoLongerThanItsDeadline: an end whose answer never
+// comes (a reply lost, or held until its caller's deadline) costs the
+// watch at most the deadline it was given for its whole answer, or less
+// when the watch is stopped; the deletion is then read as any other.
+func TestEndedHereWaitsNoLongerThanItsDeadline(t *testing.T) {
+	var c cache
+	c.beginEnd(1)
+	start := time.Now()
+	if c.endedHere(context.Background(), 1, 10, start.Add(50*time.Millisecond)) {
+		t.Error("an end that never answered counted as the deletion")
+	}
+	// Past the deadline already: no wait at all.
+	c.beginEnd(2)
+	if c.endedHere(context.Background(), 2, 20, start) {
+		t.Error("an end that never answered counted as the deletion")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c.beginEnd(3)
+	if c.endedHere(ctx, 3, 30, time.Now().Add(time.Hour)) {
+		t.Error("an end that never answered counted as the deletion")
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("three waits took %s; want about 50ms", d)
+	}
+}
+
+// TestInBatchesHalvesWhatEtcdRefuses: every item is handled exactly once,
+// in batches of at most the size given, and a batch etcd refuses as too
+// large is split until it fits.
+func TestInBatchesHalvesWhatEtcdRefuses(t *testing.T) {
+	xs := make([]expiring, 200)
+	for i := range xs {
+		xs[i].token = int64(i)
+	}
+	for _, fits := range []int{1000, 64, 10, 1} {
+		t.Run(fmt.Sprint(fits), func(t *testing.T) {
+			seen := map[int64]int{}
+			largest := 0
+			inBatches(xs, expiryBatch, func(batch []expiring) error {
+				if len(batch) > fits {
+					return fmt.Errorf("txn: %w", rpctypes.ErrTooManyOps)
+				}
+				largest = max(largest, len(batch))
+				for _, x := range batch {
+					seen[x.token]++
+				}
+				return errors.New("any other error: the batch is done with")
+			})
+			if len(seen) != len(xs) {
+				t.Errorf("%d of %d items handled", len(seen), len(xs))
+			}
+			for tok, n := range seen {
+				if n != 1 {
+					t.Errorf("item %d handled %d times", tok, n)
+				}
+			}
+			if largest > min(fits, expiryBatch) {
+				t.Errorf("a batch of %d; want at most %d", largest, min(fits, expiryBatch))
+			}
+		})
 	}
 }
 

@@ -3,11 +3,13 @@ package etcdbackend
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/payouts/payouts/internal/problem"
@@ -57,11 +59,29 @@ type expiring struct {
 	key   string
 	lv    lockValue
 	token int64
+	rev   int64 // the revision the watch saw the key deleted at (0: the sweep's)
 }
 
-// expiryBatch bounds the grants one read or one write transaction covers
-// (etcd allows 128 operations per transaction level by default).
+// expiryBatch bounds the grants one read or one write transaction covers.
+// etcd's limit (128 operations by default, --max-txn-ops) counts a
+// transaction's operations together with each nested transaction's: 64
+// grants, written as 64 nested transactions of two operations, fit. A
+// cluster with a lower limit refuses a batch as too large, and the batch
+// is then split in halves until it fits (inBatches).
 const expiryBatch = 64
+
+// inBatches calls fn on xs in batches of at most size, halving the size
+// while etcd refuses a batch's transaction as too large.
+func inBatches(xs []expiring, size int, fn func([]expiring) error) {
+	for len(xs) > 0 {
+		n := min(len(xs), size)
+		if err := fn(xs[:n]); errors.Is(err, rpctypes.ErrTooManyOps) && n > 1 {
+			size = n / 2
+			continue
+		}
+		xs = xs[n:]
+	}
+}
 
 // recordDeletions handles the deletions of lock keys in one watch answer:
 // each key's waiters are told first, then the grants that the deletions
@@ -73,16 +93,18 @@ const expiryBatch = 64
 // a deletion its own release or revoke transaction made at that revision
 // (the transaction's answer says so) is done with, without a call to etcd.
 // For the rest — a lease's expiry, another process's release — the grants'
-// open markers are read, all of the answer's in one read-only transaction
-// (served without a raft round): a release or revoke deletes the marker in
-// the same transaction as the lock key, a lease's expiry deletes the lock
-// key alone, and recording an expiry deletes it too. Only the grants whose
-// marker is still there are written, again all in one transaction of one
+// open markers are read as of each deletion's revision, all of the answer's
+// in one read-only transaction (served without a raft round): a release or
+// revoke deletes the marker in the same transaction as the lock key, a
+// lease's expiry deletes the lock key alone. Only the grants whose marker
+// was still there are written, again all in one transaction of one
 // conditional transaction per grant. When a lease that held many keys
 // expires, etcd deletes them all in one revision and the watch brings them
 // in one answer: before, each cost a read and a write transaction in turn,
 // and waiters for the keys late in the answer were told only after them.
-// When the read fails, every grant of the batch gets its conditional write.
+// When the read cannot answer (a revision compacted, or not yet applied by
+// the member that served it), every grant of the batch gets its
+// conditional write.
 func (b *Backend) recordDeletions(ctx context.Context, evs []*clientv3.Event) {
 	var gone []*clientv3.Event
 	for _, ev := range evs {
@@ -92,36 +114,43 @@ func (b *Backend) recordDeletions(ctx context.Context, evs []*clientv3.Event) {
 		b.signal(strings.TrimPrefix(string(ev.Kv.Key), b.prefix+"/locks/"))
 		gone = append(gone, ev)
 	}
+	// One wait for this process's ends in flight, whatever the answer
+	// holds: a reply that is late (lost, held until its caller's
+	// deadline) costs the loop at most endingWait, and its deletion a read.
+	deadline := time.Now().Add(endingWait)
 	var maybe []expiring
 	for _, ev := range gone {
 		key, prev := strings.TrimPrefix(string(ev.Kv.Key), b.prefix+"/locks/"), ev.PrevKv
 		b.cache.forgetLock(key, prev.CreateRevision)
-		if b.cache.endedHere(prev.CreateRevision, ev.Kv.ModRevision) {
+		if b.cache.endedHere(ctx, prev.CreateRevision, ev.Kv.ModRevision, deadline) {
 			continue // this process's release or revoke, which ended the grant
 		}
 		var lv lockValue
 		if json.Unmarshal(prev.Value, &lv) != nil {
 			continue
 		}
-		maybe = append(maybe, expiring{key: key, lv: lv, token: prev.CreateRevision})
+		maybe = append(maybe, expiring{key: key, lv: lv, token: prev.CreateRevision, rev: ev.Kv.ModRevision})
 	}
-	for len(maybe) > 0 {
-		batch := maybe[:min(len(maybe), expiryBatch)]
-		maybe = maybe[len(batch):]
-		b.expire(ctx, b.stillOpen(ctx, batch))
-	}
+	inBatches(maybe, expiryBatch, func(batch []expiring) error {
+		open, err := b.stillOpen(ctx, batch)
+		if errors.Is(err, rpctypes.ErrTooManyOps) {
+			return err
+		}
+		return b.expire(ctx, open)
+	})
 }
 
-// stillOpen returns the grants of batch whose open marker is still there,
-// read in one transaction; all of them when that read fails.
-func (b *Backend) stillOpen(ctx context.Context, batch []expiring) []expiring {
+// stillOpen returns the grants of batch whose open marker was still there
+// at the revision their key was deleted at, read in one transaction; all
+// of them, with the error, when that read cannot answer.
+func (b *Backend) stillOpen(ctx context.Context, batch []expiring) ([]expiring, error) {
 	ops := make([]clientv3.Op, len(batch))
 	for i, x := range batch {
-		ops[i] = clientv3.OpGet(b.openPath(x.lv.GrantID), clientv3.WithSerializable(), clientv3.WithCountOnly())
+		ops[i] = clientv3.OpGet(b.openPath(x.lv.GrantID), clientv3.WithRev(x.rev), clientv3.WithSerializable(), clientv3.WithCountOnly())
 	}
 	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return batch
+		return batch, err
 	}
 	var open []expiring
 	for i, r := range resp.Responses {
@@ -129,16 +158,16 @@ func (b *Backend) stillOpen(ctx context.Context, batch []expiring) []expiring {
 			open = append(open, batch[i])
 		}
 	}
-	return open
+	return open, nil
 }
 
 // expire records the grants of batch as expired, in one transaction of one
 // conditional transaction per grant: a grant whose record was rewritten
 // since it was made (released, revoked, or recorded already) is left as
-// it is.
-func (b *Backend) expire(ctx context.Context, batch []expiring) {
+// it is. A failure is logged (the sweep retries) and returned.
+func (b *Backend) expire(ctx context.Context, batch []expiring) error {
 	if len(batch) == 0 {
-		return
+		return nil
 	}
 	ended := time.Now().UTC()
 	ops := make([]clientv3.Op, len(batch))
@@ -153,11 +182,11 @@ func (b *Backend) expire(ctx context.Context, batch []expiring) {
 	}
 	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !(errors.Is(err, rpctypes.ErrTooManyOps) && len(batch) > 1) {
 			b.log.Warn("could not record expired grants; the sweep will retry", "grants", len(batch), "first_key", batch[0].key,
 				"first_token", batch[0].token, "error", err.Error())
 		}
-		return
+		return err
 	}
 	var done []backend.GrantRecord
 	for i, r := range resp.Responses {
@@ -168,6 +197,7 @@ func (b *Backend) expire(ctx context.Context, batch []expiring) {
 	if len(done) > 0 {
 		b.obs().Expired(done)
 	}
+	return nil
 }
 
 // sweep checks every open grant against its lock key and records as
@@ -199,41 +229,54 @@ func (b *Backend) sweep(ctx context.Context) {
 		}
 		ended = append(ended, expiring{key: key, lv: lockValue{GrantID: strings.TrimPrefix(string(kv.Key), b.prefix+"/open/")}, token: kv.CreateRevision})
 	}
-	for len(ended) > 0 {
-		batch := ended[:min(len(ended), expiryBatch)]
-		ended = ended[len(batch):]
-		if !b.readGrants(ctx, batch) {
-			return
+	failed := false
+	inBatches(ended, expiryBatch, func(batch []expiring) error {
+		if failed {
+			return nil
 		}
-		b.expire(ctx, batch)
+		found, err := b.readGrants(ctx, batch)
+		if errors.Is(err, rpctypes.ErrTooManyOps) {
+			return err
+		}
+		if err != nil {
+			failed = true // as before: the next sweep tries again
+			return nil
+		}
+		return b.expire(ctx, found)
+	})
+	if failed {
+		return
 	}
 	if lr, err := b.cli.Leases(ctx); err == nil {
 		b.obs().ActiveSessions(len(lr.Leases))
 	}
 }
 
-// readGrants fills in each grant's owner, session and start from its
-// record, all read in one transaction; false when that read failed. A
-// grant without a record (compacted) is left with its zero values: the
-// compare on its record's ModRevision then fails.
-func (b *Backend) readGrants(ctx context.Context, batch []expiring) bool {
+// readGrants returns the grants of batch with their owner, session and
+// start filled in from their records, all read in one transaction. A
+// grant whose record is missing (compacted) or unreadable is left out:
+// its open marker stays, as before, for a later sweep to find again.
+func (b *Backend) readGrants(ctx context.Context, batch []expiring) ([]expiring, error) {
 	ops := make([]clientv3.Op, len(batch))
 	for i, x := range batch {
 		ops[i] = clientv3.OpGet(b.grantPath(x.lv.GrantID))
 	}
 	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return false
+		return nil, err
 	}
+	var out []expiring
 	for i, r := range resp.Responses {
 		kvs := r.GetResponseRange().GetKvs()
 		var gv grantValue
 		if len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &gv) != nil {
 			continue
 		}
-		batch[i].lv.Owner, batch[i].lv.SessionID, batch[i].lv.GrantedAt = gv.Owner, gv.SessionID, gv.GrantedAt
+		x := batch[i]
+		x.lv.Owner, x.lv.SessionID, x.lv.GrantedAt = gv.Owner, gv.SessionID, gv.GrantedAt
+		out = append(out, x)
 	}
-	return true
+	return out, nil
 }
 
 // compactPage bounds one read of compaction, and compactOps one delete
