@@ -107,7 +107,7 @@ on --listen. docs/operations.md explains every finding.`,
 	fl.StringVar(&cfg.Owner, "owner", "", "owner name of the reconciler's lock session (default reconciler@host/pid)")
 	fl.BoolVar(&cfg.RailPerPayout, "rail-per-payout", false, "look each payout up at the rail instead of reading the rail's settlement report (a round trip per payout; payments under unknown references are then not checked)")
 	fl.IntVar(&cfg.PageSize, "page-size", reconcile.DefaultPageSize, "page size of every list read (1..1000)")
-	fl.IntVar(&cfg.BulkPageSize, "bulk-page-size", reconcile.DefaultBulkPageSize, "page size of the payout, submission and settlement-report streams (1..10000)")
+	fl.IntVar(&cfg.BulkPageSize, "bulk-page-size", reconcile.DefaultBulkPageSize, "page size of the payout, submission, settlement-report and ledger streams (1..10000)")
 	fl.IntVar(&cfg.MaxFindings, "max-findings", reconcile.DefaultMaxFindings, "list at most this many findings (all are counted)")
 	fl.DurationVar(&cfg.RequestTimeout, "request-timeout", 30*time.Second, "timeout of each call to a service")
 	fl.StringVar(&cfg.StateFile, "state-file", "", "remember which safety events were reported, so each fenced_out, token_regression, rejected_transition or duplicate_attempt event is reported (exit 1) by one pass only; without it every pass reports every event ever recorded")

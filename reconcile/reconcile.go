@@ -55,8 +55,8 @@ type Options struct {
 	// PageSize is the page size of every list read but the payout,
 	// submission and settlement-report streams.
 	PageSize int
-	// BulkPageSize is the page size of the payout, submission and
-	// settlement-report streams (at most wire.MaxBulkLimit).
+	// BulkPageSize is the page size of the payout, submission,
+	// settlement-report and ledger streams (at most wire.MaxBulkLimit).
 	BulkPageSize int
 	// MaxFindings caps how many findings a report lists (all are counted).
 	MaxFindings int
