@@ -358,6 +358,123 @@ func TestExpiryOfManyKeysIsRecordedInBatches(t *testing.T) {
 	}
 }
 
+// TestCloseEndsManyKeysInBatches: closing a session that holds 200 keys
+// ends every grant as released, a batch of keys per transaction (not one
+// transaction per key), and the watch, seeing the deletions this process
+// made, reads no open marker and writes no expiry record for them.
+func TestCloseEndsManyKeysInBatches(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rc, cli, b := countedBackend(t, ctx)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = b.Run(rctx) }()
+	defer func() { stop(); <-done }()
+
+	s, err := b.CreateSession(ctx, "closing", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := b.CreateSession(ctx, "other", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := b.Acquire(ctx, "close:other", other.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lapsing, err := b.CreateSession(ctx, "lapsing", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	barrier, err := b.Acquire(ctx, "close:barrier", lapsing.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	tokens := map[fencing.Token]bool{}
+	var first fencing.Token
+	for i := range n {
+		g, err := b.Acquire(ctx, fmt.Sprintf("close:%03d", i), s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = g.Token
+		}
+		tokens[g.Token] = true
+	}
+	var closeTxns int
+	calls := rc.duringCalls(func() {
+		closeCalls := rc.duringCalls(func() {
+			if _, err := b.CloseSession(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+		})
+		for _, c := range closeCalls {
+			if c.method == "/etcdserverpb.KV/Txn" {
+				closeTxns++
+			}
+		}
+		recs, err := b.Grants(ctx, first-1, 2*n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		released := 0
+		for _, r := range recs {
+			if tokens[r.Token] && r.EndReason == backend.EndReleased {
+				released++
+			}
+		}
+		if released != n {
+			t.Fatalf("%d of %d grants recorded as released when the close returned", released, n)
+		}
+		// Wait for the watch to pass the close's deletions: a lease
+		// revoked after them is recorded as expired by the same watch.
+		lease, err := strconv.ParseInt(lapsing.ID, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Revoke(ctx, clientv3.LeaseID(lease)); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			recs, err := b.Grants(ctx, barrier.Token-1, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(recs) == 1 && recs[0].Token == barrier.Token && recs[0].EndReason == backend.EndExpired {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatal("the revoked lease's grant was never recorded as expired")
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	if closeTxns > 8 {
+		t.Errorf("the close made %d transactions for %d keys; want them ended in batches (at most 8)", closeTxns, n)
+	}
+	if _, markers := markerReads(calls); markers > 3 {
+		t.Errorf("the watch read %d open markers; want the revoked lease's grant's and at most 2 more (answers late on a loaded machine), none for the deletions the close made", markers)
+	}
+	writes, _ := expiryWrites(calls)
+	for tok := range tokens {
+		if writes[int64(tok)] > 0 {
+			t.Errorf("an expiry write for grant %d, which the close released", tok)
+		}
+	}
+	l, err := b.Lock(ctx, "close:other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.Held || l.Token != kept.Token {
+		t.Errorf("another session's lock after the close: %+v; want still held with token %d", l, kept.Token)
+	}
+}
+
 // TestTooLargeATransactionIsRecognised: the error etcd gives a transaction
 // over its operation limit is the one inBatches splits batches on.
 func TestTooLargeATransactionIsRecognised(t *testing.T) {

@@ -72,7 +72,7 @@ const expiryBatch = 64
 
 // inBatches calls fn on xs in batches of at most size, halving the size
 // while etcd refuses a batch's transaction as too large.
-func inBatches(xs []expiring, size int, fn func([]expiring) error) {
+func inBatches[T any](xs []T, size int, fn func([]T) error) {
 	for len(xs) > 0 {
 		n := min(len(xs), size)
 		if err := fn(xs[:n]); errors.Is(err, rpctypes.ErrTooManyOps) && n > 1 {

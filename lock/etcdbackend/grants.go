@@ -119,13 +119,59 @@ func (b *Backend) end(ctx context.Context, key string, h heldLock, lease clientv
 	return record(fencing.Token(h.token), gv), nil
 }
 
-// endKV is end for a lock key as read from etcd.
-func (b *Backend) endKV(ctx context.Context, kv *mvccpb.KeyValue, lease clientv3.LeaseID, reason, actor, why string) (backend.GrantRecord, error) {
-	h, err := heldFromKV(kv)
-	if err != nil {
-		return backend.GrantRecord{}, err
+// endBatch is end for several lock keys of the session with lease, as
+// read from etcd, in one transaction of one conditional transaction per
+// key: a key whose grant changed since it was read (ended meanwhile) is
+// left as it is. Each end is registered for the watch as end's is.
+func (b *Backend) endBatch(ctx context.Context, kvs []*mvccpb.KeyValue, lease clientv3.LeaseID, reason, actor, why string) error {
+	type ending struct {
+		key      string
+		token    int64
+		answered func(rev int64)
 	}
-	return b.end(ctx, strings.TrimPrefix(string(kv.Key), b.prefix+"/locks/"), h, lease, reason, actor, why)
+	ended := time.Now().UTC()
+	ops := make([]clientv3.Op, 0, len(kvs))
+	ends := make([]ending, 0, len(kvs))
+	defer func() {
+		for _, e := range ends {
+			if e.answered != nil {
+				e.answered(0) // the transaction failed or was never sent
+			}
+		}
+	}()
+	for _, kv := range kvs {
+		h, err := heldFromKV(kv)
+		if err != nil {
+			return err
+		}
+		key := strings.TrimPrefix(string(kv.Key), b.prefix+"/locks/")
+		lp := b.lockPath(key)
+		gv := grantValue{Key: key, Owner: h.lv.Owner, SessionID: h.lv.SessionID, GrantedAt: h.lv.GrantedAt, EndedAt: &ended, EndReason: reason, Actor: actor, Reason: why}
+		ops = append(ops, clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lp), "=", h.token), clientv3.Compare(clientv3.LeaseValue(lp), "=", lease)},
+			[]clientv3.Op{clientv3.OpDelete(lp), clientv3.OpPut(b.grantPath(h.lv.GrantID), mustJSON(gv)), clientv3.OpDelete(b.openPath(h.lv.GrantID))},
+			nil))
+		ends = append(ends, ending{key: key, token: h.token})
+	}
+	for i := range ends {
+		ends[i].answered = b.cache.beginEnd(ends[i].token)
+	}
+	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return err
+	}
+	for i, r := range resp.Responses {
+		e := ends[i]
+		b.cache.forgetLock(e.key, e.token)
+		if r.GetResponseTxn().GetSucceeded() {
+			e.answered(resp.Header.Revision)
+			b.signal(e.key)
+		} else {
+			e.answered(0)
+		}
+	}
+	ends = nil
+	return nil
 }
 
 func heldFromKV(kv *mvccpb.KeyValue) (heldLock, error) {
