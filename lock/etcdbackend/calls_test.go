@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -472,6 +473,66 @@ func TestCloseEndsManyKeysInBatches(t *testing.T) {
 	}
 	if !l.Held || l.Token != kept.Token {
 		t.Errorf("another session's lock after the close: %+v; want still held with token %d", l, kept.Token)
+	}
+}
+
+// TestCloseEndsTheOtherKeysPastACorruptOne: a lock key of the session whose
+// record cannot be read is reported, but does not keep the session's other
+// keys from being released.
+func TestCloseEndsTheOtherKeysPastACorruptOne(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, cli, b := countedBackend(t, ctx)
+	s, err := b.CreateSession(ctx, "closing", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var good []fencing.Token
+	for i := range 5 {
+		g, err := b.Acquire(ctx, fmt.Sprintf("corrupt:%d", i), s.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		good = append(good, g.Token)
+	}
+	// The lock key's path, found by its suffix; a sibling with a value no
+	// lock record has, on the session's lease.
+	resp, err := cli.Get(ctx, "/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lockPath string
+	for _, kv := range resp.Kvs {
+		if strings.HasSuffix(string(kv.Key), "/locks/corrupt:0") && kv.CreateRevision == int64(good[0]) {
+			lockPath = string(kv.Key)
+		}
+	}
+	if lockPath == "" {
+		t.Fatal("lock key not found")
+	}
+	lease, err := strconv.ParseInt(s.ID, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, strings.TrimSuffix(lockPath, "corrupt:0")+"corrupt:bad", "not a lock record", clientv3.WithLease(clientv3.LeaseID(lease))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.CloseSession(ctx, s.ID); err == nil {
+		t.Error("close with a corrupt lock record of the session: no error")
+	}
+	recs, err := b.Grants(ctx, good[0]-1, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := 0
+	for _, r := range recs {
+		if slices.Contains(good, r.Token) && r.EndReason == backend.EndReleased {
+			released++
+		}
+	}
+	if released != len(good) {
+		t.Errorf("%d of the session's %d readable keys released; want all", released, len(good))
 	}
 }
 

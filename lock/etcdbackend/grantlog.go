@@ -62,12 +62,13 @@ type expiring struct {
 	rev   int64 // the revision the watch saw the key deleted at (0: the sweep's)
 }
 
-// expiryBatch bounds the grants one read or one write transaction covers.
-// etcd's limit (128 operations by default, --max-txn-ops) counts a
-// transaction's operations together with each nested transaction's: 64
-// grants, written as 64 nested transactions of two operations, fit. A
-// cluster with a lower limit refuses a batch as too large, and the batch
-// is then split in halves until it fits (inBatches).
+// expiryBatch bounds the grants (or keys) one read or one write
+// transaction covers. etcd's limit (128 by default, --max-txn-ops) applies
+// to a transaction's compares and to each of its branches' operations, and
+// a nested transaction may use only what its parent's branch leaves: 64
+// grants, written as 64 nested transactions of two or three operations,
+// fit. A cluster with a lower limit refuses a batch as too large, and the
+// batch is then split in halves until it fits (inBatches).
 const expiryBatch = 64
 
 // inBatches calls fn on xs in batches of at most size, halving the size

@@ -122,27 +122,24 @@ func (b *Backend) end(ctx context.Context, key string, h heldLock, lease clientv
 // endBatch is end for several lock keys of the session with lease, as
 // read from etcd, in one transaction of one conditional transaction per
 // key: a key whose grant changed since it was read (ended meanwhile) is
-// left as it is. Each end is registered for the watch as end's is.
+// left as it is. Each end is registered for the watch as end's is. A key
+// whose record cannot be read is left to its lease and reported after the
+// others are ended.
 func (b *Backend) endBatch(ctx context.Context, kvs []*mvccpb.KeyValue, lease clientv3.LeaseID, reason, actor, why string) error {
-	type ending struct {
+	type keyEnd struct {
 		key      string
 		token    int64
 		answered func(rev int64)
 	}
 	ended := time.Now().UTC()
 	ops := make([]clientv3.Op, 0, len(kvs))
-	ends := make([]ending, 0, len(kvs))
-	defer func() {
-		for _, e := range ends {
-			if e.answered != nil {
-				e.answered(0) // the transaction failed or was never sent
-			}
-		}
-	}()
+	ends := make([]keyEnd, 0, len(kvs))
+	var corrupt error
 	for _, kv := range kvs {
 		h, err := heldFromKV(kv)
 		if err != nil {
-			return err
+			corrupt = err
+			continue
 		}
 		key := strings.TrimPrefix(string(kv.Key), b.prefix+"/locks/")
 		lp := b.lockPath(key)
@@ -151,13 +148,16 @@ func (b *Backend) endBatch(ctx context.Context, kvs []*mvccpb.KeyValue, lease cl
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lp), "=", h.token), clientv3.Compare(clientv3.LeaseValue(lp), "=", lease)},
 			[]clientv3.Op{clientv3.OpDelete(lp), clientv3.OpPut(b.grantPath(h.lv.GrantID), mustJSON(gv)), clientv3.OpDelete(b.openPath(h.lv.GrantID))},
 			nil))
-		ends = append(ends, ending{key: key, token: h.token})
+		ends = append(ends, keyEnd{key: key, token: h.token, answered: b.cache.beginEnd(h.token)})
 	}
-	for i := range ends {
-		ends[i].answered = b.cache.beginEnd(ends[i].token)
+	if len(ops) == 0 {
+		return corrupt
 	}
 	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
+		for _, e := range ends {
+			e.answered(0) // no deletion known: the watch reads as for any other
+		}
 		return err
 	}
 	for i, r := range resp.Responses {
@@ -170,8 +170,7 @@ func (b *Backend) endBatch(ctx context.Context, kvs []*mvccpb.KeyValue, lease cl
 			e.answered(0)
 		}
 	}
-	ends = nil
-	return nil
+	return corrupt
 }
 
 func heldFromKV(kv *mvccpb.KeyValue) (heldLock, error) {
