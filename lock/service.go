@@ -87,7 +87,7 @@ func (s *Service) countExpiredSessions(grants []backend.GrantRecord) {
 type metrics struct {
 	grants, releases, expirations, revocations, graces, notOwner prometheus.Counter
 	expiredSessions                                              prometheus.Counter
-	activeSessions, waiters                                      prometheus.Gauge
+	activeSessions, waiters, storeBytes, storeQuota              prometheus.Gauge
 	acquire                                                      *prometheus.HistogramVec
 	// The acquire histogram's series, resolved once: no label lookup per
 	// request.
@@ -107,10 +107,14 @@ func newMetrics(reg prometheus.Registerer, name string) *metrics {
 		graces:         prometheus.NewCounter(prometheus.CounterOpts{Name: "payouts_lock_grace_periods_total", Help: "Grace periods started (service start, database failover or restart).", ConstLabels: l}),
 		activeSessions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "payouts_lock_active_sessions", Help: "Live sessions in the backend.", ConstLabels: l}),
 		waiters:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "payouts_lock_waiters", Help: "Acquires waiting for a key on this process.", ConstLabels: l}),
+		storeBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "payouts_lock_store_bytes",
+			Help: "Size of the lock store where it has a write limit (etcd: the database of the member nearest its quota), read every compaction interval.", ConstLabels: l}),
+		storeQuota: prometheus.NewGauge(prometheus.GaugeOpts{Name: "payouts_lock_store_quota_bytes",
+			Help: "The size at which that store refuses every write (etcd: --quota-backend-bytes; NOSPACE alarm).", ConstLabels: l}),
 		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "payouts_lock_acquire_duration_seconds", Help: "Acquire latency by result (granted, held, error), waiting included.",
 			ConstLabels: l, Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"result"}),
 	}
-	reg.MustRegister(m.grants, m.releases, m.expirations, m.expiredSessions, m.revocations, m.graces, m.notOwner, m.activeSessions, m.waiters, m.acquire)
+	reg.MustRegister(m.grants, m.releases, m.expirations, m.expiredSessions, m.revocations, m.graces, m.notOwner, m.activeSessions, m.waiters, m.storeBytes, m.storeQuota, m.acquire)
 	m.acquireGranted, m.acquireHeld, m.acquireError = m.acquire.WithLabelValues("granted"), m.acquire.WithLabelValues("held"), m.acquire.WithLabelValues("error")
 	return m
 }
@@ -138,6 +142,11 @@ func (o observer) Expired(grants []backend.GrantRecord) {
 func (o observer) Grace(until time.Time, why string) { o.s.m.graces.Inc() }
 
 func (o observer) ActiveSessions(n int) { o.s.m.activeSessions.Set(float64(n)) }
+
+func (o observer) StoreSize(bytes, quota int64) {
+	o.s.m.storeBytes.Set(float64(bytes))
+	o.s.m.storeQuota.Set(float64(quota))
+}
 
 // Mount adds the /v1 routes to r (an authenticated router).
 func (s *Service) Mount(r chi.Router) {

@@ -152,6 +152,10 @@ type Observer interface {
 	Grace(until time.Time, why string)
 	// ActiveSessions reports the current number of live sessions.
 	ActiveSessions(n int)
+	// StoreSize reports the store's size and the size at which it refuses
+	// every write (etcd: its database file and --quota-backend-bytes).
+	// Backends whose store has no such limit do not call it.
+	StoreSize(bytes, quota int64)
 }
 
 // NopObserver ignores everything.
@@ -160,6 +164,7 @@ type NopObserver struct{}
 func (NopObserver) Expired([]GrantRecord)   {}
 func (NopObserver) Grace(time.Time, string) {}
 func (NopObserver) ActiveSessions(int)      {}
+func (NopObserver) StoreSize(int64, int64)  {}
 
 var keyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9:._@+=-]*$`)
 

@@ -536,6 +536,52 @@ func TestCloseEndsTheOtherKeysPastACorruptOne(t *testing.T) {
 	}
 }
 
+// sizeObserver records what the backend reports of its store's size.
+type sizeObserver struct {
+	backend.NopObserver
+	got chan [2]int64
+}
+
+func (o sizeObserver) StoreSize(bytes, quota int64) {
+	select {
+	case o.got <- [2]int64{bytes, quota}:
+	default:
+	}
+}
+
+// TestStoreSizeIsReported: the backend reports etcd's database size and its
+// quota when Run starts (and after each compaction), so that an operator is
+// told before etcd refuses every write: the metric behind
+// PayoutsLockStoreNearQuota.
+func TestStoreSizeIsReported(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, cli, b := countedBackend(t, ctx)
+	o := sizeObserver{got: make(chan [2]int64, 1)}
+	b.SetObserver(o)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = b.Run(rctx) }()
+	defer func() { stop(); <-done }()
+	var got [2]int64
+	select {
+	case got = <-o.got:
+	case <-ctx.Done():
+		t.Fatal("no store size reported")
+	}
+	st, err := cli.Status(ctx, cli.Endpoints()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[1] != st.DbSizeQuota || got[1] <= 0 {
+		t.Errorf("quota reported %d; etcd says %d", got[1], st.DbSizeQuota)
+	}
+	if got[0] <= 0 || got[0] > st.DbSize*2 || got[0] > got[1] {
+		t.Errorf("size reported %d; etcd says %d now, quota %d", got[0], st.DbSize, got[1])
+	}
+}
+
 // TestTooLargeATransactionIsRecognised: the error etcd gives a transaction
 // over its operation limit is the one inBatches splits batches on.
 func TestTooLargeATransactionIsRecognised(t *testing.T) {

@@ -376,4 +376,36 @@ func (b *Backend) compactNow(ctx context.Context) {
 	case g+s > 0:
 		b.log.Info("grant log compacted", "grants", g, "sessions", s, "retention", b.cfg.GrantRetention.String())
 	}
+	b.reportSize(ctx)
+}
+
+// nearQuota is the share of its quota past which a member's database is
+// logged at every report (etcd refuses every write at the quota).
+const nearQuota = 0.8
+
+// reportSize reports the database size and quota of the member nearest its
+// quota (each endpoint asked for its status). A member that does not
+// answer is left out; none answering reports nothing.
+func (b *Backend) reportSize(ctx context.Context) {
+	var size, quota int64
+	var member string
+	for _, ep := range b.cli.Endpoints() {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := b.cli.Status(sctx, ep)
+		cancel()
+		if err != nil || st.DbSizeQuota <= 0 {
+			continue
+		}
+		if member == "" || float64(st.DbSize)/float64(st.DbSizeQuota) > float64(size)/float64(quota) {
+			size, quota, member = st.DbSize, st.DbSizeQuota, ep
+		}
+	}
+	if member == "" {
+		return
+	}
+	b.obs().StoreSize(size, quota)
+	if float64(size) >= nearQuota*float64(quota) {
+		b.log.Warn("etcd's database is near its quota: at the quota etcd refuses every write and no lock is granted",
+			"endpoint", member, "db_bytes", size, "quota_bytes", quota)
+	}
 }

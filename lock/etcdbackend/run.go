@@ -45,6 +45,7 @@ func (b *Backend) Run(ctx context.Context) error {
 	compact := time.NewTicker(b.cfg.CompactInterval)
 	defer compact.Stop()
 	b.sweep(ctx)
+	b.reportSize(ctx)
 	for ctx.Err() == nil {
 		b.mu.Lock()
 		ch := b.watchCh
