@@ -82,6 +82,54 @@ func countedBackend(t *testing.T, ctx context.Context) (rc *rpcCounter, cli *cli
 	return rc, cli, b
 }
 
+// running runs b's background work (the watch and the sweeps) until the
+// test ends.
+func running(t *testing.T, ctx context.Context, b *etcdbackend.Backend) {
+	t.Helper()
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = b.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+}
+
+// waitExpired waits until the grant with token is recorded as expired.
+func waitExpired(t *testing.T, ctx context.Context, b *etcdbackend.Backend, token fencing.Token) {
+	t.Helper()
+	for {
+		recs, err := b.Grants(ctx, token-1, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) == 1 && recs[0].Token == token && recs[0].EndReason == backend.EndExpired {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("grant %d was never recorded as expired", token)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// acquireMany acquires n keys prefix:000... for session sid and returns
+// their tokens and the first one.
+func acquireMany(t *testing.T, ctx context.Context, b *etcdbackend.Backend, sid, prefix string, n int) (map[fencing.Token]bool, fencing.Token) {
+	t.Helper()
+	tokens := map[fencing.Token]bool{}
+	var first fencing.Token
+	for i := range n {
+		g, err := b.Acquire(ctx, fmt.Sprintf("%s:%03d", prefix, i), sid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = g.Token
+		}
+		tokens[g.Token] = true
+	}
+	return tokens, first
+}
+
 // TestOneTransactionPerStep: with the session opened through this service,
 // an acquire is one Txn (no session Get, no TimeToLive), and a release and
 // a revoke of a grant it made are one Txn each.
@@ -205,17 +253,15 @@ func expiryWrites(calls []rpcCall) (byToken map[int64]int, txns int) {
 // grant's and at most two more (a release whose answer reached its caller
 // more than a second after the watch saw its deletion, on a loaded machine,
 // is read as any other deletion), not one per release; no expiry write
-// names a released grant, and at least one names the expired one. How many name the expired one is not fixed: the sweeps
-// Run makes around creating its watch may race the watch's own attempt.
+// names a released grant, and at least one names the expired one. How many
+// name the expired one is not fixed: the sweeps Run makes around creating
+// its watch may race the watch's own attempt.
 func TestReleaseIsNotFollowedByAnExpiryWrite(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rc, cli, b := countedBackend(t, ctx)
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = b.Run(rctx) }()
-	defer func() { stop(); <-done }()
+	running(t, ctx, b)
 
 	s, err := b.CreateSession(ctx, "w", "p", time.Minute)
 	if err != nil {
@@ -250,20 +296,7 @@ func TestReleaseIsNotFollowedByAnExpiryWrite(t *testing.T) {
 		if _, err := cli.Revoke(ctx, clientv3.LeaseID(lease)); err != nil {
 			t.Fatal(err)
 		}
-		for {
-			recs, err := b.Grants(ctx, g.Token-1, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(recs) == 1 && recs[0].Token == g.Token && recs[0].EndReason == backend.EndExpired {
-				return
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatal("the revoked lease's grant was never recorded as expired")
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
+		waitExpired(t, ctx, b, g.Token)
 	})
 	writes, _ := expiryWrites(calls)
 	forReleased := 0
@@ -292,28 +325,14 @@ func TestExpiryOfManyKeysIsRecordedInBatches(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rc, cli, b := countedBackend(t, ctx)
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = b.Run(rctx) }()
-	defer func() { stop(); <-done }()
+	running(t, ctx, b)
 
 	s, err := b.CreateSession(ctx, "many", "p", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const n = 200
-	tokens := map[fencing.Token]bool{}
-	var first fencing.Token
-	for i := range n {
-		g, err := b.Acquire(ctx, fmt.Sprintf("many:%03d", i), s.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i == 0 {
-			first = g.Token
-		}
-		tokens[g.Token] = true
-	}
+	tokens, first := acquireMany(t, ctx, b, s.ID, "many", n)
 	lease, err := strconv.ParseInt(s.ID, 10, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -368,10 +387,7 @@ func TestCloseEndsManyKeysInBatches(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rc, cli, b := countedBackend(t, ctx)
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = b.Run(rctx) }()
-	defer func() { stop(); <-done }()
+	running(t, ctx, b)
 
 	s, err := b.CreateSession(ctx, "closing", "p", time.Minute)
 	if err != nil {
@@ -394,18 +410,7 @@ func TestCloseEndsManyKeysInBatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 200
-	tokens := map[fencing.Token]bool{}
-	var first fencing.Token
-	for i := range n {
-		g, err := b.Acquire(ctx, fmt.Sprintf("close:%03d", i), s.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i == 0 {
-			first = g.Token
-		}
-		tokens[g.Token] = true
-	}
+	tokens, first := acquireMany(t, ctx, b, s.ID, "close", n)
 	var closeTxns int
 	calls := rc.duringCalls(func() {
 		closeCalls := rc.duringCalls(func() {
@@ -440,20 +445,7 @@ func TestCloseEndsManyKeysInBatches(t *testing.T) {
 		if _, err := cli.Revoke(ctx, clientv3.LeaseID(lease)); err != nil {
 			t.Fatal(err)
 		}
-		for {
-			recs, err := b.Grants(ctx, barrier.Token-1, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(recs) == 1 && recs[0].Token == barrier.Token && recs[0].EndReason == backend.EndExpired {
-				return
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatal("the revoked lease's grant was never recorded as expired")
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
+		waitExpired(t, ctx, b, barrier.Token)
 	})
 	if closeTxns > 8 {
 		t.Errorf("the close made %d transactions for %d keys; want them ended in batches (at most 8)", closeTxns, n)
@@ -560,10 +552,7 @@ func TestStoreSizeIsReported(t *testing.T) {
 	_, cli, b := countedBackend(t, ctx)
 	o := sizeObserver{got: make(chan [2]int64, 1)}
 	b.SetObserver(o)
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = b.Run(rctx) }()
-	defer func() { stop(); <-done }()
+	running(t, ctx, b)
 	var got [2]int64
 	select {
 	case got = <-o.got:
