@@ -35,12 +35,13 @@ type rpcCall struct {
 	req    any
 }
 
+// intercept records a call as it starts: a test that has seen a call's
+// effect (a record it wrote) then finds the call among those recorded.
 func (c *rpcCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	err := invoker(ctx, method, req, reply, cc, opts...)
 	c.mu.Lock()
 	c.calls = append(c.calls, rpcCall{method: method, req: req})
 	c.mu.Unlock()
-	return err
+	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
 // duringCalls returns the calls made while fn ran (by any goroutine).
@@ -637,6 +638,9 @@ func TestSweepRecordsWhatTheWatchMissed(t *testing.T) {
 	done := make(chan struct{})
 	calls := rc.duringCalls(func() {
 		go func() { defer close(done); _ = b.Run(rctx) }()
+		// The calls are taken once Run has returned: the test can see the
+		// expiry record before the call that wrote it has been recorded.
+		defer func() { stop(); <-done }()
 		for {
 			recs, err := b.Grants(ctx, 0, 100)
 			if err != nil {
@@ -657,8 +661,6 @@ func TestSweepRecordsWhatTheWatchMissed(t *testing.T) {
 			}
 		}
 	})
-	stop()
-	<-done
 	var sweep []string
 	for _, c := range calls {
 		if c.method == "/etcdserverpb.Lease/LeaseLeases" {
