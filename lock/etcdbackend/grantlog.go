@@ -376,7 +376,6 @@ func (b *Backend) compactNow(ctx context.Context) {
 	case g+s > 0:
 		b.log.Info("grant log compacted", "grants", g, "sessions", s, "retention", b.cfg.GrantRetention.String())
 	}
-	b.reportSize(ctx)
 }
 
 // nearQuota is the share of its quota past which a member's database is
@@ -384,13 +383,15 @@ func (b *Backend) compactNow(ctx context.Context) {
 const nearQuota = 0.8
 
 // reportSize reports the database size and quota of the member nearest its
-// quota (each endpoint asked for its status). A member that does not
-// answer is left out; none answering reports nothing.
+// quota (each endpoint asked for its status, a second at most). A member
+// that does not answer is left out; none answering reports nothing. Run
+// calls it beside its loop, so that a member that is down delays neither
+// the watch nor the sweep.
 func (b *Backend) reportSize(ctx context.Context) {
 	var size, quota int64
 	var member string
 	for _, ep := range b.cli.Endpoints() {
-		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
 		st, err := b.cli.Status(sctx, ep)
 		cancel()
 		if err != nil || st.DbSizeQuota <= 0 {

@@ -3,6 +3,8 @@ package etcdbackend
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -44,8 +46,17 @@ func (b *Backend) Run(ctx context.Context) error {
 	defer t.Stop()
 	compact := time.NewTicker(b.cfg.CompactInterval)
 	defer compact.Stop()
+	// The store's size is asked beside the loop, one report at a time.
+	var sizing sync.WaitGroup
+	defer sizing.Wait()
+	var reporting atomic.Bool
+	reportSize := func() {
+		if reporting.CompareAndSwap(false, true) {
+			sizing.Go(func() { defer reporting.Store(false); b.reportSize(ctx) })
+		}
+	}
 	b.sweep(ctx)
-	b.reportSize(ctx)
+	reportSize()
 	for ctx.Err() == nil {
 		b.mu.Lock()
 		ch := b.watchCh
@@ -70,6 +81,7 @@ func (b *Backend) Run(ctx context.Context) error {
 			b.sweep(ctx)
 		case <-compact.C:
 			b.compactNow(ctx)
+			reportSize()
 		case resp, ok := <-ch:
 			if !ok || resp.Err() != nil || resp.Canceled {
 				b.mu.Lock()
