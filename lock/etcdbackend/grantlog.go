@@ -174,8 +174,7 @@ func (b *Backend) expire(ctx context.Context, batch []expiring) error {
 	ops := make([]clientv3.Op, len(batch))
 	recs := make([]backend.GrantRecord, len(batch))
 	for i, x := range batch {
-		gv := grantValue{Key: x.key, Owner: x.lv.Owner, SessionID: x.lv.SessionID, GrantedAt: x.lv.GrantedAt, EndedAt: &ended,
-			EndReason: backend.EndExpired, Actor: "lock-service"}
+		gv := endedGrant(x.key, heldLock{token: x.token, lv: x.lv}, ended, backend.EndExpired, "lock-service", "")
 		gp := b.grantPath(x.lv.GrantID)
 		ops[i] = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(gp), "=", x.token)},
 			[]clientv3.Op{clientv3.OpPut(gp, mustJSON(gv)), clientv3.OpDelete(b.openPath(x.lv.GrantID))}, nil)

@@ -94,17 +94,10 @@ func (b *Backend) Acquire(ctx context.Context, key, sid string) (backend.Grant, 
 // on the key still being that grant (token) and, when lease is not 0, the
 // holder's lease. not_held when it is not.
 func (b *Backend) end(ctx context.Context, key string, h heldLock, lease clientv3.LeaseID, reason, actor, why string) (backend.GrantRecord, error) {
-	lp := b.lockPath(key)
-	ended := time.Now().UTC()
-	gv := grantValue{Key: key, Owner: h.lv.Owner, SessionID: h.lv.SessionID, GrantedAt: h.lv.GrantedAt, EndedAt: &ended, EndReason: reason, Actor: actor, Reason: why}
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lp), "=", h.token)}
-	if lease != 0 {
-		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(lp), "=", lease))
-	}
+	gv := endedGrant(key, h, time.Now().UTC(), reason, actor, why)
+	cmps, ops := b.endTxn(key, h, lease, gv)
 	answered := b.cache.beginEnd(h.token)
-	resp, err := b.cli.Txn(ctx).If(cmps...).
-		Then(clientv3.OpDelete(lp), clientv3.OpPut(b.grantPath(h.lv.GrantID), mustJSON(gv)), clientv3.OpDelete(b.openPath(h.lv.GrantID))).
-		Commit()
+	resp, err := b.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
 		answered(0)
 		return backend.GrantRecord{}, classify("end grant", err)
@@ -117,6 +110,25 @@ func (b *Backend) end(ctx context.Context, key string, h heldLock, lease clientv
 	answered(resp.Header.Revision)
 	b.signal(key)
 	return record(fencing.Token(h.token), gv), nil
+}
+
+// endedGrant is h's grant record as ended at ended.
+func endedGrant(key string, h heldLock, ended time.Time, reason, actor, why string) grantValue {
+	return grantValue{Key: key, Owner: h.lv.Owner, SessionID: h.lv.SessionID, GrantedAt: h.lv.GrantedAt, EndedAt: &ended,
+		EndReason: reason, Actor: actor, Reason: why}
+}
+
+// endTxn is the transaction that ends h, the grant of key: conditioned on
+// the key still being that grant (token) and, when lease is not 0, the
+// holder's lease; it deletes the key and the grant's open marker and
+// writes gv, the ended record.
+func (b *Backend) endTxn(key string, h heldLock, lease clientv3.LeaseID, gv grantValue) ([]clientv3.Cmp, []clientv3.Op) {
+	lp := b.lockPath(key)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lp), "=", h.token)}
+	if lease != 0 {
+		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(lp), "=", lease))
+	}
+	return cmps, []clientv3.Op{clientv3.OpDelete(lp), clientv3.OpPut(b.grantPath(h.lv.GrantID), mustJSON(gv)), clientv3.OpDelete(b.openPath(h.lv.GrantID))}
 }
 
 // endBatch is end for several lock keys of the session with lease, as
@@ -142,12 +154,8 @@ func (b *Backend) endBatch(ctx context.Context, kvs []*mvccpb.KeyValue, lease cl
 			continue
 		}
 		key := strings.TrimPrefix(string(kv.Key), b.prefix+"/locks/")
-		lp := b.lockPath(key)
-		gv := grantValue{Key: key, Owner: h.lv.Owner, SessionID: h.lv.SessionID, GrantedAt: h.lv.GrantedAt, EndedAt: &ended, EndReason: reason, Actor: actor, Reason: why}
-		ops = append(ops, clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lp), "=", h.token), clientv3.Compare(clientv3.LeaseValue(lp), "=", lease)},
-			[]clientv3.Op{clientv3.OpDelete(lp), clientv3.OpPut(b.grantPath(h.lv.GrantID), mustJSON(gv)), clientv3.OpDelete(b.openPath(h.lv.GrantID))},
-			nil))
+		cmps, then := b.endTxn(key, h, lease, endedGrant(key, h, ended, reason, actor, why))
+		ops = append(ops, clientv3.OpTxn(cmps, then, nil))
 		ends = append(ends, keyEnd{key: key, token: h.token, answered: b.cache.beginEnd(h.token)})
 	}
 	if len(ops) == 0 {
