@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/payouts/payouts/dev/stack"
+	"github.com/payouts/payouts/lock/etcdbackend"
 	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
@@ -73,24 +74,30 @@ func vacuum(ctx context.Context, url string) error {
 }
 
 // grants writes one ended grant record per account into the lock
-// service's etcd keyspace, as the etcd backend does; the record's create
-// revision is the token.
+// service's etcd keyspace, as the etcd backend does: at the key of its
+// token. The tokens are the revisions after the current one, one put each,
+// so that etcd's revision stays at or above every token as the backend's
+// reads assume.
 func (l *loader) grants(ctx context.Context) error {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: l.ready.Etcd, DialTimeout: 10 * time.Second, Logger: nil})
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
+	cur, err := cli.Get(ctx, l.etcdPrefix+"/ping", clientv3.WithCountOnly())
+	if err != nil {
+		return err
+	}
 	l.tokens = make([]fencing.Token, l.accounts)
 	return parallel(ctx, l.accounts, 32, func(ctx context.Context, a int) error {
 		at := time.Now().UTC()
+		token := cur.Header.Revision + 1 + int64(a)
 		v, _ := json.Marshal(map[string]any{"key": fencing.Key(accountID(a)), "owner": "bench", "session_id": holder(a),
 			"granted_at": at, "ended_at": at, "end_reason": "released"})
-		resp, err := cli.Put(ctx, fmt.Sprintf("%s/grants/bench-%07d", l.etcdPrefix, a), string(v))
-		if err != nil {
+		if _, err := cli.Put(ctx, etcdbackend.EndedGrantKey(l.etcdPrefix, token), string(v)); err != nil {
 			return err
 		}
-		l.tokens[a] = fencing.Token(resp.Header.Revision)
+		l.tokens[a] = fencing.Token(token)
 		return nil
 	})
 }

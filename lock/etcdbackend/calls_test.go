@@ -29,17 +29,19 @@ type rpcCounter struct {
 	calls []rpcCall
 }
 
-// rpcCall is one unary call: its method and request.
+// rpcCall is one unary call: its method, request and reply (filled in
+// once the call has returned).
 type rpcCall struct {
 	method string
 	req    any
+	reply  any
 }
 
 // intercept records a call as it starts: a test that has seen a call's
 // effect (a record it wrote) then finds the call among those recorded.
 func (c *rpcCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	c.mu.Lock()
-	c.calls = append(c.calls, rpcCall{method: method, req: req})
+	c.calls = append(c.calls, rpcCall{method: method, req: req, reply: reply})
 	c.mu.Unlock()
 	return invoker(ctx, method, req, reply, cc, opts...)
 }
@@ -222,7 +224,7 @@ func txnCompares(t *etcdserverpb.TxnRequest) []*etcdserverpb.Compare {
 }
 
 // expiryWrites counts, by token, the conditional writes that record a grant
-// as expired (a compare on a grant record's ModRevision, which is the
+// as expired (a compare on an open marker's CreateRevision, which is the
 // grant's token), and how many transactions carried them.
 func expiryWrites(calls []rpcCall) (byToken map[int64]int, txns int) {
 	byToken = map[int64]int{}
@@ -233,8 +235,8 @@ func expiryWrites(calls []rpcCall) (byToken map[int64]int, txns int) {
 		}
 		found := false
 		for _, cmp := range txnCompares(txn) {
-			if cmp.Target == etcdserverpb.Compare_MOD && strings.Contains(string(cmp.Key), "/grants/") {
-				byToken[cmp.GetModRevision()]++
+			if cmp.Target == etcdserverpb.Compare_CREATE && strings.Contains(string(cmp.Key), "/open/") {
+				byToken[cmp.GetCreateRevision()]++
 				found = true
 			}
 		}
@@ -670,13 +672,29 @@ func TestSweepRecordsWhatTheWatchMissed(t *testing.T) {
 			sweep = append(sweep, c.method)
 		}
 	}
-	if want := "[/etcdserverpb.KV/Txn /etcdserverpb.KV/Txn /etcdserverpb.KV/Txn]"; fmt.Sprint(sweep) != want {
-		t.Errorf("the first sweep made %v; want one read transaction, one for the lapsed grant's record and its expiry write: %s", sweep, want)
+	if want := "[/etcdserverpb.KV/Txn /etcdserverpb.KV/Txn]"; fmt.Sprint(sweep) != want {
+		t.Errorf("the first sweep made %v; want one read transaction (the open markers hold the grants' records) and the expiry write: %s", sweep, want)
 	}
 }
 
-// isGrantsRead is a read of the grant log by the test itself (Grants).
+// isGrantsRead is a read of the grant log by the test itself (Grants): a
+// read-only transaction that reads ended grant records, or a further window
+// of them.
 func isGrantsRead(req any) bool {
-	r, ok := req.(*etcdserverpb.RangeRequest)
-	return ok && len(r.RangeEnd) > 0 && strings.HasSuffix(string(r.Key), "/grants/")
+	if r, ok := req.(*etcdserverpb.RangeRequest); ok {
+		return strings.Contains(string(r.Key), "/grants/")
+	}
+	t, ok := req.(*etcdserverpb.TxnRequest)
+	if !ok || len(t.Compare) > 0 {
+		return false
+	}
+	grants := false
+	for _, op := range t.Success {
+		r := op.GetRequestRange()
+		if r == nil {
+			return false
+		}
+		grants = grants || strings.Contains(string(r.Key), "/grants/")
+	}
+	return grants
 }

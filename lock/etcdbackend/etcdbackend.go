@@ -4,9 +4,16 @@
 // = lease id, keepalive = KeepAliveOnce); a held lock is the key
 // <prefix>/locks/<key> attached to that lease; the fencing token is that
 // key's CreateRevision, which etcd makes cluster-wide monotonic (INV-04).
-// Every grant writes <prefix>/grants/<id> in the acquiring transaction, so
-// the grant record's CreateRevision is the token too (D-9). Expiry is etcd's
-// decision; grants ended by it are recorded by watching the lock prefix.
+// Every grant writes its open marker <prefix>/open/<id>, which holds its
+// record, in the acquiring transaction, so the marker's CreateRevision is the
+// token too (D-9). The transaction that ends the grant (release, revoke,
+// or the record of its lease's expiry) deletes the marker and writes the
+// ended record <prefix>/grants/<token>, keyed by the token zero-padded to 20
+// digits: the grant log in key order is the grant log in token order, so a
+// page of it is one range read of that page's records, however long the log
+// (an index etcd cannot otherwise give: it sorts by create revision only by
+// reading the whole range). Expiry is etcd's decision; grants ended by it
+// are recorded by watching the lock prefix.
 package etcdbackend
 
 import (
@@ -107,7 +114,8 @@ type Backend struct {
 
 var _ backend.Backend = (*Backend)(nil)
 
-// Open connects (or uses cfg.Client) and starts watching the lock prefix.
+// Open connects (or uses cfg.Client), moves a grant log of the earlier
+// layout to this one (migrate.go) and starts watching the lock prefix.
 func Open(ctx context.Context, cfg Config) (*Backend, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
@@ -137,6 +145,12 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 		b.Close()
 		return nil, fmt.Errorf("etcdbackend: %w", err)
 	}
+	if n, err := b.migrate(ctx); err != nil {
+		b.Close()
+		return nil, fmt.Errorf("etcdbackend: %w", err)
+	} else if n > 0 {
+		b.log.Info("grant log moved to token-keyed records", "records", n)
+	}
 	if err := b.startWatch(ctx); err != nil {
 		b.Close()
 		return nil, fmt.Errorf("etcdbackend: watch: %w", err)
@@ -145,7 +159,13 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 }
 
 func (b *Backend) lockPath(key string) string   { return b.prefix + "/locks/" + key }
-func (b *Backend) grantPath(id string) string   { return b.prefix + "/grants/" + id }
+func (b *Backend) grantPath(token int64) string { return EndedGrantKey(b.prefix, token) }
+
+// EndedGrantKey is the key of the ended grant record of token under prefix
+// (tools that load a grant log, such as the reconcile benchmark, write it).
+func EndedGrantKey(prefix string, token int64) string {
+	return strings.TrimRight(prefix, "/") + "/grants/" + tokenKey(token)
+}
 func (b *Backend) openPath(id string) string    { return b.prefix + "/open/" + id }
 func (b *Backend) sessionPath(id string) string { return b.prefix + "/sessions/" + id }
 func (b *Backend) alivePath(id string) string   { return b.prefix + "/alive/" + id }
@@ -159,7 +179,23 @@ type lockValue struct {
 	GrantedAt time.Time `json:"granted_at"`
 }
 
-// grantValue is a grant record; its token is the key's CreateRevision.
+// tokenKey is a token as the last segment of an ended grant record's key:
+// zero-padded to 20 digits, so that keys sort as tokens do. A token is an
+// int64, at most 19 digits: every such key starts with "0".
+func tokenKey(token int64) string { return fmt.Sprintf("%020d", token) }
+
+// parseTokenKey is tokenKey's inverse (false: not a token key).
+func parseTokenKey(s string) (int64, bool) {
+	if len(s) != 20 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil && n > 0
+}
+
+// grantValue is a grant record: the value of an open grant's marker
+// (whose CreateRevision is the token), or of an ended grant's record
+// (whose key is the token).
 type grantValue struct {
 	Key       string     `json:"key"`
 	Owner     string     `json:"owner"`
@@ -193,8 +229,8 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-// newID is a grant id that sorts by time (nanoseconds, then randomness),
-// so that compaction finds the oldest grants by key range.
+// newID is a grant id, the key of its open marker: unique (nanoseconds,
+// then randomness).
 func newID() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])

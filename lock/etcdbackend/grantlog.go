@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 
@@ -17,40 +16,116 @@ import (
 	"github.com/payouts/payouts/lock/fencing"
 )
 
-// The grant log (D-9): grants/<id> records, and recording the grants that
-// lease expiry ended.
+// The grant log (D-9): the open grants' markers open/<id> and the ended
+// grants' records grants/<token>, and recording the grants that lease
+// expiry ended.
 
-// Grants implements backend.Backend: grant records in CreateRevision (token)
-// order.
+// endedFrom and endedEnd bound the ended records: every token key starts
+// with "0" (tokenKey).
+func (b *Backend) endedFrom() string { return b.prefix + "/grants/0" }
+func (b *Backend) endedEnd() string  { return b.prefix + "/grants/1" }
+
+// Grants implements backend.Backend: the grant log in token order, tokens
+// above after, read at one revision. The open grants are their markers
+// above after, sorted by create revision (the token): etcd reads every
+// open marker, as many as locks are held. The ended records are read in
+// key order (token order) from after's successor, a window of tokens at a
+// time: etcd counts every key of a range it reads, whatever the limit, so
+// a range to the end of the log would cost the whole log on every page.
+// The first window is four pages of tokens wide, and each next one twice
+// the last, up to the revision read at (no token is above it), so a page
+// costs its own records and a few reads however long the log, and a gap
+// (records compacted away) costs a read per doubling.
 func (b *Backend) Grants(ctx context.Context, after fencing.Token, limit int) ([]backend.GrantRecord, error) {
-	resp, err := b.cli.Get(ctx, b.prefix+"/grants/", clientv3.WithPrefix(), clientv3.WithMinCreateRev(int64(after)+1),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(limit)))
-	if err != nil {
-		return nil, classify("list grants", err)
+	for attempt := 0; ; attempt++ {
+		recs, err := b.grantPage(ctx, int64(after)+1, limit)
+		if errors.Is(err, rpctypes.ErrCompacted) && attempt < 3 {
+			continue // etcd compacted past the revision the page was read at
+		}
+		if err != nil {
+			return nil, classify("list grants", err)
+		}
+		return recs, nil
 	}
-	out := make([]backend.GrantRecord, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
+}
+
+func (b *Backend) grantPage(ctx context.Context, from int64, limit int) ([]backend.GrantRecord, error) {
+	w := 4 * int64(limit)
+	resp, err := b.cli.Txn(ctx).Then(
+		clientv3.OpGet(b.openPath(""), clientv3.WithPrefix(), clientv3.WithMinCreateRev(from),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(limit))),
+		clientv3.OpGet(b.grantPath(from), clientv3.WithRange(b.grantPath(from+w)), clientv3.WithLimit(int64(limit))),
+	).Commit()
+	if err != nil {
+		return nil, err
+	}
+	rev := resp.Header.Revision
+	open, ended := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+	for len(ended) < limit && from+w <= rev {
+		from, w = from+w, 2*w
+		r, err := b.cli.Get(ctx, b.grantPath(from), clientv3.WithRange(b.grantPath(min(from+w, rev+1))),
+			clientv3.WithLimit(int64(limit-len(ended))), clientv3.WithRev(rev))
+		if err != nil {
+			return nil, err
+		}
+		ended = append(ended, r.Kvs...)
+	}
+	out := make([]backend.GrantRecord, 0, min(limit, len(ended)+len(open)))
+	for len(out) < limit && len(ended)+len(open) > 0 {
+		var kv *mvccpb.KeyValue
+		var token int64
+		if len(ended) > 0 {
+			t, ok := parseTokenKey(strings.TrimPrefix(string(ended[0].Key), b.prefix+"/grants/"))
+			if !ok {
+				return nil, problem.New(problem.Internal, "grant record %s is not keyed by a token", ended[0].Key)
+			}
+			kv, token = ended[0], t
+		}
+		if len(open) > 0 && (kv == nil || open[0].CreateRevision < token) {
+			kv, token, open = open[0], open[0].CreateRevision, open[1:]
+		} else {
+			ended = ended[1:]
+		}
 		var gv grantValue
 		if err := json.Unmarshal(kv.Value, &gv); err != nil {
 			return nil, problem.Wrap(problem.Internal, err, "corrupt grant record %s", kv.Key)
 		}
-		out = append(out, record(fencing.Token(kv.CreateRevision), gv))
+		out = append(out, record(fencing.Token(token), gv))
 	}
 	return out, nil
 }
 
-// HighToken implements backend.Backend: the newest grant record's
-// CreateRevision.
+// HighToken implements backend.Backend: the higher of the newest open
+// marker's CreateRevision and the last ended record's token, read keys
+// only (etcd answers from its in-memory index, without reading records).
+// The last ended record is looked for in windows of tokens below the
+// revision read at, each twice as wide as the last, for the reason Grants
+// gives: the newest records are near the top.
 func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
-	resp, err := b.cli.Get(ctx, b.prefix+"/grants/", clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+	resp, err := b.cli.Get(ctx, b.openPath(""), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1))
 	if err != nil {
 		return 0, classify("read high token", err)
 	}
-	if len(resp.Kvs) == 0 {
-		return 0, nil
+	var high int64
+	if len(resp.Kvs) > 0 {
+		high = resp.Kvs[0].CreateRevision
 	}
-	return fencing.Token(resp.Kvs[0].CreateRevision), nil
+	for to, w := resp.Header.Revision+1, int64(1024); to > high+1; to, w = to-w, 2*w {
+		r, err := b.cli.Get(ctx, b.grantPath(max(to-w, high+1)), clientv3.WithRange(b.grantPath(to)), clientv3.WithKeysOnly(),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
+		if err != nil {
+			return 0, classify("read high token", err)
+		}
+		if len(r.Kvs) > 0 {
+			t, ok := parseTokenKey(strings.TrimPrefix(string(r.Kvs[0].Key), b.prefix+"/grants/"))
+			if !ok {
+				return 0, problem.New(problem.Internal, "grant record %s is not keyed by a token", r.Kvs[0].Key)
+			}
+			return fencing.Token(max(high, t)), nil
+		}
+	}
+	return fencing.Token(high), nil
 }
 
 // expiring is a grant whose lock key vanished without a release or revoke
@@ -163,9 +238,9 @@ func (b *Backend) stillOpen(ctx context.Context, batch []expiring) ([]expiring, 
 }
 
 // expire records the grants of batch as expired, in one transaction of one
-// conditional transaction per grant: a grant whose record was rewritten
-// since it was made (released, revoked, or recorded already) is left as
-// it is. A failure is logged (the sweep retries) and returned.
+// conditional transaction per grant: a grant whose open marker is gone
+// (released, revoked, or recorded already) is left as it is. A failure is
+// logged (the sweep retries) and returned.
 func (b *Backend) expire(ctx context.Context, batch []expiring) error {
 	if len(batch) == 0 {
 		return nil
@@ -175,9 +250,9 @@ func (b *Backend) expire(ctx context.Context, batch []expiring) error {
 	recs := make([]backend.GrantRecord, len(batch))
 	for i, x := range batch {
 		gv := endedGrant(x.key, heldLock{token: x.token, lv: x.lv}, ended, backend.EndExpired, "lock-service", "")
-		gp := b.grantPath(x.lv.GrantID)
-		ops[i] = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(gp), "=", x.token)},
-			[]clientv3.Op{clientv3.OpPut(gp, mustJSON(gv)), clientv3.OpDelete(b.openPath(x.lv.GrantID))}, nil)
+		op := b.openPath(x.lv.GrantID)
+		ops[i] = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(op), "=", x.token)},
+			[]clientv3.Op{clientv3.OpPut(b.grantPath(x.token), mustJSON(gv)), clientv3.OpDelete(op)}, nil)
 		recs[i] = record(fencing.Token(x.token), gv)
 	}
 	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
@@ -202,12 +277,13 @@ func (b *Backend) expire(ctx context.Context, batch []expiring) error {
 
 // sweep checks every open grant against its lock key and records as
 // expired those whose key is gone or belongs to a newer grant. The open
-// markers and the lock keys are read in one read-only transaction (one
-// revision, no raft round), so the sweep costs two range reads however many
-// grants are open, and a further read and write only for a grant to record.
+// markers (which hold the grants' records) and the lock keys are read in
+// one read-only transaction (one revision, no raft round), so the sweep
+// costs two range reads however many grants are open, and a write only for
+// grants to record.
 func (b *Backend) sweep(ctx context.Context) {
 	resp, err := b.cli.Txn(ctx).Then(
-		clientv3.OpGet(b.prefix+"/open/", clientv3.WithPrefix()),
+		clientv3.OpGet(b.openPath(""), clientv3.WithPrefix()),
 		clientv3.OpGet(b.prefix+"/locks/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
@@ -223,26 +299,28 @@ func (b *Backend) sweep(ctx context.Context) {
 	}
 	var ended []expiring // open grants whose key is gone or a newer grant's
 	for _, kv := range open {
-		key := string(kv.Value)
-		if held[b.lockPath(key)] == kv.CreateRevision {
+		var gv grantValue
+		if json.Unmarshal(kv.Value, &gv) != nil {
+			continue // not a record: left for the migration of an older layout (migrate.go)
+		}
+		if held[b.lockPath(gv.Key)] == kv.CreateRevision {
 			continue // still held
 		}
-		ended = append(ended, expiring{key: key, lv: lockValue{GrantID: strings.TrimPrefix(string(kv.Key), b.prefix+"/open/")}, token: kv.CreateRevision})
+		id := strings.TrimPrefix(string(kv.Key), b.openPath(""))
+		ended = append(ended, expiring{key: gv.Key, token: kv.CreateRevision,
+			lv: lockValue{Owner: gv.Owner, SessionID: gv.SessionID, GrantID: id, GrantedAt: gv.GrantedAt}})
 	}
 	failed := false
 	inBatches(ended, expiryBatch, func(batch []expiring) error {
 		if failed {
 			return nil
 		}
-		found, err := b.readGrants(ctx, batch)
+		err := b.expire(ctx, batch)
 		if errors.Is(err, rpctypes.ErrTooManyOps) {
 			return err
 		}
-		if err != nil {
-			failed = true // as before: the next sweep tries again
-			return nil
-		}
-		return b.expire(ctx, found)
+		failed = err != nil // as before: the next sweep tries again
+		return nil
 	})
 	if failed {
 		return
@@ -250,33 +328,6 @@ func (b *Backend) sweep(ctx context.Context) {
 	if lr, err := b.cli.Leases(ctx); err == nil {
 		b.obs().ActiveSessions(len(lr.Leases))
 	}
-}
-
-// readGrants returns the grants of batch with their owner, session and
-// start filled in from their records, all read in one transaction. A
-// grant whose record is missing (compacted) or unreadable is left out:
-// its open marker stays, as before, for a later sweep to find again.
-func (b *Backend) readGrants(ctx context.Context, batch []expiring) ([]expiring, error) {
-	ops := make([]clientv3.Op, len(batch))
-	for i, x := range batch {
-		ops[i] = clientv3.OpGet(b.grantPath(x.lv.GrantID))
-	}
-	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
-	if err != nil {
-		return nil, err
-	}
-	var out []expiring
-	for i, r := range resp.Responses {
-		kvs := r.GetResponseRange().GetKvs()
-		var gv grantValue
-		if len(kvs) == 0 || json.Unmarshal(kvs[0].Value, &gv) != nil {
-			continue
-		}
-		x := batch[i]
-		x.lv.Owner, x.lv.SessionID, x.lv.GrantedAt = gv.Owner, gv.SessionID, gv.GrantedAt
-		out = append(out, x)
-	}
-	return out, nil
 }
 
 // compactPage bounds one read of compaction, and compactOps one delete
@@ -287,7 +338,7 @@ const (
 )
 
 // Compact deletes ended grant records older than the retention (always
-// keeping the newest grant record, so the high token stays known), and the
+// keeping the newest ended record, so the high token stays known), and the
 // records of sessions created before the retention that have ended (their
 // alive key is gone). It reports how many of each it deleted. Run calls it
 // every CompactInterval; it is exported for tests and tools. etcd's own
@@ -298,26 +349,40 @@ func (b *Backend) Compact(ctx context.Context) (grants, sessions int, err error)
 		return 0, 0, nil
 	}
 	cutoff := time.Now().Add(-b.cfg.GrantRetention)
-	newest, err := b.HighToken(ctx)
-	if err != nil {
-		return 0, 0, err
-	}
-	// Grant ids sort by time: everything granted before the cutoff is the
-	// key range [grants/, grants/<cutoff>).
-	from, end := b.grantPath(""), b.grantPath(fmt.Sprintf("%016x", cutoff.UnixNano()))
+	// The ended records in token order are in grant order: the scan stops
+	// at the first granted since the cutoff (none after it can have ended
+	// before the cutoff, up to the replicas' clock skew, which only leaves
+	// a record for a later pass). What it reads is what it deletes, and
+	// the records of grants held across the cutoff.
+	from := b.endedFrom()
 	var dels []string
 	for {
-		resp, err := b.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(compactPage))
+		resp, err := b.cli.Get(ctx, from, clientv3.WithRange(b.endedEnd()), clientv3.WithLimit(compactPage))
 		if err != nil {
 			return grants, sessions, classify("compact grant log", err)
 		}
+		stop := false
 		for _, kv := range resp.Kvs {
 			var gv grantValue
-			if json.Unmarshal(kv.Value, &gv) == nil && gv.EndedAt != nil && gv.EndedAt.Before(cutoff) && kv.CreateRevision < int64(newest) {
+			if json.Unmarshal(kv.Value, &gv) != nil {
+				continue
+			}
+			if !gv.GrantedAt.Before(cutoff) {
+				stop = true
+				break
+			}
+			if gv.EndedAt != nil && gv.EndedAt.Before(cutoff) {
 				dels = append(dels, string(kv.Key))
 			}
 		}
+		if stop {
+			break
+		}
 		if len(resp.Kvs) == 0 || !resp.More {
+			// The scan reached the newest ended record: it stays.
+			if n := len(dels); n > 0 && len(resp.Kvs) > 0 && dels[n-1] == string(resp.Kvs[len(resp.Kvs)-1].Key) {
+				dels = dels[:n-1]
+			}
 			break
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"

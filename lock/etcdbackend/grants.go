@@ -21,7 +21,7 @@ import (
 // Acquire implements backend.Backend: one transaction,
 //
 //	If(CreateRevision(locks/<key>) == 0, CreateRevision(alive/<session>) > 0)
-//	Then(Put(locks/<key>, lease), Put(grants/<id>), Put(open/<id>))
+//	Then(Put(locks/<key>, lease), Put(open/<id>, record))
 //	Else(Get(locks/<key>), Get(alive/<session>))
 //
 // whose second compare proves the session alive (its alive key is attached
@@ -48,8 +48,7 @@ func (b *Backend) Acquire(ctx context.Context, key, sid string) (backend.Grant, 
 	resp, err := b.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(lp), "=", 0), clientv3.Compare(clientv3.CreateRevision(ap), ">", 0)).
 		Then(clientv3.OpPut(lp, mustJSON(lv), clientv3.WithLease(lease)),
-			clientv3.OpPut(b.grantPath(gid), mustJSON(gv)),
-			clientv3.OpPut(b.openPath(gid), key)).
+			clientv3.OpPut(b.openPath(gid), mustJSON(gv))).
 		Else(clientv3.OpGet(lp), clientv3.OpGet(ap, clientv3.WithCountOnly())).
 		Commit()
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -121,14 +120,14 @@ func endedGrant(key string, h heldLock, ended time.Time, reason, actor, why stri
 // endTxn is the transaction that ends h, the grant of key: conditioned on
 // the key still being that grant (token) and, when lease is not 0, the
 // holder's lease; it deletes the key and the grant's open marker and
-// writes gv, the ended record.
+// writes gv, the ended record, at grants/<token>.
 func (b *Backend) endTxn(key string, h heldLock, lease clientv3.LeaseID, gv grantValue) ([]clientv3.Cmp, []clientv3.Op) {
 	lp := b.lockPath(key)
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(lp), "=", h.token)}
 	if lease != 0 {
 		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(lp), "=", lease))
 	}
-	return cmps, []clientv3.Op{clientv3.OpDelete(lp), clientv3.OpPut(b.grantPath(h.lv.GrantID), mustJSON(gv)), clientv3.OpDelete(b.openPath(h.lv.GrantID))}
+	return cmps, []clientv3.Op{clientv3.OpDelete(lp), clientv3.OpPut(b.grantPath(h.token), mustJSON(gv)), clientv3.OpDelete(b.openPath(h.lv.GrantID))}
 }
 
 // endBatch is end for several lock keys of the session with lease, as

@@ -1,0 +1,311 @@
+package etcdbackend_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/etcdbackend"
+	"github.com/payouts/payouts/lock/fencing"
+)
+
+// makeGrants makes n grants of distinct keys under prefix, released at
+// once, in a few goroutines; it returns their tokens in no order.
+func makeGrants(t *testing.T, ctx context.Context, b *etcdbackend.Backend, sid, prefix string, n int) []fencing.Token {
+	t.Helper()
+	const workers = 8
+	var mu sync.Mutex
+	var tokens []fencing.Token
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n; i += workers {
+				g, err := b.Acquire(ctx, fmt.Sprintf("%s:%05d", prefix, i), sid)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := b.Release(ctx, g.Key, sid, g.Token); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				tokens = append(tokens, g.Token)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	return tokens
+}
+
+// allGrants reads the whole grant log in pages of limit.
+func allGrants(t *testing.T, ctx context.Context, b backend.Backend, limit int) []backend.GrantRecord {
+	t.Helper()
+	var out []backend.GrantRecord
+	var after fencing.Token
+	for {
+		page, err := b.Grants(ctx, after, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page) == 0 {
+			return out
+		}
+		out = append(out, page...)
+		after = page[len(page)-1].Token
+	}
+}
+
+// grantRecordsCounted is how many ended grant records etcd counted (which
+// it does for every key of a range it reads, whatever the limit) in the
+// range reads of calls.
+func grantRecordsCounted(calls []rpcCall) int64 {
+	var n int64
+	count := func(req *etcdserverpb.RangeRequest, resp *etcdserverpb.RangeResponse) {
+		if req != nil && resp != nil && strings.Contains(string(req.Key), "/grants/") {
+			n += resp.Count
+		}
+	}
+	for _, c := range calls {
+		switch req := c.req.(type) {
+		case *etcdserverpb.RangeRequest:
+			count(req, c.reply.(*etcdserverpb.RangeResponse))
+		case *etcdserverpb.TxnRequest:
+			resp := c.reply.(*etcdserverpb.TxnResponse)
+			for i, op := range req.Success {
+				if i < len(resp.Responses) {
+					count(op.GetRequestRange(), resp.Responses[i].GetResponseRange())
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestAGrantPageReadsItsOwnRecordsNotTheLog: a page of the grant log costs
+// etcd the page's records, not the whole log (the reconciler reads the
+// whole log in pages, so a page that reads the log makes a pass grow with
+// the square of its length). With 1,500 ended grants and some held ones
+// between them, a page of 50 from the middle makes etcd count at most ten
+// pages' worth of records; the pages together give the whole log in token
+// order, each grant once, held ones as open.
+func TestAGrantPageReadsItsOwnRecordsNotTheLog(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rc, _, b := countedBackend(t, ctx)
+	s, err := b.CreateSession(ctx, "w", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := makeGrants(t, ctx, b, s.ID, "page:a", 750)
+	held, _ := acquireMany(t, ctx, b, s.ID, "page:held", 5)
+	ended = append(ended, makeGrants(t, ctx, b, s.ID, "page:b", 750)...)
+
+	all := allGrants(t, ctx, b, 50)
+	if len(all) != len(ended)+len(held) {
+		t.Fatalf("the pages hold %d grants; want %d", len(all), len(ended)+len(held))
+	}
+	for i, r := range all {
+		if i > 0 && r.Token <= all[i-1].Token {
+			t.Fatalf("grant %d (token %d) follows token %d: not in token order", i, r.Token, all[i-1].Token)
+		}
+		if open := r.EndedAt == nil; open != held[r.Token] {
+			t.Fatalf("grant %d: ended_at %v, held %v", r.Token, r.EndedAt, held[r.Token])
+		}
+	}
+
+	const limit = 50
+	mid := all[len(all)/2].Token
+	var page []backend.GrantRecord
+	calls := rc.duringCalls(func() {
+		if page, err = b.Grants(ctx, mid, limit); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if len(page) != limit || page[0].Token != all[len(all)/2+1].Token {
+		t.Fatalf("page after %d: %d grants from %d; want %d from %d", mid, len(page), page[0].Token, limit, all[len(all)/2+1].Token)
+	}
+	if n := grantRecordsCounted(calls); n > 10*limit {
+		t.Errorf("a page of %d made etcd count %d grant records; want at most %d (the log holds %d)", limit, n, 10*limit, len(all))
+	}
+}
+
+// TestGrantPagesAndHighTokenCrossGaps: tokens are etcd revisions, and other
+// writes (or compaction of old records) leave gaps between grants far wider
+// than a page. The log reads across them and the high token is found
+// below them.
+func TestGrantPagesAndHighTokenCrossGaps(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	_, cli, b := countedBackend(t, ctx)
+	s, err := b.CreateSession(ctx, "w", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gap := func() {
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Go(func() {
+				for i := range 400 {
+					if _, err := cli.Put(ctx, fmt.Sprintf("/gap/%d/%d", w, i), "x"); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	first := makeGrants(t, ctx, b, s.ID, "gap:first", 1)[0]
+	gap()
+	second := makeGrants(t, ctx, b, s.ID, "gap:second", 1)[0]
+	gap()
+	if t.Failed() {
+		t.FailNow()
+	}
+	recs, err := b.Grants(ctx, 0, 10)
+	if err != nil || len(recs) != 2 || recs[0].Token != first || recs[1].Token != second {
+		t.Fatalf("grant log across gaps: %+v %v; want tokens %d and %d", recs, err, first, second)
+	}
+	if recs, err := b.Grants(ctx, first, 1); err != nil || len(recs) != 1 || recs[0].Token != second {
+		t.Fatalf("page after %d: %+v %v; want token %d", first, recs, err, second)
+	}
+	if high, err := b.HighToken(ctx); err != nil || high != second {
+		t.Fatalf("high token below a gap: %d %v; want %d", high, err, second)
+	}
+	open, err := b.Acquire(ctx, "gap:open", s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gap()
+	if high, err := b.HighToken(ctx); err != nil || high != open.Token {
+		t.Fatalf("high token with a held grant: %d %v; want %d", high, err, open.Token)
+	}
+}
+
+// TestEarlierLayoutIsMigrated: a grant log written by the earlier layout
+// (every record at grants/<id> from its acquire on, markers holding the
+// lock key) is moved by Open: an ended grant to its token's key, a held
+// one into its marker (which a release then ends as usual), and a grant
+// whose lease expired while no service ran is recorded by the sweep. No
+// record is left at the old keys and the log reads the same.
+func TestEarlierLayoutIsMigrated(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	prefix := fmt.Sprintf("/test/%d", seq.Add(1))
+	open := func() *etcdbackend.Backend {
+		b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: prefix, Logger: slog.New(slog.DiscardHandler), SweepInterval: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	b0 := open()
+	live, err := b0.CreateSession(ctx, "live", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lapsing, err := b0.CreateSession(ctx, "lapsing", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b0.Close()
+
+	n := 0
+	legacyID := func() string {
+		n++
+		return fmt.Sprintf("%016x%016x", time.Now().UnixNano(), n)
+	}
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	record := func(key, sid string, ended bool) string {
+		v := map[string]any{"key": key, "owner": "o-" + key, "session_id": sid, "granted_at": at}
+		if ended {
+			v["ended_at"], v["end_reason"] = at, "released"
+		}
+		b, _ := json.Marshal(v)
+		return string(b)
+	}
+	// An ended grant: its record alone.
+	endedID := legacyID()
+	resp, err := cli.Put(ctx, prefix+"/grants/"+endedID, record("legacy:ended", live.ID, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	endedToken := fencing.Token(resp.Header.Revision)
+	// A held grant, and one whose lease then expires: lock key, record and
+	// marker in the acquire's transaction, as the earlier layout wrote them.
+	acquire := func(key, sid string) fencing.Token {
+		lease, _ := strconv.ParseInt(sid, 10, 64)
+		id := legacyID()
+		lv, _ := json.Marshal(map[string]any{"owner": "o-" + key, "session_id": sid, "grant_id": id, "granted_at": at})
+		r, err := cli.Txn(ctx).Then(
+			clientv3.OpPut(prefix+"/locks/"+key, string(lv), clientv3.WithLease(clientv3.LeaseID(lease))),
+			clientv3.OpPut(prefix+"/grants/"+id, record(key, sid, false)),
+			clientv3.OpPut(prefix+"/open/"+id, key)).Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fencing.Token(r.Header.Revision)
+	}
+	heldToken := acquire("legacy:held", live.ID)
+	lapsedToken := acquire("legacy:lapsed", lapsing.ID)
+	lease, _ := strconv.ParseInt(lapsing.ID, 10, 64)
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(lease)); err != nil {
+		t.Fatal(err)
+	}
+
+	b := open()
+	defer b.Close()
+	if r, err := cli.Get(ctx, prefix+"/grants/1", clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix+"/grants/")), clientv3.WithCountOnly()); err != nil || r.Count != 0 {
+		t.Fatalf("records left at the earlier layout's keys: %v %v", r, err)
+	}
+	recs, err := b.Grants(ctx, 0, 10)
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("grant log after the move: %+v %v; want 3 grants", recs, err)
+	}
+	for i, want := range []struct {
+		token      fencing.Token
+		key, owner string
+		ended      bool
+	}{{endedToken, "legacy:ended", "o-legacy:ended", true}, {heldToken, "legacy:held", "o-legacy:held", false}, {lapsedToken, "legacy:lapsed", "o-legacy:lapsed", false}} {
+		r := recs[i]
+		if r.Token != want.token || r.Key != want.key || r.Owner != want.owner || (r.EndedAt != nil) != want.ended || !r.GrantedAt.Equal(at) {
+			t.Errorf("grant %d after the move: %+v; want token %d key %s owner %s ended %v granted %v", i, r, want.token, want.key, want.owner, want.ended, at)
+		}
+	}
+	if high, err := b.HighToken(ctx); err != nil || high != lapsedToken {
+		t.Errorf("high token after the move: %d %v; want %d", high, err, lapsedToken)
+	}
+	running(t, ctx, b)
+	waitExpired(t, ctx, b, lapsedToken)
+	if _, err := b.Release(ctx, "legacy:held", live.ID, heldToken); err != nil {
+		t.Fatalf("release of a grant held across the move: %v", err)
+	}
+	recs, err = b.Grants(ctx, heldToken-1, 1)
+	if err != nil || len(recs) != 1 || recs[0].Token != heldToken || recs[0].EndReason != backend.EndReleased || recs[0].Owner != "o-legacy:held" {
+		t.Fatalf("grant held across the move, released: %+v %v", recs, err)
+	}
+}
