@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/etcdbackend"
+	"github.com/payouts/payouts/lock/fencing"
 )
 
 // TestKeyspaceStaysBounded: with a retention, compaction keeps the lock
@@ -86,5 +88,61 @@ func TestKeyspaceStaysBounded(t *testing.T) {
 	recs, err := b.Grants(ctx, 0, 10)
 	if err != nil || len(recs) == 0 || recs[0].Token != held.Token {
 		t.Fatalf("grant log after compaction: %+v %v; want the held grant first", recs, err)
+	}
+}
+
+// TestCompactionKeepsWhatEndedWithinTheRetention: compaction deletes the
+// ended records older than the retention and no other: a grant granted
+// before the cutoff but held until after it stays until its end is older
+// than the retention, and the ended record of the highest token always
+// stays (the high token stays known).
+func TestCompactionKeepsWhatEndedWithinTheRetention(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const retention = 3 * time.Second
+	_, cli, _ := countedBackend(t, ctx)
+	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: fmt.Sprintf("/test/%d", seq.Add(1)), Logger: slog.New(slog.DiscardHandler), GrantRetention: retention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	s, err := b.CreateSession(ctx, "w", "p", backend.MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := b.Acquire(ctx, "compact:long", s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := makeGrants(t, ctx, b, s.ID, "compact:old", 3)
+	time.Sleep(retention + 100*time.Millisecond) // older than the retention (the condition, not a synchronisation)
+	if _, err := b.Release(ctx, long.Key, s.ID, long.Token); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(old)
+	if n, _, err := b.Compact(ctx); err != nil || n != len(old)-1 {
+		t.Fatalf("compaction deleted %d grants (%v); want the %d that ended before the cutoff, less the highest", n, err, len(old)-1)
+	}
+	tokens := func() []fencing.Token {
+		var out []fencing.Token
+		for _, r := range allGrants(t, ctx, b, 10) {
+			out = append(out, r.Token)
+		}
+		return out
+	}
+	if got := tokens(); !slices.Equal(got, []fencing.Token{long.Token, old[len(old)-1]}) {
+		t.Fatalf("grant log after compaction: %v; want the grant held across the cutoff, %d, and the highest token's, %d", got, long.Token, old[len(old)-1])
+	}
+	recent := makeGrants(t, ctx, b, s.ID, "compact:recent", 1)[0]
+	time.Sleep(retention + 100*time.Millisecond)
+	if n, _, err := b.Compact(ctx); err != nil || n != 2 {
+		t.Fatalf("second compaction deleted %d grants (%v); want 2 (the record of the highest token stays)", n, err)
+	}
+	if got := tokens(); len(got) != 1 || got[0] != recent {
+		t.Fatalf("grant log after the second compaction: %v; want the newest record, %d", got, recent)
+	}
+	if high, err := b.HighToken(ctx); err != nil || high != recent {
+		t.Fatalf("high token after compaction: %d %v; want %d", high, err, recent)
 	}
 }
