@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -89,17 +90,31 @@ func (l *loader) grants(ctx context.Context) error {
 		return err
 	}
 	l.tokens = make([]fencing.Token, l.accounts)
-	return parallel(ctx, l.accounts, 32, func(ctx context.Context, a int) error {
+	revs := make([]int64, l.accounts)
+	err = parallel(ctx, l.accounts, 32, func(ctx context.Context, a int) error {
 		at := time.Now().UTC()
 		token := cur.Header.Revision + 1 + int64(a)
 		v, _ := json.Marshal(map[string]any{"key": fencing.Key(accountID(a)), "owner": "bench", "session_id": holder(a),
 			"granted_at": at, "ended_at": at, "end_reason": "released"})
-		if _, err := cli.Put(ctx, etcdbackend.EndedGrantKey(l.etcdPrefix, token), string(v)); err != nil {
+		resp, err := cli.Put(ctx, etcdbackend.EndedGrantKey(l.etcdPrefix, token), string(v))
+		if err != nil {
 			return err
 		}
-		l.tokens[a] = fencing.Token(token)
+		l.tokens[a], revs[a] = fencing.Token(token), resp.Header.Revision
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	// The puts took exactly the revisions given out as tokens: nothing
+	// else wrote meanwhile, so no grant the service made has one of them.
+	slices.Sort(revs)
+	for i, r := range revs {
+		if r != cur.Header.Revision+1+int64(i) {
+			return fmt.Errorf("etcd was written to while the grant log was loaded (revision %d, want %d): a loaded token may be a real grant's", r, cur.Header.Revision+1+int64(i))
+		}
+	}
+	return nil
 }
 
 func (l *loader) rail(ctx context.Context, load func(railclient.PaymentRequest) (string, error)) error {

@@ -27,6 +27,11 @@ import (
 type rpcCounter struct {
 	mu    sync.Mutex
 	calls []rpcCall
+	// After the first call thenIf accepts has returned, and before its
+	// caller goes on, thenDo runs once: a test's way to put a write between
+	// two calls of one operation.
+	thenIf func(method string, req any) bool
+	thenDo func()
 }
 
 // rpcCall is one unary call: its method, request and reply (filled in
@@ -43,7 +48,24 @@ func (c *rpcCounter) intercept(ctx context.Context, method string, req, reply an
 	c.mu.Lock()
 	c.calls = append(c.calls, rpcCall{method: method, req: req, reply: reply})
 	c.mu.Unlock()
-	return invoker(ctx, method, req, reply, cc, opts...)
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	c.mu.Lock()
+	var do func()
+	if c.thenIf != nil && c.thenIf(method, req) {
+		do, c.thenIf, c.thenDo = c.thenDo, nil, nil
+	}
+	c.mu.Unlock()
+	if do != nil {
+		do()
+	}
+	return err
+}
+
+// between arms thenIf and thenDo.
+func (c *rpcCounter) between(after func(method string, req any) bool, do func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.thenIf, c.thenDo = after, do
 }
 
 // duringCalls returns the calls made while fn ran (by any goroutine).
@@ -68,7 +90,7 @@ func (c *rpcCounter) during(fn func()) []string {
 
 // countedBackend is a backend on the test cluster, under a prefix of its
 // own, whose etcd client records every unary call in rc.
-func countedBackend(t *testing.T, ctx context.Context) (rc *rpcCounter, cli *clientv3.Client, b *etcdbackend.Backend) {
+func countedBackend(t *testing.T, ctx context.Context, opts ...func(*etcdbackend.Config)) (rc *rpcCounter, cli *clientv3.Client, b *etcdbackend.Backend) {
 	t.Helper()
 	rc = &rpcCounter{}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
@@ -77,7 +99,11 @@ func countedBackend(t *testing.T, ctx context.Context) (rc *rpcCounter, cli *cli
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	b, err = etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: fmt.Sprintf("/test/%d", seq.Add(1)), Logger: slog.New(slog.DiscardHandler)})
+	cfg := etcdbackend.Config{Client: cli, Prefix: fmt.Sprintf("/test/%d", seq.Add(1)), Logger: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	b, err = etcdbackend.Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

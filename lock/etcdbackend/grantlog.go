@@ -102,20 +102,37 @@ func (b *Backend) grantPage(ctx context.Context, from int64, limit int) ([]backe
 // revision read at, each twice as wide as the last, for the reason Grants
 // gives: the newest records are near the top.
 func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
+	for attempt := 0; ; attempt++ {
+		high, err := b.highToken(ctx)
+		if errors.Is(err, rpctypes.ErrCompacted) && attempt < 3 {
+			continue // etcd compacted past the revision the windows were read at
+		}
+		if err != nil {
+			return 0, classify("read high token", err)
+		}
+		return high, nil
+	}
+}
+
+// highToken reads the windows at the revision of the first read: at a
+// later one, a grant made and released meanwhile would let compaction
+// delete the record the windows look for, and find nothing.
+func (b *Backend) highToken(ctx context.Context) (fencing.Token, error) {
 	resp, err := b.cli.Get(ctx, b.openPath(""), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1))
 	if err != nil {
-		return 0, classify("read high token", err)
+		return 0, err
 	}
 	var high int64
 	if len(resp.Kvs) > 0 {
 		high = resp.Kvs[0].CreateRevision
 	}
-	for to, w := resp.Header.Revision+1, int64(1024); to > high+1; to, w = to-w, 2*w {
+	rev := resp.Header.Revision
+	for to, w := rev+1, int64(1024); to > high+1; to, w = to-w, 2*w {
 		r, err := b.cli.Get(ctx, b.grantPath(max(to-w, high+1)), clientv3.WithRange(b.grantPath(to)), clientv3.WithKeysOnly(),
-			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1), clientv3.WithRev(rev))
 		if err != nil {
-			return 0, classify("read high token", err)
+			return 0, err
 		}
 		if len(r.Kvs) > 0 {
 			t, ok := parseTokenKey(strings.TrimPrefix(string(r.Kvs[0].Key), b.prefix+"/grants/"))
@@ -162,8 +179,8 @@ func inBatches[T any](xs []T, size int, fn func([]T) error) {
 // recordDeletions handles the deletions of lock keys in one watch answer:
 // each key's waiters are told first, then the grants that the deletions
 // ended without a release or revoke are recorded as expired (a release or
-// revoke rewrites the grant record, so the compare on its ModRevision ==
-// token fails and nothing is written twice).
+// revoke deletes the grant's open marker, so the compare on its
+// CreateRevision == token fails and nothing is written twice).
 //
 // Most deletions are releases, and most releases are this process's own:
 // a deletion its own release or revoke transaction made at that revision
@@ -332,9 +349,12 @@ func (b *Backend) sweep(ctx context.Context) {
 
 // compactPage bounds one read of compaction, and compactOps one delete
 // transaction (etcd allows 128 operations per transaction by default).
+// clockAhead is how far ahead of this process's clock another replica's
+// may be before compaction takes a grant's time for a wrong one.
 const (
 	compactPage = 500
 	compactOps  = 100
+	clockAhead  = time.Minute
 )
 
 // Compact deletes ended grant records older than the retention (always
@@ -353,7 +373,10 @@ func (b *Backend) Compact(ctx context.Context) (grants, sessions int, err error)
 	// at the first granted since the cutoff (none after it can have ended
 	// before the cutoff, up to the replicas' clock skew, which only leaves
 	// a record for a later pass). What it reads is what it deletes, and
-	// the records of grants held across the cutoff.
+	// the records of grants held across the cutoff. A record granted
+	// later than now (a replica's clock ahead) is passed over, not stopped
+	// at: stopping there would stop compaction until that time.
+	now := time.Now()
 	from := b.endedFrom()
 	var dels []string
 	for {
@@ -367,7 +390,7 @@ func (b *Backend) Compact(ctx context.Context) (grants, sessions int, err error)
 			if json.Unmarshal(kv.Value, &gv) != nil {
 				continue
 			}
-			if !gv.GrantedAt.Before(cutoff) {
+			if !gv.GrantedAt.Before(cutoff) && !gv.GrantedAt.After(now.Add(clockAhead)) {
 				stop = true
 				break
 			}

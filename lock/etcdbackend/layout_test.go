@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,7 +104,7 @@ func grantRecordsCounted(calls []rpcCall) int64 {
 // the square of its length). With 1,500 ended grants and some held ones
 // between them, a page of 50 from the middle makes etcd count at most ten
 // pages' worth of records; the pages together give the whole log in token
-// order, each grant once, held ones as open.
+// order, each grant once, held ones as open, whatever the page size.
 func TestAGrantPageReadsItsOwnRecordsNotTheLog(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -128,6 +129,14 @@ func TestAGrantPageReadsItsOwnRecordsNotTheLog(t *testing.T) {
 		if open := r.EndedAt == nil; open != held[r.Token] {
 			t.Fatalf("grant %d: ended_at %v, held %v", r.Token, r.EndedAt, held[r.Token])
 		}
+	}
+
+	// Pages smaller than the held grants: the open markers' read is cut
+	// short by the limit too, and the log reads the same.
+	if small := allGrants(t, ctx, b, 3); !slices.EqualFunc(small, all, func(a, b backend.GrantRecord) bool {
+		return a.Token == b.Token && (a.EndedAt == nil) == (b.EndedAt == nil)
+	}) {
+		t.Fatalf("pages of 3 hold %d grants, not the %d of pages of 50 in the same order", len(small), len(all))
 	}
 
 	const limit = 50
@@ -204,8 +213,11 @@ func TestGrantPagesAndHighTokenCrossGaps(t *testing.T) {
 // (every record at grants/<id> from its acquire on, markers holding the
 // lock key) is moved by Open: an ended grant to its token's key, a held
 // one into its marker (which a release then ends as usual), and a grant
-// whose lease expired while no service ran is recorded by the sweep. No
-// record is left at the old keys and the log reads the same.
+// whose lease expired while no service ran is recorded by the sweep. A
+// marker whose record is missing gets one from its lock key, or is
+// recorded as expired when its key is gone; an ended record already
+// written is not overwritten. No record is left at the old keys, no
+// marker holds a bare key, and the log reads the same.
 func TestEarlierLayoutIsMigrated(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -272,6 +284,32 @@ func TestEarlierLayoutIsMigrated(t *testing.T) {
 	}
 	heldToken := acquire("legacy:held", live.ID)
 	lapsedToken := acquire("legacy:lapsed", lapsing.ID)
+	// Records the earlier layout cannot make alone, as an earlier replica
+	// running beside this version leaves them: a held grant whose marker
+	// holds the bare key but whose record is gone; a marker alone, its
+	// key gone; and a grant this version ended (its ended record written,
+	// its marker deleted) while its old record stayed open.
+	bareHeldToken := acquire("legacy:bare-held", live.ID)
+	bareGoneToken := acquire("legacy:bare-gone", lapsing.ID)
+	endedHereToken := acquire("legacy:ended-here", live.ID)
+	r, err := cli.Get(ctx, prefix+"/grants/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range r.Kvs {
+		id := strings.TrimPrefix(string(kv.Key), prefix+"/grants/")
+		switch fencing.Token(kv.CreateRevision) {
+		case bareHeldToken, bareGoneToken:
+			if _, err := cli.Delete(ctx, string(kv.Key)); err != nil {
+				t.Fatal(err)
+			}
+		case endedHereToken:
+			if _, err := cli.Txn(ctx).Then(clientv3.OpDelete(prefix+"/open/"+id), clientv3.OpDelete(prefix+"/locks/legacy:ended-here"),
+				clientv3.OpPut(etcdbackend.EndedGrantKey(prefix, int64(endedHereToken)), record("legacy:ended-here", live.ID, true))).Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	lease, _ := strconv.ParseInt(lapsing.ID, 10, 64)
 	if _, err := cli.Revoke(ctx, clientv3.LeaseID(lease)); err != nil {
 		t.Fatal(err)
@@ -282,22 +320,41 @@ func TestEarlierLayoutIsMigrated(t *testing.T) {
 	if r, err := cli.Get(ctx, prefix+"/grants/1", clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix+"/grants/")), clientv3.WithCountOnly()); err != nil || r.Count != 0 {
 		t.Fatalf("records left at the earlier layout's keys: %v %v", r, err)
 	}
+	if r, err := cli.Get(ctx, prefix+"/open/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, kv := range r.Kvs {
+			if !json.Valid(kv.Value) {
+				t.Errorf("marker %s still holds %q after the move", kv.Key, kv.Value)
+			}
+		}
+	}
 	recs, err := b.Grants(ctx, 0, 10)
-	if err != nil || len(recs) != 3 {
-		t.Fatalf("grant log after the move: %+v %v; want 3 grants", recs, err)
+	if err != nil || len(recs) != 6 {
+		t.Fatalf("grant log after the move: %+v %v; want 6 grants", recs, err)
 	}
 	for i, want := range []struct {
 		token      fencing.Token
 		key, owner string
-		ended      bool
-	}{{endedToken, "legacy:ended", "o-legacy:ended", true}, {heldToken, "legacy:held", "o-legacy:held", false}, {lapsedToken, "legacy:lapsed", "o-legacy:lapsed", false}} {
+		end        string // "": open
+	}{
+		{endedToken, "legacy:ended", "o-legacy:ended", backend.EndReleased},
+		{heldToken, "legacy:held", "o-legacy:held", ""},
+		{lapsedToken, "legacy:lapsed", "o-legacy:lapsed", ""},
+		{bareHeldToken, "legacy:bare-held", "o-legacy:bare-held", ""}, // from its lock key
+		{bareGoneToken, "legacy:bare-gone", "", backend.EndExpired},
+		{endedHereToken, "legacy:ended-here", "o-legacy:ended-here", backend.EndReleased}, // not overwritten
+	} {
 		r := recs[i]
-		if r.Token != want.token || r.Key != want.key || r.Owner != want.owner || (r.EndedAt != nil) != want.ended || !r.GrantedAt.Equal(at) {
-			t.Errorf("grant %d after the move: %+v; want token %d key %s owner %s ended %v granted %v", i, r, want.token, want.key, want.owner, want.ended, at)
+		if r.Token != want.token || r.Key != want.key || r.Owner != want.owner || r.EndReason != want.end || (r.EndedAt != nil) != (want.end != "") {
+			t.Errorf("grant %d after the move: %+v; want token %d key %s owner %s end %q", i, r, want.token, want.key, want.owner, want.end)
+		}
+		if want.owner != "" && !r.GrantedAt.Equal(at) {
+			t.Errorf("grant %d after the move: granted at %v; want %v", i, r.GrantedAt, at)
 		}
 	}
-	if high, err := b.HighToken(ctx); err != nil || high != lapsedToken {
-		t.Errorf("high token after the move: %d %v; want %d", high, err, lapsedToken)
+	if high, err := b.HighToken(ctx); err != nil || high != endedHereToken {
+		t.Errorf("high token after the move: %d %v; want %d", high, err, endedHereToken)
 	}
 	running(t, ctx, b)
 	waitExpired(t, ctx, b, lapsedToken)
@@ -307,5 +364,113 @@ func TestEarlierLayoutIsMigrated(t *testing.T) {
 	recs, err = b.Grants(ctx, heldToken-1, 1)
 	if err != nil || len(recs) != 1 || recs[0].Token != heldToken || recs[0].EndReason != backend.EndReleased || recs[0].Owner != "o-legacy:held" {
 		t.Fatalf("grant held across the move, released: %+v %v", recs, err)
+	}
+}
+
+// TestAGrantPageIsReadAtOneRevision: a page whose ended records take more
+// than one read is read at one revision, so a grant that ends between the
+// reads is in the page once, as it was when the page began (open).
+func TestAGrantPageIsReadAtOneRevision(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rc, cli, b := countedBackend(t, ctx)
+	s, err := b.CreateSession(ctx, "w", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := makeGrants(t, ctx, b, s.ID, "onerev:first", 1)[0]
+	for i := range 100 { // a gap wider than the page's first window (4 × 10 tokens)
+		if _, err := cli.Put(ctx, fmt.Sprintf("/onerev-gap/%d", i), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := b.Acquire(ctx, "onerev:held", s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.between(func(_ string, req any) bool { return isGrantsRead(req) }, func() {
+		if _, err := b.Release(ctx, held.Key, s.ID, held.Token); err != nil {
+			t.Error(err)
+		}
+	})
+	recs, err := b.Grants(ctx, first-1, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 || recs[0].Token != first || recs[1].Token != held.Token || recs[1].EndedAt != nil {
+		t.Fatalf("page with a grant ended while it was read: %+v; want %d, then %d open", recs, first, held.Token)
+	}
+}
+
+// TestHighTokenIsReadAtOneRevision: the high token's reads are at one
+// revision, so a grant made and released between them, and a compaction
+// that deletes the record they look for, cannot make it lower than the
+// highest token of any moment.
+func TestHighTokenIsReadAtOneRevision(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const retention = time.Second
+	rc, _, b := countedBackend(t, ctx, func(c *etcdbackend.Config) { c.GrantRetention = retention })
+	s, err := b.CreateSession(ctx, "w", "p", backend.MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := makeGrants(t, ctx, b, s.ID, "high:old", 1)[0]
+	time.Sleep(retention + 100*time.Millisecond) // older than the retention (the condition, not a synchronisation)
+	var newer fencing.Token
+	rc.between(func(_ string, req any) bool {
+		r, ok := req.(*etcdserverpb.RangeRequest)
+		return ok && strings.Contains(string(r.Key), "/open/")
+	}, func() {
+		newer = makeGrants(t, ctx, b, s.ID, "high:new", 1)[0]
+		if n, _, err := b.Compact(ctx); err != nil || n != 1 {
+			t.Errorf("compaction between the reads deleted %d (%v); want the old record", n, err)
+		}
+	})
+	high, err := b.HighToken(ctx)
+	if err != nil || newer == 0 {
+		t.Fatalf("high token: %v (newer grant %d)", err, newer)
+	}
+	if high != old {
+		t.Fatalf("high token read while %d was made and %d compacted away: %d; want %d, the highest when the read began", newer, old, high, old)
+	}
+}
+
+// TestCompactionPassesOverAGrantDatedAhead: a record granted later than
+// now (a replica's clock ahead) does not stop compaction of the records
+// after it.
+func TestCompactionPassesOverAGrantDatedAhead(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const retention = time.Second
+	prefix := fmt.Sprintf("/test/%d", seq.Add(1))
+	_, cli, b := countedBackend(t, ctx, func(c *etcdbackend.Config) { c.GrantRetention = retention; c.Prefix = prefix })
+	s, err := b.CreateSession(ctx, "w", "p", backend.MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old []fencing.Token // one at a time: a grant's release is the revision after it
+	for i := range 4 {
+		old = append(old, makeGrants(t, ctx, b, s.ID, fmt.Sprintf("ahead:old%d", i), 1)...)
+	}
+	ahead := time.Now().Add(365 * 24 * time.Hour).UTC()
+	v, _ := json.Marshal(map[string]any{"key": "ahead:clock", "owner": "o", "session_id": s.ID, "granted_at": ahead, "ended_at": ahead, "end_reason": "released"})
+	aheadToken := old[0] + 1 // the first grant's release: no grant's token
+	if _, err := cli.Put(ctx, etcdbackend.EndedGrantKey(prefix, int64(aheadToken)), string(v)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(retention + 100*time.Millisecond) // older than the retention (the condition, not a synchronisation)
+	if n, _, err := b.Compact(ctx); err != nil || n != len(old)-1 {
+		t.Fatalf("compaction deleted %d grants (%v); want %d (all the old ones but the highest)", n, err, len(old)-1)
+	}
+	var got []fencing.Token
+	for _, r := range allGrants(t, ctx, b, 10) {
+		got = append(got, r.Token)
+	}
+	if want := []fencing.Token{aheadToken, old[len(old)-1]}; !slices.Equal(got, want) {
+		t.Fatalf("grant log after compaction: %v; want %v", got, want)
 	}
 }
