@@ -704,23 +704,26 @@ func TestSweepRecordsWhatTheWatchMissed(t *testing.T) {
 }
 
 // isGrantsRead is a read of the grant log by the test itself (Grants): a
-// read-only transaction that reads ended grant records, or a further window
-// of them.
+// read-only transaction that reads ended grant records (and the open
+// markers' keys), a further window of ended records, or the records of the
+// open grants a page returns (whole markers, not counts, as the watch
+// reads them).
 func isGrantsRead(req any) bool {
 	if r, ok := req.(*etcdserverpb.RangeRequest); ok {
 		return strings.Contains(string(r.Key), "/grants/")
 	}
 	t, ok := req.(*etcdserverpb.TxnRequest)
-	if !ok || len(t.Compare) > 0 {
+	if !ok || len(t.Compare) > 0 || len(t.Success) == 0 {
 		return false
 	}
-	grants := false
+	grants, markers := false, true
 	for _, op := range t.Success {
 		r := op.GetRequestRange()
 		if r == nil {
 			return false
 		}
 		grants = grants || strings.Contains(string(r.Key), "/grants/")
+		markers = markers && strings.Contains(string(r.Key), "/open/") && len(r.RangeEnd) == 0 && !r.CountOnly
 	}
-	return grants
+	return grants || markers
 }

@@ -27,15 +27,17 @@ func (b *Backend) endedEnd() string  { return b.prefix + "/grants/1" }
 
 // Grants implements backend.Backend: the grant log in token order, tokens
 // above after, read at one revision. The open grants are their markers
-// above after, sorted by create revision (the token): etcd reads every
-// open marker, as many as locks are held. The ended records are read in
-// key order (token order) from after's successor, a window of tokens at a
-// time: etcd counts every key of a range it reads, whatever the limit, so
-// a range to the end of the log would cost the whole log on every page.
-// The first window is four pages of tokens wide, and each next one twice
-// the last, up to the revision read at (no token is above it), so a page
-// costs its own records and a few reads however long the log, and a gap
-// (records compacted away) costs a read per doubling.
+// above after, sorted by create revision (the token), read keys only
+// (etcd answers from its in-memory index, however many locks are held);
+// only the markers the page returns are then read whole. The ended
+// records are read in key order (token order) from after's successor, a
+// window of tokens at a time: etcd counts every key of a range it reads,
+// whatever the limit, so a range to the end of the log would cost the
+// whole log on every page. The first window is four pages of tokens wide,
+// and each next one twice the last, up to the revision read at (no token
+// is above it), so a page costs its own records and a few reads however
+// long the log, and a gap (records compacted away) costs a read per
+// doubling.
 func (b *Backend) Grants(ctx context.Context, after fencing.Token, limit int) ([]backend.GrantRecord, error) {
 	for attempt := 0; ; attempt++ {
 		recs, err := b.grantPage(ctx, int64(after)+1, limit)
@@ -52,7 +54,7 @@ func (b *Backend) Grants(ctx context.Context, after fencing.Token, limit int) ([
 func (b *Backend) grantPage(ctx context.Context, from int64, limit int) ([]backend.GrantRecord, error) {
 	w := 4 * int64(limit)
 	resp, err := b.cli.Txn(ctx).Then(
-		clientv3.OpGet(b.openPath(""), clientv3.WithPrefix(), clientv3.WithMinCreateRev(from),
+		clientv3.OpGet(b.openPath(""), clientv3.WithPrefix(), clientv3.WithMinCreateRev(from), clientv3.WithKeysOnly(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(int64(limit))),
 		clientv3.OpGet(b.grantPath(from), clientv3.WithRange(b.grantPath(from+w)), clientv3.WithLimit(int64(limit))),
 	).Commit()
@@ -70,29 +72,73 @@ func (b *Backend) grantPage(ctx context.Context, from int64, limit int) ([]backe
 		}
 		ended = append(ended, r.Kvs...)
 	}
-	out := make([]backend.GrantRecord, 0, min(limit, len(ended)+len(open)))
-	for len(out) < limit && len(ended)+len(open) > 0 {
-		var kv *mvccpb.KeyValue
+	// The page in token order; an open grant's entry is its marker's key
+	// alone until its record is read.
+	page := make([]*mvccpb.KeyValue, 0, min(limit, len(ended)+len(open)))
+	tokens := make([]int64, 0, cap(page))
+	var markers []int // the page's open grants
+	for len(page) < limit && len(ended)+len(open) > 0 {
 		var token int64
 		if len(ended) > 0 {
 			t, ok := parseTokenKey(strings.TrimPrefix(string(ended[0].Key), b.prefix+"/grants/"))
 			if !ok {
 				return nil, problem.New(problem.Internal, "grant record %s is not keyed by a token", ended[0].Key)
 			}
-			kv, token = ended[0], t
+			token = t
 		}
-		if len(open) > 0 && (kv == nil || open[0].CreateRevision < token) {
-			kv, token, open = open[0], open[0].CreateRevision, open[1:]
+		if len(open) > 0 && (len(ended) == 0 || open[0].CreateRevision < token) {
+			markers = append(markers, len(page))
+			page, tokens, open = append(page, open[0]), append(tokens, open[0].CreateRevision), open[1:]
 		} else {
-			ended = ended[1:]
+			page, tokens, ended = append(page, ended[0]), append(tokens, token), ended[1:]
 		}
+	}
+	if err := b.readMarkers(ctx, page, markers, rev); err != nil {
+		return nil, err
+	}
+	out := make([]backend.GrantRecord, len(page))
+	for i, kv := range page {
 		var gv grantValue
 		if err := json.Unmarshal(kv.Value, &gv); err != nil {
 			return nil, problem.Wrap(problem.Internal, err, "corrupt grant record %s", kv.Key)
 		}
-		out = append(out, record(fencing.Token(token), gv))
+		out[i] = record(fencing.Token(tokens[i]), gv)
 	}
 	return out, nil
+}
+
+// readMarkers replaces page[i], for each i of markers (an open marker read
+// keys only), with the marker as read at rev, in transactions of as many
+// reads as etcd takes.
+func (b *Backend) readMarkers(ctx context.Context, page []*mvccpb.KeyValue, markers []int, rev int64) error {
+	var failed error
+	inBatches(markers, expiryBatch, func(batch []int) error {
+		if failed != nil {
+			return nil
+		}
+		ops := make([]clientv3.Op, len(batch))
+		for j, i := range batch {
+			ops[j] = clientv3.OpGet(string(page[i].Key), clientv3.WithRev(rev))
+		}
+		resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+		if errors.Is(err, rpctypes.ErrTooManyOps) && len(batch) > 1 {
+			return err
+		}
+		if err != nil {
+			failed = err
+			return nil
+		}
+		for j, i := range batch {
+			kvs := resp.Responses[j].GetResponseRange().GetKvs()
+			if len(kvs) != 1 {
+				failed = problem.New(problem.Internal, "open marker %s vanished at revision %d", page[i].Key, rev)
+				return nil
+			}
+			page[i] = kvs[0]
+		}
+		return nil
+	})
+	return failed
 }
 
 // HighToken implements backend.Backend: the higher of the newest open

@@ -474,3 +474,68 @@ func TestCompactionPassesOverAGrantDatedAhead(t *testing.T) {
 		t.Fatalf("grant log after compaction: %v; want %v", got, want)
 	}
 }
+
+// openRecordsRead is how many open markers the replies of calls carried
+// whole (with their records).
+func openRecordsRead(calls []rpcCall) int {
+	n := 0
+	count := func(resp *etcdserverpb.RangeResponse) {
+		for _, kv := range resp.GetKvs() {
+			if strings.Contains(string(kv.Key), "/open/") && len(kv.Value) > 0 {
+				n++
+			}
+		}
+	}
+	for _, c := range calls {
+		switch r := c.reply.(type) {
+		case *etcdserverpb.RangeResponse:
+			count(r)
+		case *etcdserverpb.TxnResponse:
+			for _, op := range r.Responses {
+				count(op.GetResponseRange())
+			}
+		}
+	}
+	return n
+}
+
+// TestAPageReadsOnlyTheOpenRecordsItReturns: the open grants are the most
+// recent, and there can be thousands (one per account an executor keeps);
+// a page reads whole only the open markers it returns, so a pass over the
+// log does not read every open grant's record on every page.
+func TestAPageReadsOnlyTheOpenRecordsItReturns(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rc, _, b := countedBackend(t, ctx)
+	s, err := b.CreateSession(ctx, "w", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := makeGrants(t, ctx, b, s.ID, "few:ended", 100)
+	slices.Sort(ended)
+	held, _ := acquireMany(t, ctx, b, s.ID, "few:held", 120)
+	for _, c := range []struct {
+		after      fencing.Token
+		open, read int
+	}{{0, 0, 0}, {ended[len(ended)-11], 40, 40}} {
+		var page []backend.GrantRecord
+		calls := rc.duringCalls(func() {
+			if page, err = b.Grants(ctx, c.after, 50); err != nil {
+				t.Fatal(err)
+			}
+		})
+		open := 0
+		for _, r := range page {
+			if held[r.Token] && r.EndedAt == nil && r.Key != "" && r.Owner == "w" {
+				open++
+			}
+		}
+		if len(page) != 50 || open != c.open {
+			t.Fatalf("page after %d: %d grants, %d of them open with their records; want 50 and %d", c.after, len(page), open, c.open)
+		}
+		if n := openRecordsRead(calls); n != c.read {
+			t.Errorf("page after %d (%d open grants, %d held in all) read %d open records; want %d", c.after, open, len(held), n, c.read)
+		}
+	}
+}
