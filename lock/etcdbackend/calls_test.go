@@ -619,9 +619,10 @@ func TestTooLargeATransactionIsRecognised(t *testing.T) {
 
 // TestSweepRecordsWhatTheWatchMissed: a lease that expired while no lock
 // service watched is recorded by the sweep Run starts with, and that sweep
-// reads the open grants and the lock keys in one transaction, not one read
-// per open grant: with 20 grants held it makes one read-only transaction,
-// then a read and a write transaction for the grants to record (here one).
+// reads the open grants and the lock keys in one transaction, keys only,
+// not one read per open grant: with 20 grants held it makes one read-only
+// transaction, then a read and a write transaction for the grants to
+// record (here one), and reads no held grant's record.
 func TestSweepRecordsWhatTheWatchMissed(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -690,24 +691,28 @@ func TestSweepRecordsWhatTheWatchMissed(t *testing.T) {
 		}
 	})
 	var sweep []string
+	var sweepCalls []rpcCall
 	for _, c := range calls {
 		if c.method == "/etcdserverpb.Lease/LeaseLeases" {
 			break // the sweep's last call
 		}
 		if strings.HasPrefix(c.method, "/etcdserverpb.KV/") && !isGrantsRead(c.req) {
-			sweep = append(sweep, c.method)
+			sweep, sweepCalls = append(sweep, c.method), append(sweepCalls, c)
 		}
 	}
-	if want := "[/etcdserverpb.KV/Txn /etcdserverpb.KV/Txn]"; fmt.Sprint(sweep) != want {
-		t.Errorf("the first sweep made %v; want one read transaction (the open markers hold the grants' records) and the expiry write: %s", sweep, want)
+	if want := "[/etcdserverpb.KV/Txn /etcdserverpb.KV/Txn /etcdserverpb.KV/Txn]"; fmt.Sprint(sweep) != want {
+		t.Errorf("the first sweep made %v; want one read transaction of keys, one read of the lapsed grant's marker and its expiry write: %s", sweep, want)
+	}
+	if n := openRecordsRead(sweepCalls); n != 1 {
+		t.Errorf("the first sweep read %d open grants' records; want 1, the lapsed grant's (20 are held)", n)
 	}
 }
 
 // isGrantsRead is a read of the grant log by the test itself (Grants): a
 // read-only transaction that reads ended grant records (and the open
 // markers' keys), a further window of ended records, or the records of the
-// open grants a page returns (whole markers, not counts, as the watch
-// reads them).
+// open grants a page returns (whole markers at the page's revision: the
+// watch reads counts, the sweep the latest).
 func isGrantsRead(req any) bool {
 	if r, ok := req.(*etcdserverpb.RangeRequest); ok {
 		return strings.Contains(string(r.Key), "/grants/")
@@ -723,7 +728,7 @@ func isGrantsRead(req any) bool {
 			return false
 		}
 		grants = grants || strings.Contains(string(r.Key), "/grants/")
-		markers = markers && strings.Contains(string(r.Key), "/open/") && len(r.RangeEnd) == 0 && !r.CountOnly
+		markers = markers && strings.Contains(string(r.Key), "/open/") && len(r.RangeEnd) == 0 && !r.CountOnly && r.Revision > 0
 	}
 	return grants || markers
 }

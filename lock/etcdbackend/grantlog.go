@@ -93,8 +93,19 @@ func (b *Backend) grantPage(ctx context.Context, from int64, limit int) ([]backe
 			page, tokens, ended = append(page, ended[0]), append(tokens, token), ended[1:]
 		}
 	}
-	if err := b.readMarkers(ctx, page, markers, rev); err != nil {
+	keys := make([]string, len(markers))
+	for j, i := range markers {
+		keys[j] = string(page[i].Key)
+	}
+	whole, err := b.readKeys(ctx, keys, rev)
+	if err != nil {
 		return nil, err
+	}
+	for j, i := range markers {
+		if whole[j] == nil {
+			return nil, problem.New(problem.Internal, "open marker %s vanished at revision %d", page[i].Key, rev)
+		}
+		page[i] = whole[j]
 	}
 	out := make([]backend.GrantRecord, len(page))
 	for i, kv := range page {
@@ -107,18 +118,18 @@ func (b *Backend) grantPage(ctx context.Context, from int64, limit int) ([]backe
 	return out, nil
 }
 
-// readMarkers replaces page[i], for each i of markers (an open marker read
-// keys only), with the marker as read at rev, in transactions of as many
-// reads as etcd takes.
-func (b *Backend) readMarkers(ctx context.Context, page []*mvccpb.KeyValue, markers []int, rev int64) error {
+// readKeys reads keys whole (at rev; 0: the latest), in transactions of
+// as many reads as etcd takes; a key not there is nil in the answer.
+func (b *Backend) readKeys(ctx context.Context, keys []string, rev int64) ([]*mvccpb.KeyValue, error) {
+	out := make([]*mvccpb.KeyValue, 0, len(keys))
 	var failed error
-	inBatches(markers, expiryBatch, func(batch []int) error {
+	inBatches(keys, expiryBatch, func(batch []string) error {
 		if failed != nil {
 			return nil
 		}
 		ops := make([]clientv3.Op, len(batch))
-		for j, i := range batch {
-			ops[j] = clientv3.OpGet(string(page[i].Key), clientv3.WithRev(rev))
+		for j, k := range batch {
+			ops[j] = clientv3.OpGet(k, clientv3.WithRev(rev))
 		}
 		resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
 		if errors.Is(err, rpctypes.ErrTooManyOps) && len(batch) > 1 {
@@ -128,17 +139,16 @@ func (b *Backend) readMarkers(ctx context.Context, page []*mvccpb.KeyValue, mark
 			failed = err
 			return nil
 		}
-		for j, i := range batch {
-			kvs := resp.Responses[j].GetResponseRange().GetKvs()
-			if len(kvs) != 1 {
-				failed = problem.New(problem.Internal, "open marker %s vanished at revision %d", page[i].Key, rev)
-				return nil
+		for j := range batch {
+			var kv *mvccpb.KeyValue
+			if kvs := resp.Responses[j].GetResponseRange().GetKvs(); len(kvs) == 1 {
+				kv = kvs[0]
 			}
-			page[i] = kvs[0]
+			out = append(out, kv)
 		}
 		return nil
 	})
-	return failed
+	return out, failed
 }
 
 // HighToken implements backend.Backend: the higher of the newest open
@@ -338,15 +348,17 @@ func (b *Backend) expire(ctx context.Context, batch []expiring) error {
 	return nil
 }
 
-// sweep checks every open grant against its lock key and records as
-// expired those whose key is gone or belongs to a newer grant. The open
-// markers (which hold the grants' records) and the lock keys are read in
-// one read-only transaction (one revision, no raft round), so the sweep
-// costs two range reads however many grants are open, and a write only for
-// grants to record.
+// sweep checks every open grant against the lock keys and records as
+// expired those whose grant no lock key is (its key gone, or a newer
+// grant's): each acquire creates one lock key, so a grant is held exactly
+// while a lock key's CreateRevision is its token. The open markers and the
+// lock keys are read keys only, in one read-only transaction (one
+// revision, no raft round, answered from etcd's in-memory index), so the
+// sweep costs two range reads however many grants are open; only the
+// markers of grants to record are then read whole, and written.
 func (b *Backend) sweep(ctx context.Context) {
 	resp, err := b.cli.Txn(ctx).Then(
-		clientv3.OpGet(b.openPath(""), clientv3.WithPrefix()),
+		clientv3.OpGet(b.openPath(""), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(b.prefix+"/locks/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
@@ -356,18 +368,28 @@ func (b *Backend) sweep(ctx context.Context) {
 		return
 	}
 	open, locks := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
-	held := make(map[string]int64, len(locks)) // lock key -> its grant's token
+	held := make(map[int64]bool, len(locks)) // the held grants' tokens
 	for _, kv := range locks {
-		held[string(kv.Key)] = kv.CreateRevision
+		held[kv.CreateRevision] = true
 	}
-	var ended []expiring // open grants whose key is gone or a newer grant's
+	var gone []string // markers of grants no lock key is
 	for _, kv := range open {
-		var gv grantValue
-		if json.Unmarshal(kv.Value, &gv) != nil {
-			continue // not a record: left for the migration of an older layout (migrate.go)
+		if !held[kv.CreateRevision] {
+			gone = append(gone, string(kv.Key))
 		}
-		if held[b.lockPath(gv.Key)] == kv.CreateRevision {
-			continue // still held
+	}
+	whole, err := b.readKeys(ctx, gone, 0)
+	if err != nil {
+		if ctx.Err() == nil {
+			b.log.Warn("sweep of open grants failed", "error", err.Error())
+		}
+		return
+	}
+	var ended []expiring
+	for _, kv := range whole {
+		var gv grantValue
+		if kv == nil || json.Unmarshal(kv.Value, &gv) != nil {
+			continue // ended meanwhile; or not a record: left for the migration of an older layout (migrate.go)
 		}
 		id := strings.TrimPrefix(string(kv.Key), b.openPath(""))
 		ended = append(ended, expiring{key: gv.Key, token: kv.CreateRevision,
