@@ -3,8 +3,6 @@ package reconcile
 import (
 	"context"
 	"sync"
-
-	"github.com/payouts/payouts/lock/fencing"
 )
 
 // The services are read one after another, never in one snapshot, while
@@ -40,7 +38,7 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 			rep.HighestFence, lockHigh, rep.HighestFence)
 	}
 
-	grants := &grantIndex{svc: r.c.Lock, limit: r.opts.PageSize, keys: map[fencing.Token]string{}, sessions: map[fencing.Token]string{}}
+	grants := newGrantIndex(r.c.Lock, r.opts.PageSize)
 	if err := grants.load(ctx); err != nil {
 		return cannotRun("read the lock service's grant log", err)
 	}
@@ -73,7 +71,7 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 	if err := r.checkSafetyEvents(ctx, rep); err != nil {
 		return err
 	}
-	rep.Scanned.Grants = len(grants.keys)
+	rep.Scanned.Grants = grants.len()
 	return nil
 }
 
