@@ -118,20 +118,40 @@ func (b *Backend) grantPage(ctx context.Context, from int64, limit int) ([]backe
 	return out, nil
 }
 
-// readKeys reads keys whole (at rev; 0: the latest), in transactions of
-// as many reads as etcd takes; a key not there is nil in the answer.
+// readBatch bounds the keys one read transaction reads (etcd's default
+// --max-txn-ops; halved while a cluster refuses it).
+const readBatch = 128
+
+// readKeys reads keys whole, in transactions of up to readBatch reads; a
+// key not there is nil in the answer. At rev > 0 the reads are
+// serializable (what a revision holds is the same on every member that has
+// it, and a member that has not yet applied it answers ErrFutureRev, when
+// they are read again through the leader); at rev 0 they are the latest,
+// linearizable.
 func (b *Backend) readKeys(ctx context.Context, keys []string, rev int64) ([]*mvccpb.KeyValue, error) {
 	out := make([]*mvccpb.KeyValue, 0, len(keys))
 	var failed error
-	inBatches(keys, expiryBatch, func(batch []string) error {
+	inBatches(keys, readBatch, func(batch []string) error {
 		if failed != nil {
 			return nil
 		}
-		ops := make([]clientv3.Op, len(batch))
-		for j, k := range batch {
-			ops[j] = clientv3.OpGet(k, clientv3.WithRev(rev))
+		read := func(opts ...clientv3.OpOption) (*clientv3.TxnResponse, error) {
+			ops := make([]clientv3.Op, len(batch))
+			for j, k := range batch {
+				ops[j] = clientv3.OpGet(k, append([]clientv3.OpOption{clientv3.WithRev(rev)}, opts...)...)
+			}
+			return b.cli.Txn(ctx).Then(ops...).Commit()
 		}
-		resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+		var resp *clientv3.TxnResponse
+		var err error
+		if rev > 0 {
+			resp, err = read(clientv3.WithSerializable())
+			if errors.Is(err, rpctypes.ErrFutureRev) {
+				resp, err = read()
+			}
+		} else {
+			resp, err = read()
+		}
 		if errors.Is(err, rpctypes.ErrTooManyOps) && len(batch) > 1 {
 			return err
 		}

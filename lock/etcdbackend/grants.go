@@ -25,7 +25,11 @@ import (
 //	Else(Get(locks/<key>), Get(alive/<session>))
 //
 // whose second compare proves the session alive (its alive key is attached
-// to its lease) and open (closing deletes it). The owner comes from what
+// to its lease) and open (closing deletes it). One acquire creates one lock
+// key, so a revision is the CreateRevision of at most one: the token
+// (INV-04), and what the sweep relies on to tell a held grant (some lock
+// key's CreateRevision is its token) from an ended one. Several keys must
+// never be acquired in one transaction. The owner comes from what
 // the service knows of the session, and the expiry from its TTL and last
 // renewal here: no other call to etcd.
 func (b *Backend) Acquire(ctx context.Context, key, sid string) (backend.Grant, error) {
