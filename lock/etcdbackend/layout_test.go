@@ -514,14 +514,18 @@ func TestAPageReadsOnlyTheOpenRecordsItReturns(t *testing.T) {
 	}
 	ended := makeGrants(t, ctx, b, s.ID, "few:ended", 100)
 	slices.Sort(ended)
-	held, _ := acquireMany(t, ctx, b, s.ID, "few:held", 120)
+	held, _ := acquireMany(t, ctx, b, s.ID, "few:held", 150)
 	for _, c := range []struct {
-		after      fencing.Token
-		open, read int
-	}{{0, 0, 0}, {ended[len(ended)-11], 40, 40}} {
+		after             fencing.Token
+		limit, open, read int
+	}{
+		{0, 50, 0, 0},
+		{ended[len(ended)-11], 50, 40, 40},
+		{ended[len(ended)-1], 150, 150, 150}, // more than one read transaction's worth: one range read
+	} {
 		var page []backend.GrantRecord
 		calls := rc.duringCalls(func() {
-			if page, err = b.Grants(ctx, c.after, 50); err != nil {
+			if page, err = b.Grants(ctx, c.after, c.limit); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -531,8 +535,13 @@ func TestAPageReadsOnlyTheOpenRecordsItReturns(t *testing.T) {
 				open++
 			}
 		}
-		if len(page) != 50 || open != c.open {
-			t.Fatalf("page after %d: %d grants, %d of them open with their records; want 50 and %d", c.after, len(page), open, c.open)
+		if len(page) != c.limit || open != c.open {
+			t.Fatalf("page after %d: %d grants, %d of them open with their records; want %d and %d", c.after, len(page), open, c.limit, c.open)
+		}
+		for i := 1; i < len(page); i++ {
+			if page[i].Token <= page[i-1].Token {
+				t.Fatalf("page after %d: token %d follows %d", c.after, page[i].Token, page[i-1].Token)
+			}
 		}
 		if n := openRecordsRead(calls); n != c.read {
 			t.Errorf("page after %d (%d open grants, %d held in all) read %d open records; want %d", c.after, open, len(held), n, c.read)
