@@ -732,12 +732,7 @@ func isGrantsRead(req any) bool {
 // not Run: a test's reads through it are not among the counted calls.
 func uncountedBackend(t *testing.T, ctx context.Context, prefix string) *etcdbackend.Backend {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
+	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: newClient(t), Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

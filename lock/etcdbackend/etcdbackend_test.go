@@ -63,6 +63,17 @@ func (s store) Open(t *testing.T) backend.Backend {
 	return b
 }
 
+// newClient is a client of the shared etcd node, closed when the test ends.
+func newClient(t *testing.T) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
 // setup is a test's system: a fresh prefix on the shared etcd node.
 func setup(t *testing.T) backendtest.Store { return store{prefix: fmt.Sprintf("/test/%d", seq.Add(1))} }
 

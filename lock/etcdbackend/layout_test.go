@@ -14,7 +14,6 @@ import (
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/etcdbackend"
@@ -222,11 +221,7 @@ func TestEarlierLayoutIsMigrated(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := newClient(t)
 	prefix := fmt.Sprintf("/test/%d", seq.Add(1))
 	open := func() *etcdbackend.Backend {
 		b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: prefix, Logger: slog.New(slog.DiscardHandler), SweepInterval: 100 * time.Millisecond})

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/etcdbackend"
@@ -24,11 +23,7 @@ func TestKeyspaceStaysBounded(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := newClient(t)
 	prefix := fmt.Sprintf("/test/%d", seq.Add(1))
 	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: prefix, Logger: slog.New(slog.DiscardHandler), GrantRetention: time.Millisecond})
 	if err != nil {
