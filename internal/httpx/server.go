@@ -342,7 +342,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.srv = &http.Server{
 		Handler:           s.root,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       30 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.cfg.Logger.Handler(), slog.LevelWarn),

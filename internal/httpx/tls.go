@@ -103,7 +103,19 @@ func certPool(file string) (*x509.CertPool, error) {
 // deadline is each call's context (Client's WithTimeout), so a waiting
 // lock acquire is not cut short by a client-wide timeout.
 func NewHTTPClient(tlsCfg *tls.Config) *http.Client {
-	return &http.Client{Transport: &http.Transport{
+	return &http.Client{Transport: newTransport(tlsCfg)}
+}
+
+// readHeaderTimeout is how long a server waits for a request's header,
+// a new connection's first request included; clientIdleTimeout is how
+// long a client keeps a connection it is not using, well below it.
+const (
+	readHeaderTimeout = 10 * time.Second
+	clientIdleTimeout = readHeaderTimeout / 2
+)
+
+func newTransport(tlsCfg *tls.Config) *http.Transport {
+	return &http.Transport{
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		TLSClientConfig:     tlsCfg,
@@ -112,9 +124,17 @@ func NewHTTPClient(tlsCfg *tls.Config) *http.Client {
 		// A worker pool of up to 256 callers (executor --concurrency)
 		// keeps its connections: fewer idle slots than callers means
 		// closing and re-dialling connections under load.
-		MaxIdleConns:          512,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConns:        512,
+		MaxIdleConnsPerHost: 256,
+		// Below the servers' header timeout: a connection dialled for a
+		// request that then went out on one freed meanwhile waits in the
+		// pool unused, and a server closes a connection with no request
+		// readHeaderTimeout after accepting it. Were the pool to keep it
+		// as long, a request taking it just then (a lock session's
+		// keepalive every 10 s did, right on time) would be answered with
+		// a reset, and not retried: a POST on a connection never used.
+		// The client closes it first.
+		IdleConnTimeout:       clientIdleTimeout,
 		ExpectContinueTimeout: time.Second,
-	}}
+	}
 }

@@ -1,0 +1,7 @@
+package httpx
+
+// For the package's external tests.
+var (
+	NewTransport      = newTransport
+	ReadHeaderTimeout = readHeaderTimeout
+)
