@@ -99,7 +99,8 @@ func TestEndedHereWaitsNoLongerThanItsDeadline(t *testing.T) {
 
 // TestInBatchesHalvesWhatEtcdRefuses: every item is handled exactly once,
 // in batches of at most the size given, and a batch etcd refuses as too
-// large is split until it fits.
+// large is split until it fits; any other error stops the batches and is
+// returned.
 func TestInBatchesHalvesWhatEtcdRefuses(t *testing.T) {
 	xs := make([]expiring, 200)
 	for i := range xs {
@@ -109,7 +110,7 @@ func TestInBatchesHalvesWhatEtcdRefuses(t *testing.T) {
 		t.Run(fmt.Sprint(fits), func(t *testing.T) {
 			seen := map[int64]int{}
 			largest := 0
-			inBatches(xs, expiryBatch, func(batch []expiring) error {
+			err := inBatches(xs, expiryBatch, func(batch []expiring) error {
 				if len(batch) > fits {
 					return fmt.Errorf("txn: %w", rpctypes.ErrTooManyOps)
 				}
@@ -117,8 +118,11 @@ func TestInBatchesHalvesWhatEtcdRefuses(t *testing.T) {
 				for _, x := range batch {
 					seen[x.token]++
 				}
-				return errors.New("any other error: the batch is done with")
+				return nil
 			})
+			if err != nil {
+				t.Errorf("inBatches: %v", err)
+			}
 			if len(seen) != len(xs) {
 				t.Errorf("%d of %d items handled", len(seen), len(xs))
 			}
@@ -131,6 +135,18 @@ func TestInBatchesHalvesWhatEtcdRefuses(t *testing.T) {
 				t.Errorf("a batch of %d; want at most %d", largest, min(fits, expiryBatch))
 			}
 		})
+	}
+	failure := errors.New("any other error")
+	calls := 0
+	err := inBatches(xs, 10, func([]expiring) error {
+		calls++
+		if calls == 2 {
+			return failure
+		}
+		return nil
+	})
+	if !errors.Is(err, failure) || calls != 2 {
+		t.Errorf("a batch failing otherwise: %v after %d batches; want that error, after the second", err, calls)
 	}
 }
 

@@ -25,6 +25,15 @@ import (
 func (b *Backend) endedFrom() string { return b.prefix + "/grants/0" }
 func (b *Backend) endedEnd() string  { return b.prefix + "/grants/1" }
 
+// endedToken is the token of the ended record kv, from its key.
+func (b *Backend) endedToken(kv *mvccpb.KeyValue) (int64, error) {
+	t, ok := parseTokenKey(strings.TrimPrefix(string(kv.Key), b.prefix+"/grants/"))
+	if !ok {
+		return 0, problem.New(problem.Internal, "grant record %s is not keyed by a token", kv.Key)
+	}
+	return t, nil
+}
+
 // Grants implements backend.Backend: the grant log in token order, tokens
 // above after, read at one revision. The open grants are their markers
 // above after, sorted by create revision (the token), read keys only
@@ -39,16 +48,11 @@ func (b *Backend) endedEnd() string  { return b.prefix + "/grants/1" }
 // long the log, and a gap (records compacted away) costs a read per
 // doubling.
 func (b *Backend) Grants(ctx context.Context, after fencing.Token, limit int) ([]backend.GrantRecord, error) {
-	for attempt := 0; ; attempt++ {
-		recs, err := b.grantPage(ctx, int64(after)+1, limit)
-		if errors.Is(err, rpctypes.ErrCompacted) && attempt < 3 {
-			continue // etcd compacted past the revision the page was read at
-		}
-		if err != nil {
-			return nil, classify("list grants", err)
-		}
-		return recs, nil
+	recs, err := retryCompacted(func() ([]backend.GrantRecord, error) { return b.grantPage(ctx, int64(after)+1, limit) })
+	if err != nil {
+		return nil, classify("list grants", err)
 	}
+	return recs, nil
 }
 
 func (b *Backend) grantPage(ctx context.Context, from int64, limit int) ([]backend.GrantRecord, error) {
@@ -80,11 +84,9 @@ func (b *Backend) grantPage(ctx context.Context, from int64, limit int) ([]backe
 	for len(page) < limit && len(ended)+len(open) > 0 {
 		var token int64
 		if len(ended) > 0 {
-			t, ok := parseTokenKey(strings.TrimPrefix(string(ended[0].Key), b.prefix+"/grants/"))
-			if !ok {
-				return nil, problem.New(problem.Internal, "grant record %s is not keyed by a token", ended[0].Key)
+			if token, err = b.endedToken(ended[0]); err != nil {
+				return nil, err
 			}
-			token = t
 		}
 		if len(open) > 0 && (len(ended) == 0 || open[0].CreateRevision < token) {
 			markers = append(markers, len(page))
@@ -149,11 +151,7 @@ const readBatch = 128
 // linearizable.
 func (b *Backend) readKeys(ctx context.Context, keys []string, rev int64) ([]*mvccpb.KeyValue, error) {
 	out := make([]*mvccpb.KeyValue, 0, len(keys))
-	var failed error
-	inBatches(keys, readBatch, func(batch []string) error {
-		if failed != nil {
-			return nil
-		}
+	err := inBatches(keys, readBatch, func(batch []string) error {
 		read := func(opts ...clientv3.OpOption) (*clientv3.TxnResponse, error) {
 			ops := make([]clientv3.Op, len(batch))
 			for j, k := range batch {
@@ -171,12 +169,8 @@ func (b *Backend) readKeys(ctx context.Context, keys []string, rev int64) ([]*mv
 		} else {
 			resp, err = read()
 		}
-		if errors.Is(err, rpctypes.ErrTooManyOps) && len(batch) > 1 {
-			return err
-		}
 		if err != nil {
-			failed = err
-			return nil
+			return err
 		}
 		for j := range batch {
 			var kv *mvccpb.KeyValue
@@ -187,7 +181,7 @@ func (b *Backend) readKeys(ctx context.Context, keys []string, rev int64) ([]*mv
 		}
 		return nil
 	})
-	return out, failed
+	return out, err
 }
 
 // HighToken implements backend.Backend: the higher of the newest open
@@ -197,16 +191,11 @@ func (b *Backend) readKeys(ctx context.Context, keys []string, rev int64) ([]*mv
 // revision read at, each twice as wide as the last, for the reason Grants
 // gives: the newest records are near the top.
 func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
-	for attempt := 0; ; attempt++ {
-		high, err := b.highToken(ctx)
-		if errors.Is(err, rpctypes.ErrCompacted) && attempt < 3 {
-			continue // etcd compacted past the revision the windows were read at
-		}
-		if err != nil {
-			return 0, classify("read high token", err)
-		}
-		return high, nil
+	high, err := retryCompacted(func() (fencing.Token, error) { return b.highToken(ctx) })
+	if err != nil {
+		return 0, classify("read high token", err)
 	}
+	return high, nil
 }
 
 // highToken reads the windows at the revision of the first read: at a
@@ -230,11 +219,8 @@ func (b *Backend) highToken(ctx context.Context) (fencing.Token, error) {
 			return 0, err
 		}
 		if len(r.Kvs) > 0 {
-			t, ok := parseTokenKey(strings.TrimPrefix(string(r.Kvs[0].Key), b.prefix+"/grants/"))
-			if !ok {
-				return 0, problem.New(problem.Internal, "grant record %s is not keyed by a token", r.Kvs[0].Key)
-			}
-			return fencing.Token(max(high, t)), nil
+			t, err := b.endedToken(r.Kvs[0])
+			return fencing.Token(max(high, t)), err
 		}
 	}
 	return fencing.Token(high), nil
@@ -259,15 +245,33 @@ type expiring struct {
 const expiryBatch = 64
 
 // inBatches calls fn on xs in batches of at most size, halving the size
-// while etcd refuses a batch's transaction as too large.
-func inBatches[T any](xs []T, size int, fn func([]T) error) {
+// while etcd refuses a batch's transaction as too large, and stops at the
+// first other error, which it returns.
+func inBatches[T any](xs []T, size int, fn func([]T) error) error {
 	for len(xs) > 0 {
 		n := min(len(xs), size)
-		if err := fn(xs[:n]); errors.Is(err, rpctypes.ErrTooManyOps) && n > 1 {
+		err := fn(xs[:n])
+		if errors.Is(err, rpctypes.ErrTooManyOps) && n > 1 {
 			size = n / 2
 			continue
 		}
+		if err != nil {
+			return err
+		}
 		xs = xs[n:]
+	}
+	return nil
+}
+
+// retryCompacted calls read again (three times at most) while it fails
+// because etcd compacted past the revision it read at.
+func retryCompacted[T any](read func() (T, error)) (T, error) {
+	for attempt := 0; ; attempt++ {
+		v, err := read()
+		if errors.Is(err, rpctypes.ErrCompacted) && attempt < 3 {
+			continue
+		}
+		return v, err
 	}
 }
 
@@ -319,12 +323,16 @@ func (b *Backend) recordDeletions(ctx context.Context, evs []*clientv3.Event) {
 		}
 		maybe = append(maybe, expiring{key: key, lv: lv, token: prev.CreateRevision, rev: ev.Kv.ModRevision})
 	}
-	inBatches(maybe, expiryBatch, func(batch []expiring) error {
+	// A batch that fails is left to the sweep; the next is still tried.
+	_ = inBatches(maybe, expiryBatch, func(batch []expiring) error {
 		open, err := b.stillOpen(ctx, batch)
 		if errors.Is(err, rpctypes.ErrTooManyOps) {
 			return err
 		}
-		return b.expire(ctx, open)
+		if err := b.expire(ctx, open); errors.Is(err, rpctypes.ErrTooManyOps) {
+			return err
+		}
+		return nil
 	})
 }
 
@@ -434,20 +442,8 @@ func (b *Backend) sweep(ctx context.Context) {
 		ended = append(ended, expiring{key: gv.Key, token: kv.CreateRevision,
 			lv: lockValue{Owner: gv.Owner, SessionID: gv.SessionID, GrantID: id, GrantedAt: gv.GrantedAt}})
 	}
-	failed := false
-	inBatches(ended, expiryBatch, func(batch []expiring) error {
-		if failed {
-			return nil
-		}
-		err := b.expire(ctx, batch)
-		if errors.Is(err, rpctypes.ErrTooManyOps) {
-			return err
-		}
-		failed = err != nil // as before: the next sweep tries again
-		return nil
-	})
-	if failed {
-		return
+	if err := inBatches(ended, expiryBatch, func(batch []expiring) error { return b.expire(ctx, batch) }); err != nil {
+		return // expire logged it; the next sweep tries again
 	}
 	if lr, err := b.cli.Leases(ctx); err == nil {
 		b.obs().ActiveSessions(len(lr.Leases))

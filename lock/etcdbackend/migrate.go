@@ -3,12 +3,10 @@ package etcdbackend
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/payouts/payouts/lock/backend"
@@ -165,18 +163,10 @@ func expiredNow(gv grantValue) string {
 // many as etcd takes, and reports how many moves' conditions held.
 func (b *Backend) moveBatch(ctx context.Context, ops []clientv3.Op) (int, error) {
 	moved := 0
-	var failed error
-	inBatches(ops, len(ops), func(batch []clientv3.Op) error {
-		if failed != nil {
-			return nil
-		}
+	err := inBatches(ops, len(ops), func(batch []clientv3.Op) error {
 		resp, err := b.cli.Txn(ctx).Then(batch...).Commit()
-		if errors.Is(err, rpctypes.ErrTooManyOps) && len(batch) > 1 {
-			return err
-		}
 		if err != nil {
-			failed = err
-			return nil
+			return err
 		}
 		for _, r := range resp.Responses {
 			if r.GetResponseTxn().GetSucceeded() {
@@ -185,8 +175,8 @@ func (b *Backend) moveBatch(ctx context.Context, ops []clientv3.Op) (int, error)
 		}
 		return nil
 	})
-	if failed != nil {
-		return moved, classify("migrate grant log", failed)
+	if err != nil {
+		return moved, classify("migrate grant log", err)
 	}
 	return moved, nil
 }

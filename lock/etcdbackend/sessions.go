@@ -180,22 +180,10 @@ func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session,
 	}
 	// Ended in batches, as the watch records expiries: a session closed
 	// while holding 1,000 keys costs 16 transactions, not 1,000 in turn.
-	var failed error
-	inBatches(held, expiryBatch, func(batch []*mvccpb.KeyValue) error {
-		if failed != nil {
-			return nil
-		}
-		err := b.endBatch(ctx, batch, lease, backend.EndReleased, "session closed", "")
-		if errors.Is(err, rpctypes.ErrTooManyOps) && len(batch) > 1 {
-			return err
-		}
-		if err != nil {
-			failed = classify("close session", err)
-		}
-		return nil
-	})
-	if failed != nil {
-		return s, failed
+	if err := inBatches(held, expiryBatch, func(batch []*mvccpb.KeyValue) error {
+		return b.endBatch(ctx, batch, lease, backend.EndReleased, "session closed", "")
+	}); err != nil {
+		return s, classify("close session", err)
 	}
 	if now := time.Now(); now.Before(s.ExpiresAt) {
 		s.ExpiresAt = now
