@@ -95,31 +95,42 @@ UNION ALL
 SELECT 'no_session', $1, '', $2, 0, now(), now(), NULL, NULL, NULL, NULL, NULL, 0, true
  WHERE NOT EXISTS (SELECT 1 FROM sess)`
 
-// freeAcquireSQL is the acquire of a free key, the common case, in one
-// conditional statement: the session is read live and FOR SHARE as in
-// acquireSQL, the entry is inserted only when the key has none, and the
-// grant is logged with it (D-9). It returns no row when the key has an
-// entry (held, or a lapsed holder's to take over) or the session is not
-// live; acquireSQL then decides, in a transaction of its own. A token is
-// drawn only when the key had no entry in the statement's snapshot.
+// freeAcquireSQL is the acquire of free keys, the common case, in one
+// conditional statement for a batch of (key, session) pairs with distinct
+// keys ($1, $2): each session is read live and FOR SHARE as in acquireSQL
+// (in id order, so that two batches lock them in one order), an entry is
+// inserted only for a key that has none, and each grant is logged with it
+// (D-9). It returns no row for a key that has an entry (held, or a lapsed
+// holder's to take over) or whose session is not live; acquireSQL then
+// decides, in a transaction of its own. A token is drawn only for a key
+// that had no entry in the statement's snapshot.
 const freeAcquireSQL = `
-WITH ` + liveSessionCTE + `, fresh AS (
+WITH req AS (
+	SELECT r.key, r.session_id FROM unnest($1::text[], $2::text[]) AS r(key, session_id)
+), sess AS (
+	SELECT s.id, s.owner, s.expires_at FROM lock_session s
+	 WHERE s.id = ANY ($2::text[]) AND lock_session_live(s.state, s.expires_at)
+	 ORDER BY s.id
+	   FOR SHARE
+), fresh AS (
 	INSERT INTO lock_entry (key, owner, session_id, token, acquired_at)
-	SELECT $1, sess.owner, sess.id, nextval('lock_token_seq'), clock_timestamp() FROM sess
-	 WHERE NOT EXISTS (SELECT 1 FROM lock_entry WHERE key = $1)
+	SELECT req.key, sess.owner, sess.id, nextval('lock_token_seq'), clock_timestamp()
+	  FROM req JOIN sess ON sess.id = req.session_id
+	 WHERE NOT EXISTS (SELECT 1 FROM lock_entry e WHERE e.key = req.key)
 	ON CONFLICT (key) DO NOTHING
 	RETURNING key, owner, session_id, token, acquired_at
 ), logged AS (
 	INSERT INTO lock_grant (token, key, owner, session_id, granted_at)
 	SELECT token, key, owner, session_id, acquired_at FROM fresh
 )
-SELECT f.key, f.owner, f.session_id, f.token, (SELECT expires_at FROM sess) FROM fresh f`
+SELECT f.key, f.owner, f.session_id, f.token, s.expires_at FROM fresh f JOIN sess s ON s.id = f.session_id`
 
 // Acquire implements backend.Backend.
 func (b *Backend) Acquire(ctx context.Context, key, sessionID string) (backend.Grant, error) {
-	// A free key is granted by freeAcquireSQL alone: it costs PostgreSQL
-	// less than acquireSQL, whose plan carries the held, takeover and
-	// re-acquire cases too.
+	// A free key is granted by freeAcquireSQL alone, together with the
+	// other free keys being acquired at the same moment: it costs
+	// PostgreSQL less than acquireSQL, whose plan carries the held,
+	// takeover and re-acquire cases too.
 	g, granted, err := b.acquireFree(ctx, key, sessionID)
 	if granted || (err != nil && !retryable(err)) {
 		return g, err
@@ -132,42 +143,94 @@ func (b *Backend) Acquire(ctx context.Context, key, sessionID string) (backend.G
 	}
 }
 
-// acquireFree runs freeAcquireSQL; granted is false when the key was not
-// free (or the session not live), for acquireSQL to settle.
-func (b *Backend) acquireFree(ctx context.Context, key, sessionID string) (g backend.Grant, granted bool, err error) {
-	br := b.sendAcquire(ctx, key, freeAcquireSQL, key, sessionID)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return g, false, b.classify("acquire", err)
-	}
-	var token int64
-	err = br.QueryRow().Scan(&g.Key, &g.Owner, &g.SessionID, &token, &g.ServerExpiry)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return backend.Grant{}, false, b.classify("acquire", br.Close())
-	}
+type acquireReq struct{ key, sessionID string }
+
+type acquireRes struct {
+	grant   backend.Grant
+	granted bool
+}
+
+// acquireFree grants key through freeAcquireSQL, in the statement of
+// whatever other free-key acquires are in flight; granted is false when the
+// key was not free (or the session not live), for acquireSQL to settle.
+func (b *Backend) acquireFree(ctx context.Context, key, sessionID string) (backend.Grant, bool, error) {
+	r, err := b.freeAcquires.do(ctx, acquireReq{key, sessionID})
 	if err != nil {
 		return backend.Grant{}, false, b.classify("acquire", err)
 	}
-	if err := br.Close(); err != nil { // the implicit transaction commits here
-		return backend.Grant{}, false, b.classify("acquire", err)
-	}
-	g.Token = fencing.Token(token)
-	return g, true, nil
+	return r.grant, r.granted, nil
 }
 
-// sendAcquire sends an acquire statement after the key's advisory lock, in
-// one implicit transaction (one batch, one round trip).
+// acquireFreeBatch runs freeAcquireSQL for reqs (distinct keys) in one
+// implicit transaction after their keys' advisory locks (sendAcquire). A
+// deadlock or serialization failure grants nothing here: each request
+// then goes to acquireSQL.
+func (b *Backend) acquireFreeBatch(ctx context.Context, reqs []acquireReq) ([]acquireRes, error) {
+	keys, sessions := make([]string, len(reqs)), make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i], sessions[i] = r.key, r.sessionID
+	}
+	out := make([]acquireRes, len(reqs))
+	br := b.sendAcquire(ctx, keys, freeAcquireSQL, keys, sessions)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return out, nilIfRetryable(err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return out, nilIfRetryable(err)
+	}
+	granted := make(map[string]backend.Grant, len(reqs))
+	for rows.Next() {
+		var (
+			g     backend.Grant
+			token int64
+		)
+		if err := rows.Scan(&g.Key, &g.Owner, &g.SessionID, &token, &g.ServerExpiry); err != nil {
+			rows.Close()
+			return out, err
+		}
+		g.Token = fencing.Token(token)
+		granted[g.Key] = g
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return out, nilIfRetryable(err)
+	}
+	if err := br.Close(); err != nil { // the implicit transaction commits here
+		return make([]acquireRes, len(reqs)), nilIfRetryable(err)
+	}
+	for i, r := range reqs {
+		out[i].grant, out[i].granted = granted[r.key]
+	}
+	return out, nil
+}
+
+// nilIfRetryable drops a deadlock or serialization failure: the statement
+// had no effect, and its requests are settled one by one.
+func nilIfRetryable(err error) error {
+	if retryable(err) {
+		return nil
+	}
+	return err
+}
+
+// sendAcquire sends an acquire statement after the advisory locks of its
+// keys, in one implicit transaction (one batch, one round trip).
 //
 // A sequence hands out values in call order, not commit order: two
 // acquires of one key racing inside the database could commit a token
 // below one already granted (and released) for that key. Acquires of a
 // key are therefore serialized by a transaction-scoped advisory lock,
 // taken before the acquire statement, which then takes its snapshot with
-// no other acquire of the key in flight. Releases need no lock: they mint
+// no other acquire of the key in flight. A statement for several keys
+// takes their locks in one order (of the lock ids), so two such statements
+// never wait for each other in a cycle. Releases need no lock: they mint
 // nothing.
-func (b *Backend) sendAcquire(ctx context.Context, key, sql string, args ...any) pgx.BatchResults {
+func (b *Backend) sendAcquire(ctx context.Context, keys []string, sql string, args ...any) pgx.BatchResults {
 	batch := &pgx.Batch{}
-	batch.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 7101))`, key)
+	batch.Queue(`SELECT pg_advisory_xact_lock(l.id) FROM (
+		SELECT DISTINCT hashtextextended(k, 7101) AS id FROM unnest($1::text[]) AS k ORDER BY 1) l`, keys)
 	batch.Queue(sql, args...)
 	return b.pool.SendBatch(ctx, batch)
 }
@@ -182,7 +245,7 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 		logged                 int64
 		holderLive             bool
 	)
-	br := b.sendAcquire(ctx, key, acquireSQL, key, sessionID)
+	br := b.sendAcquire(ctx, []string{key}, acquireSQL, key, sessionID)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
 		return g, retryable(err), b.classify("acquire", err)
@@ -236,42 +299,87 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 	return g, false, nil
 }
 
-// releaseSQL is the release: one conditional statement, compare-and-delete
-// on (key, session, token) by a live session, ending the grant in the same
-// statement. Every row it touches is found by key or token.
+// releaseSQL is the release: one conditional statement for a batch of
+// (key, session, token) triples with distinct keys ($1, $2, $3):
+// compare-and-delete on each triple by a live session, ending its grant in
+// the same statement. Every row it touches is found by key or token.
 const releaseSQL = `
-WITH d AS (
-	DELETE FROM lock_entry e
-	 WHERE e.key = $1 AND e.session_id = $2 AND e.token = $3
-	   AND EXISTS (SELECT 1 FROM lock_session s WHERE s.id = $2 AND lock_session_live(s.state, s.expires_at))
+WITH req AS (
+	SELECT r.key, r.session_id, r.token FROM unnest($1::text[], $2::text[], $3::bigint[]) AS r(key, session_id, token)
+), d AS (
+	DELETE FROM lock_entry e USING req
+	 WHERE e.key = req.key AND e.session_id = req.session_id AND e.token = req.token
+	   AND EXISTS (SELECT 1 FROM lock_session s WHERE s.id = req.session_id AND lock_session_live(s.state, s.expires_at))
 	RETURNING e.key, e.token, e.contended
 ), g AS (
 	UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = owner
-	 WHERE token = (SELECT token FROM d) AND ended_at IS NULL
+	 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
 	RETURNING ` + grantCols + `
 )
 SELECT g.*, CASE WHEN d.contended THEN pg_notify('` + notifyChannel + `', g.key)::text END
   FROM g JOIN d ON d.token = g.token`
 
+type releaseReq struct {
+	key, sessionID string
+	token          fencing.Token
+}
+
+type releaseRes struct {
+	rec      backend.GrantRecord
+	released bool
+}
+
 // Release implements backend.Backend: compare-and-delete on (key, session,
-// token), by a live session.
+// token), by a live session, in the statement of whatever other releases
+// are in flight.
 func (b *Backend) Release(ctx context.Context, key, sessionID string, token fencing.Token) (backend.GrantRecord, error) {
-	rows, err := b.pool.Query(ctx, releaseSQL, key, sessionID, int64(token))
+	r, err := b.releases.do(ctx, releaseReq{key, sessionID, token})
 	if err != nil {
 		return backend.GrantRecord{}, b.classify("release", err)
 	}
-	recs, err := collectGrants(rows, true)
-	if err != nil {
-		return backend.GrantRecord{}, b.classify("release", err)
-	}
-	if len(recs) == 0 {
+	if !r.released {
 		return backend.GrantRecord{}, backend.ErrNotHeld(key, sessionID, token)
 	}
 	// Waiters on this process are woken directly; those on other lock
 	// service processes by the notification, sent when one of them found
 	// the key held (markContended).
 	b.signal(key)
-	return recs[0], nil
+	return r.rec, nil
+}
+
+// releaseBatch runs releaseSQL for reqs (distinct keys). A deadlock or
+// serialization failure (two batches deleting entries in different orders)
+// had no effect: the statement runs again.
+func (b *Backend) releaseBatch(ctx context.Context, reqs []releaseReq) ([]releaseRes, error) {
+	keys, sessions, tokens := make([]string, len(reqs)), make([]string, len(reqs)), make([]int64, len(reqs))
+	for i, r := range reqs {
+		keys[i], sessions[i], tokens[i] = r.key, r.sessionID, int64(r.token)
+	}
+	var (
+		recs []backend.GrantRecord
+		err  error
+	)
+	for attempt := 0; attempt < 5; attempt++ {
+		var rows pgx.Rows
+		if rows, err = b.pool.Query(ctx, releaseSQL, keys, sessions, tokens); err == nil {
+			recs, err = collectGrants(rows, true)
+		}
+		if !retryable(err) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	ended := make(map[string]backend.GrantRecord, len(recs))
+	for _, r := range recs {
+		ended[r.Key] = r
+	}
+	out := make([]releaseRes, len(reqs))
+	for i, r := range reqs {
+		out[i].rec, out[i].released = ended[r.key]
+	}
+	return out, nil
 }
 
 // Revoke implements backend.Backend.

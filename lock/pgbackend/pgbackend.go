@@ -56,6 +56,11 @@ type Backend struct {
 	unheard  *grace
 	waiters  backend.Waiters
 	listener *pgx.Conn // handed to Run's listen loop
+
+	// Concurrent acquires of free keys, and concurrent releases, each go
+	// to PostgreSQL as one statement (coalesce.go).
+	freeAcquires *coalescer[acquireReq, acquireRes]
+	releases     *coalescer[releaseReq, releaseRes]
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -91,6 +96,10 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("pgbackend: connect: %w", err)
 	}
 	b := &Backend{pool: pool, cfg: cfg, log: cfg.Logger}
+	b.freeAcquires = &coalescer[acquireReq, acquireRes]{slots: coalesceSlots, max: coalesceMax,
+		key: func(r acquireReq) string { return r.key }, run: b.acquireFreeBatch}
+	b.releases = &coalescer[releaseReq, releaseRes]{slots: coalesceSlots, max: coalesceMax,
+		key: func(r releaseReq) string { return r.key }, run: b.releaseBatch}
 	if err := b.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("pgbackend: %w", err)

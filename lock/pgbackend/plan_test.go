@@ -130,7 +130,8 @@ func TestHotPathCostIndependentOfLiveSessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Acquire(ctx, "plan:held", holder.ID); err != nil {
+	held, err := b.Acquire(ctx, "plan:held", holder.ID)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.Acquire(ctx, "plan:lapsed", lapsed.ID); err != nil {
@@ -149,12 +150,16 @@ func TestHotPathCostIndependentOfLiveSessions(t *testing.T) {
 		args []any
 	}{
 		{"acquire free key", acquireSQL, []any{"plan:free", a.ID}},
-		{"acquire free key, fast path", freeAcquireSQL, []any{"plan:free", a.ID}},
-		{"acquire held key, fast path", freeAcquireSQL, []any{"plan:held", a.ID}},
+		{"acquire free key, fast path", freeAcquireSQL, []any{[]string{"plan:free"}, []string{a.ID}}},
+		{"acquire held key, fast path", freeAcquireSQL, []any{[]string{"plan:held"}, []string{a.ID}}},
+		{"acquire 4 keys, fast path", freeAcquireSQL, []any{
+			[]string{"plan:free", "plan:held", "plan:lapsed", "plan:free2"}, []string{a.ID, a.ID, holder.ID, lapsed.ID}}},
 		{"acquire held key", acquireSQL, []any{"plan:held", a.ID}},
 		{"acquire lapsed holder's key", acquireSQL, []any{"plan:lapsed", a.ID}},
 		{"re-acquire own key", acquireSQL, []any{"plan:mine", a.ID}},
-		{"release", releaseSQL, []any{"plan:mine", a.ID, int64(mine.Token)}},
+		{"release", releaseSQL, []any{[]string{"plan:mine"}, []string{a.ID}, []int64{int64(mine.Token)}}},
+		{"release 3 keys", releaseSQL, []any{[]string{"plan:mine", "plan:held", "plan:free"},
+			[]string{a.ID, holder.ID, a.ID}, []int64{int64(mine.Token), int64(held.Token), 1}}},
 	}
 	for _, stats := range []string{"skewed", "analyzed"} {
 		if stats == "analyzed" {

@@ -1,0 +1,361 @@
+package pgbackend
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/fencing"
+)
+
+// TestOneStatementSettlesEachKeyOfItsBatch: one free-acquire statement
+// grants each free key to its live session, with its own token and grant
+// record, and leaves a held key and a closed session's key to the full
+// acquire; one release statement ends each grant it names rightly and
+// refuses the one named with a wrong token.
+func TestOneStatementSettlesEachKeyOfItsBatch(t *testing.T) {
+	t.Parallel()
+	ctx, b := openFresh(t)
+	s := make([]backend.Session, 3)
+	for i := range s {
+		var err error
+		if s[i], err = b.CreateSession(ctx, fmt.Sprintf("owner-%d", i), "p", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := b.Acquire(ctx, "batch:held", s[2].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed, err := b.CreateSession(ctx, "closed", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.CloseSession(ctx, closed.ID); err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.acquireFreeBatch(ctx, []acquireReq{
+		{"batch:a", s[0].ID}, {"batch:held", s[1].ID}, {"batch:b", s[1].ID}, {"batch:closed", closed.ID}, {"batch:c", s[0].ID},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantGranted := []bool{true, false, true, false, true}
+	tokens := map[fencing.Token]bool{held.Token: true}
+	for i, r := range res {
+		if r.granted != wantGranted[i] {
+			t.Fatalf("request %d: granted %v, want %v", i, r.granted, wantGranted[i])
+		}
+		if !r.granted {
+			continue
+		}
+		if tokens[r.grant.Token] || r.grant.Token <= held.Token {
+			t.Errorf("request %d: token %d repeats or is not above the earlier grant's %d", i, r.grant.Token, held.Token)
+		}
+		tokens[r.grant.Token] = true
+	}
+	if g := res[2].grant; g.Key != "batch:b" || g.SessionID != s[1].ID || g.Owner != "owner-1" || g.ServerExpiry.IsZero() {
+		t.Errorf("grant of batch:b: %+v", g)
+	}
+	var open int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM lock_grant WHERE ended_at IS NULL AND token = ANY ($1)`,
+		[]int64{int64(res[0].grant.Token), int64(res[2].grant.Token), int64(res[4].grant.Token)}).Scan(&open); err != nil || open != 3 {
+		t.Errorf("%d open grant records for the batch's grants (err %v), want 3", open, err)
+	}
+	if _, err := b.Acquire(ctx, "batch:held", s[1].ID); !problem.Has(err, problem.LockHeld) {
+		t.Errorf("the held key after the batch: %v, want lock_held", err)
+	}
+
+	rel, err := b.releaseBatch(ctx, []releaseReq{
+		{"batch:a", s[0].ID, res[0].grant.Token},
+		{"batch:b", s[1].ID, res[2].grant.Token + 1000},
+		{"batch:c", s[0].ID, res[4].grant.Token},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false, true} {
+		if rel[i].released != want {
+			t.Errorf("release %d: released %v, want %v", i, rel[i].released, want)
+		}
+	}
+	if r := rel[2].rec; r.Key != "batch:c" || r.Token != res[4].grant.Token || r.EndReason != backend.EndReleased || r.EndedAt == nil {
+		t.Errorf("record of batch:c's release: %+v", r)
+	}
+	for key, want := range map[string]bool{"batch:a": false, "batch:b": true, "batch:c": false} {
+		if l, err := b.Lock(ctx, key); err != nil || l.Held != want {
+			t.Errorf("%s after the release: held %v (err %v), want %v", key, l.Held, err, want)
+		}
+	}
+}
+
+// TestConcurrentAcquiresAndReleasesShareStatements: acquires (and
+// releases) that arrive while one of their kind is in flight go to
+// PostgreSQL together, as one statement, and each caller gets its own
+// grant (and record).
+func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
+	t.Parallel()
+	ctx, b := openFresh(t)
+	const n = 6
+	sessions := make([]backend.Session, n)
+	for i := range sessions {
+		var err error
+		if sessions[i], err = b.CreateSession(ctx, fmt.Sprintf("c%d", i), "p", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acquires := gateStatements(b.freeAcquires)
+	grants := make([]backend.Grant, n)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			var err error
+			grants[i], err = b.Acquire(ctx, fmt.Sprintf("share:%d", i), sessions[i].ID)
+			errs <- err
+		}()
+		if i == 0 {
+			<-acquires.started
+		} else {
+			waitBatched(t, b.freeAcquires, i)
+		}
+	}
+	close(acquires.gate)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := acquires.sizes(); fmt.Sprint(got) != fmt.Sprint([]int{1, n - 1}) {
+		t.Errorf("acquire statements of sizes %v, want [1 %d]", got, n-1)
+	}
+	seen := map[fencing.Token]bool{}
+	for i, g := range grants {
+		if g.SessionID != sessions[i].ID || seen[g.Token] {
+			t.Errorf("grant %d: %+v (token repeated: %v)", i, g, seen[g.Token])
+		}
+		seen[g.Token] = true
+	}
+
+	releases := gateStatements(b.releases)
+	for i := range n {
+		go func() {
+			_, err := b.Release(ctx, grants[i].Key, grants[i].SessionID, grants[i].Token)
+			errs <- err
+		}()
+		if i == 0 {
+			<-releases.started
+		} else {
+			waitBatched(t, b.releases, i)
+		}
+	}
+	close(releases.gate)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := releases.sizes(); fmt.Sprint(got) != fmt.Sprint([]int{1, n - 1}) {
+		t.Errorf("release statements of sizes %v, want [1 %d]", got, n-1)
+	}
+	var open int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM lock_grant WHERE ended_at IS NULL`).Scan(&open); err != nil || open != 0 {
+		t.Errorf("%d grants still open (err %v), want 0", open, err)
+	}
+}
+
+// statementGate wraps a coalescer's statement: it records each batch's
+// size and holds the first until the gate opens.
+type statementGate struct {
+	started, gate chan struct{}
+	batches       chan int
+	first         sync.Once
+}
+
+func gateStatements[Req, Res any](c *coalescer[Req, Res]) *statementGate {
+	g := &statementGate{started: make(chan struct{}), gate: make(chan struct{}), batches: make(chan int, 100)}
+	run := c.run
+	c.run = func(ctx context.Context, reqs []Req) ([]Res, error) {
+		g.batches <- len(reqs)
+		g.first.Do(func() {
+			close(g.started)
+			<-g.gate
+		})
+		return run(ctx, reqs)
+	}
+	return g
+}
+
+func (g *statementGate) sizes() []int {
+	var out []int
+	for {
+		select {
+		case n := <-g.batches:
+			out = append(out, n)
+		default:
+			return out
+		}
+	}
+}
+
+func waitBatched[Req, Res any](t *testing.T, c *coalescer[Req, Res], n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		c.mu.Lock()
+		q := len(c.queue)
+		c.mu.Unlock()
+		if q >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued, want %d", q, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitForLockWait waits until a statement in this test's database waits
+// for a lock.
+func waitForLockWait(t *testing.T, ctx context.Context, b *Backend) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var waiting bool
+		if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no statement waits for a lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestABatchThatDeadlocksIsSettledAgain: a free-acquire statement for two
+// keys that PostgreSQL aborts as a deadlock grants nothing and has each
+// acquire settled again; a release statement aborted as a deadlock runs
+// again and releases.
+func TestABatchThatDeadlocksIsSettledAgain(t *testing.T) {
+	t.Parallel()
+	ctx, b := openFresh(t)
+	s1, err := b.CreateSession(ctx, "s1", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := b.CreateSession(ctx, "s2", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadlocks := func() int64 {
+		var n int64
+		if err := b.pool.QueryRow(ctx, `SELECT pg_stat_force_next_flush()`).Scan(new(any)); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.pool.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// The cycle: the statement holds k1's advisory lock and waits for s2's
+	// row, which tx holds and then asks for k1's advisory lock.
+	before := deadlocks()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM lock_session WHERE id = $1 FOR UPDATE`, s2.ID); err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct {
+		res []acquireRes
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := b.acquireFreeBatch(ctx, []acquireReq{{"dl:k1", s1.ID}, {"dl:k2", s2.ID}})
+		done <- outcome{res, err}
+	}()
+	waitForLockWait(t, ctx, b)
+	txDone := make(chan error, 1)
+	go func() {
+		_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('dl:k1', 7101))`)
+		txDone <- err
+	}()
+	out := <-done
+	if out.err != nil {
+		t.Fatalf("deadlocked statement: %v, want no error (each acquire settled again)", out.err)
+	}
+	for i, r := range out.res {
+		if r.granted {
+			t.Errorf("deadlocked statement granted request %d", i)
+		}
+	}
+	if err := <-txDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g1, err := b.Acquire(ctx, "dl:k1", s1.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := b.Acquire(ctx, "dl:k2", s2.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Releases: the statement deletes k1's entry and waits for k2's, which
+	// tx2 holds and then asks for k1's.
+	tx2, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx2.Rollback(ctx)
+	if _, err := tx2.Exec(ctx, `SELECT 1 FROM lock_entry WHERE key = 'dl:k2' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	relDone := make(chan error, 1)
+	var rel []releaseRes
+	go func() {
+		var err error
+		rel, err = b.releaseBatch(ctx, []releaseReq{{"dl:k1", s1.ID, g1.Token}, {"dl:k2", s2.ID, g2.Token}})
+		relDone <- err
+	}()
+	waitForLockWait(t, ctx, b)
+	tx2Done := make(chan error, 1)
+	go func() {
+		_, err := tx2.Exec(ctx, `SELECT 1 FROM lock_entry WHERE key = 'dl:k1' FOR UPDATE`)
+		tx2Done <- err
+	}()
+	if err := <-tx2Done; err != nil {
+		t.Fatal(err)
+	}
+	if err := tx2.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-relDone; err != nil {
+		t.Fatalf("release statement after a deadlock: %v", err)
+	}
+	for i, r := range rel {
+		if !r.released {
+			t.Errorf("release %d not done after the deadlock", i)
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for deadlocks() < before+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("PostgreSQL counted %d deadlocks, want 2: the test did not make the statements deadlock", deadlocks()-before)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
