@@ -125,6 +125,18 @@ WITH req AS (
 )
 SELECT f.key, f.owner, f.session_id, f.token, s.expires_at FROM fresh f JOIN sess s ON s.id = f.session_id`
 
+// planSettingsSQL runs first in the transaction of every acquire and
+// release: for the rest of that transaction PostgreSQL plans nothing but
+// lookups by key, id or token (a sequential scan, hash join or merge join
+// only where nothing else can answer). A connection plans a prepared
+// statement for good once it has run it a few times, with the table sizes
+// of that moment: planned while lockdb was nearly empty, a batched release
+// read lock_entry whole through a hash join, a cost that grew with the
+// entries' dead rows until a vacuum made PostgreSQL plan it again (under
+// load, a fifth of the throughput).
+const planSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
+	set_config('enable_mergejoin', 'off', true)`
+
 // Acquire implements backend.Backend.
 func (b *Backend) Acquire(ctx context.Context, key, sessionID string) (backend.Grant, error) {
 	// A free key is granted by freeAcquireSQL alone, together with the
@@ -171,9 +183,9 @@ func (b *Backend) acquireFreeBatch(ctx context.Context, reqs []acquireReq) ([]ac
 		keys[i], sessions[i] = r.key, r.sessionID
 	}
 	out := make([]acquireRes, len(reqs))
-	br := b.sendAcquire(ctx, keys, freeAcquireSQL, keys, sessions)
+	br, err := b.sendAcquire(ctx, keys, freeAcquireSQL, keys, sessions)
 	defer br.Close()
-	if _, err := br.Exec(); err != nil {
+	if err != nil {
 		return out, nilIfRetryable(err)
 	}
 	rows, err := br.Query()
@@ -215,8 +227,9 @@ func nilIfRetryable(err error) error {
 	return err
 }
 
-// sendAcquire sends an acquire statement after the advisory locks of its
-// keys, in one implicit transaction (one batch, one round trip).
+// sendAcquire sends an acquire statement after planSettingsSQL and the
+// advisory locks of its keys, in one implicit transaction (one batch, one
+// round trip), and reads the answers before the statement's.
 //
 // A sequence hands out values in call order, not commit order: two
 // acquires of one key racing inside the database could commit a token
@@ -227,12 +240,19 @@ func nilIfRetryable(err error) error {
 // takes their locks in one order (of the lock ids), so two such statements
 // never wait for each other in a cycle. Releases need no lock: they mint
 // nothing.
-func (b *Backend) sendAcquire(ctx context.Context, keys []string, sql string, args ...any) pgx.BatchResults {
+func (b *Backend) sendAcquire(ctx context.Context, keys []string, sql string, args ...any) (pgx.BatchResults, error) {
 	batch := &pgx.Batch{}
+	batch.Queue(planSettingsSQL)
 	batch.Queue(`SELECT pg_advisory_xact_lock(l.id) FROM (
 		SELECT DISTINCT hashtextextended(k, 7101) AS id FROM unnest($1::text[]) AS k ORDER BY 1) l`, keys)
 	batch.Queue(sql, args...)
-	return b.pool.SendBatch(ctx, batch)
+	br := b.pool.SendBatch(ctx, batch)
+	for range 2 { // the settings and the locks
+		if _, err := br.Exec(); err != nil {
+			return br, err
+		}
+	}
+	return br, nil
 }
 
 func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g backend.Grant, retry bool, err error) {
@@ -245,9 +265,9 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 		logged                 int64
 		holderLive             bool
 	)
-	br := b.sendAcquire(ctx, []string{key}, acquireSQL, key, sessionID)
+	br, err := b.sendAcquire(ctx, []string{key}, acquireSQL, key, sessionID)
 	defer br.Close()
-	if _, err := br.Exec(); err != nil {
+	if err != nil {
 		return g, retryable(err), b.classify("acquire", err)
 	}
 	rows, err := br.Query()
@@ -360,11 +380,7 @@ func (b *Backend) releaseBatch(ctx context.Context, reqs []releaseReq) ([]releas
 		err  error
 	)
 	for attempt := 0; attempt < 5; attempt++ {
-		var rows pgx.Rows
-		if rows, err = b.pool.Query(ctx, releaseSQL, keys, sessions, tokens); err == nil {
-			recs, err = collectGrants(rows, true)
-		}
-		if !retryable(err) {
+		if recs, err = b.releaseOnce(ctx, keys, sessions, tokens); !retryable(err) {
 			break
 		}
 	}
@@ -380,6 +396,28 @@ func (b *Backend) releaseBatch(ctx context.Context, reqs []releaseReq) ([]releas
 		out[i].rec, out[i].released = ended[r.key]
 	}
 	return out, nil
+}
+
+// releaseOnce runs releaseSQL after planSettingsSQL, in one implicit
+// transaction (one round trip).
+func (b *Backend) releaseOnce(ctx context.Context, keys, sessions []string, tokens []int64) ([]backend.GrantRecord, error) {
+	batch := &pgx.Batch{}
+	batch.Queue(planSettingsSQL)
+	batch.Queue(releaseSQL, keys, sessions, tokens)
+	br := b.pool.SendBatch(ctx, batch)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	recs, err := collectGrants(rows, true)
+	if err != nil {
+		return nil, err
+	}
+	return recs, br.Close() // the implicit transaction commits here
 }
 
 // Revoke implements backend.Backend.

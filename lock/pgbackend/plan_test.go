@@ -17,6 +17,7 @@ import (
 
 // planNode is the part of EXPLAIN (ANALYZE, FORMAT JSON) a row count needs.
 type planNode struct {
+	NodeType    string     `json:"Node Type"`
 	Relation    string     `json:"Relation Name"`
 	Index       string     `json:"Index Name"`
 	Rows        float64    `json:"Actual Rows"`
@@ -217,5 +218,115 @@ func TestReapEndsGrantsByToken(t *testing.T) {
 				t.Errorf("reaper (%s statistics, %s): read %.0f lock_grant rows to end 3 grants in a log of %d", stats, mode, n, logged+3)
 			}
 		}
+	}
+}
+
+// seqScans lists the tables a plan reads whole.
+func seqScans(n planNode) []string {
+	var out []string
+	if n.NodeType == "Seq Scan" {
+		out = append(out, n.Relation)
+	}
+	for _, c := range n.Plans {
+		out = append(out, seqScans(c)...)
+	}
+	return out
+}
+
+// TestBatchPlansStayLookupsAsTheTablesGrow: a connection plans a batched
+// acquire or release once, while lockdb is empty, and keeps that plan
+// (PostgreSQL caches a prepared statement's generic plan until the table's
+// statistics change); thousands of grants and entries later, the same plan
+// must still find each row by key, id or token. Before the statements set
+// their plan settings, the cached plans read lock_entry and lock_grant
+// whole, so under load each release cost more as the grant log grew, until
+// a vacuum made PostgreSQL plan again.
+func TestBatchPlansStayLookupsAsTheTablesGrow(t *testing.T) {
+	t.Parallel()
+	ctx, b := openFresh(t)
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	stmts := map[string]string{"acquire": freeAcquireSQL, "release": releaseSQL}
+	inPlanTx := func(f func(tx pgx.Tx) error) {
+		t.Helper()
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, planSettingsSQL); err != nil {
+				return err
+			}
+			if err := f(tx); err != nil {
+				return err
+			}
+			return errRollback
+		})
+		if err != errRollback {
+			t.Fatal(err)
+		}
+	}
+	if _, err := conn.Exec(ctx, `SET plan_cache_mode = force_generic_plan`); err != nil {
+		t.Fatal(err)
+	}
+	for name, sql := range stmts {
+		if _, err := conn.Exec(ctx, `PREPARE `+name+` AS `+sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Planned while empty: each runs once, finding nothing.
+	inPlanTx(func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `EXECUTE acquire('{}', '{}')`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `EXECUTE release('{}', '{}', '{}')`)
+		return err
+	})
+	// The grant log grows, and so does lock_entry's heap (its dead rows
+	// wait for a vacuum).
+	if _, err := b.pool.Exec(ctx, `
+		WITH s AS (INSERT INTO lock_session (owner, ttl_ms, expires_at) VALUES ('old', 300000, now()) RETURNING id, owner),
+		     g AS (INSERT INTO lock_grant (token, key, owner, session_id, granted_at, ended_at, end_reason, actor)
+		           SELECT nextval('lock_token_seq'), 'old:' || i, s.owner, s.id, now(), now(), 'released', 'old'
+		             FROM s, generate_series(1, 20000) i RETURNING token, key, owner, session_id)
+		INSERT INTO lock_entry (key, owner, session_id, token) SELECT key, owner, session_id, token FROM g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `DELETE FROM lock_entry WHERE key LIKE 'old:%'`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.CreateSession(ctx, "grown", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := b.Acquire(ctx, "grown:held", s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := map[string]string{
+		"acquire": fmt.Sprintf(`EXECUTE acquire('{grown:free,grown:held}', '{%s,%s}')`, s.ID, s.ID),
+		"release": fmt.Sprintf(`EXECUTE release('{grown:held,grown:free}', '{%s,%s}', '{%d,1}')`, s.ID, s.ID, held.Token),
+	}
+	for name := range stmts {
+		inPlanTx(func(tx pgx.Tx) error {
+			var out []byte
+			if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+args[name]).Scan(&out); err != nil {
+				return err
+			}
+			var plans []struct {
+				Plan planNode `json:"Plan"`
+			}
+			if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
+				t.Fatalf("EXPLAIN output %s: %v", out, err)
+			}
+			if seq := seqScans(plans[0].Plan); len(seq) > 0 {
+				t.Errorf("%s, planned while lockdb was empty: reads %v whole with 20,000 grants", name, seq)
+			}
+			for _, table := range []string{"lock_session", "lock_entry", "lock_grant"} {
+				if n := rowsRead(plans[0].Plan, table); n > 8 {
+					t.Errorf("%s, planned while lockdb was empty: read %.0f %s rows with 20,000 grants; want a handful", name, n, table)
+				}
+			}
+			return nil
+		})
 	}
 }
