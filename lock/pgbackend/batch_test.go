@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/payouts/payouts/internal/batcher"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/fencing"
@@ -14,9 +15,10 @@ import (
 
 // TestOneStatementSettlesEachKeyOfItsBatch: one free-acquire statement
 // grants each free key to its live session, with its own token and grant
-// record, and leaves a held key and a closed session's key to the full
-// acquire; one release statement ends each grant it names rightly and
-// refuses the one named with a wrong token.
+// record, and leaves a held key, a closed session's key and the second
+// request for a key to the full acquire; one release statement ends each
+// grant it names rightly and refuses the one named with a wrong token, and
+// a second release of one grant.
 func TestOneStatementSettlesEachKeyOfItsBatch(t *testing.T) {
 	t.Parallel()
 	ctx, b := openFresh(t)
@@ -40,11 +42,12 @@ func TestOneStatementSettlesEachKeyOfItsBatch(t *testing.T) {
 	}
 	res, err := b.acquireFreeBatch(ctx, []acquireReq{
 		{"batch:a", s[0].ID}, {"batch:held", s[1].ID}, {"batch:b", s[1].ID}, {"batch:closed", closed.ID}, {"batch:c", s[0].ID},
+		{"batch:a", s[2].ID},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantGranted := []bool{true, false, true, false, true}
+	wantGranted := []bool{true, false, true, false, true, false}
 	tokens := map[fencing.Token]bool{held.Token: true}
 	for i, r := range res {
 		if r.granted != wantGranted[i] {
@@ -74,11 +77,12 @@ func TestOneStatementSettlesEachKeyOfItsBatch(t *testing.T) {
 		{"batch:a", s[0].ID, res[0].grant.Token},
 		{"batch:b", s[1].ID, res[2].grant.Token + 1000},
 		{"batch:c", s[0].ID, res[4].grant.Token},
+		{"batch:a", s[0].ID, res[0].grant.Token},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, want := range []bool{true, false, true} {
+	for i, want := range []bool{true, false, true, false} {
 		if rel[i].released != want {
 			t.Errorf("release %d: released %v, want %v", i, rel[i].released, want)
 		}
@@ -108,7 +112,8 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	acquires := gateStatements(b.freeAcquires)
+	var acquires *statementGate
+	b.freeAcquires, acquires = gated(b.acquireFreeBatch)
 	grants := make([]backend.Grant, n)
 	errs := make(chan error, n)
 	for i := range n {
@@ -120,7 +125,7 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 		if i == 0 {
 			<-acquires.started
 		} else {
-			waitBatched(t, b.freeAcquires, i)
+			waitBatched(t, b.freeAcquires.Waiting, i)
 		}
 	}
 	close(acquires.gate)
@@ -140,7 +145,8 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 		seen[g.Token] = true
 	}
 
-	releases := gateStatements(b.releases)
+	var releases *statementGate
+	b.releases, releases = gated(b.releaseBatch)
 	for i := range n {
 		go func() {
 			_, err := b.Release(ctx, grants[i].Key, grants[i].SessionID, grants[i].Token)
@@ -149,7 +155,7 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 		if i == 0 {
 			<-releases.started
 		} else {
-			waitBatched(t, b.releases, i)
+			waitBatched(t, b.releases.Waiting, i)
 		}
 	}
 	close(releases.gate)
@@ -167,26 +173,24 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 	}
 }
 
-// statementGate wraps a coalescer's statement: it records each batch's
-// size and holds the first until the gate opens.
+// statementGate wraps a batch function: it records each batch's size and
+// holds the first until the gate opens.
 type statementGate struct {
 	started, gate chan struct{}
 	batches       chan int
 	first         sync.Once
 }
 
-func gateStatements[Req, Res any](c *coalescer[Req, Res]) *statementGate {
+func gated[Req, Res any](write batcher.Func[Req, Res]) (*batcher.Batcher[Req, Res], *statementGate) {
 	g := &statementGate{started: make(chan struct{}), gate: make(chan struct{}), batches: make(chan int, 100)}
-	run := c.run
-	c.run = func(ctx context.Context, reqs []Req) ([]Res, error) {
+	return batcher.New(func(ctx context.Context, reqs []Req) ([]Res, error) {
 		g.batches <- len(reqs)
 		g.first.Do(func() {
 			close(g.started)
 			<-g.gate
 		})
-		return run(ctx, reqs)
-	}
-	return g
+		return write(ctx, reqs)
+	}, batchOptions), g
 }
 
 func (g *statementGate) sizes() []int {
@@ -201,18 +205,13 @@ func (g *statementGate) sizes() []int {
 	}
 }
 
-func waitBatched[Req, Res any](t *testing.T, c *coalescer[Req, Res], n int) {
+// waitBatched waits until n calls wait for a batch.
+func waitBatched(t *testing.T, waiting func() int, n int) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
-	for {
-		c.mu.Lock()
-		q := len(c.queue)
-		c.mu.Unlock()
-		if q >= n {
-			return
-		}
+	for waiting() < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d calls queued, want %d", q, n)
+			t.Fatalf("%d calls wait, want %d", waiting(), n)
 		}
 		time.Sleep(time.Millisecond)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/payouts/payouts/internal/batcher"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/fencing"
 )
@@ -166,33 +167,49 @@ type acquireRes struct {
 // whatever other free-key acquires are in flight; granted is false when the
 // key was not free (or the session not live), for acquireSQL to settle.
 func (b *Backend) acquireFree(ctx context.Context, key, sessionID string) (backend.Grant, bool, error) {
-	r, err := b.freeAcquires.do(ctx, acquireReq{key, sessionID})
+	r, err := b.freeAcquires.Do(ctx, acquireReq{key, sessionID})
 	if err != nil {
 		return backend.Grant{}, false, b.classify("acquire", err)
 	}
 	return r.grant, r.granted, nil
 }
 
-// acquireFreeBatch runs freeAcquireSQL for reqs (distinct keys) in one
-// implicit transaction after their keys' advisory locks (sendAcquire). A
-// deadlock or serialization failure grants nothing here: each request
-// then goes to acquireSQL.
+// acquireFreeBatch runs freeAcquireSQL for a batch of acquires: one
+// statement for the batch, and one more after it for each repeat of a key
+// (which then finds the key taken). Each statement runs in one implicit
+// transaction after its keys' advisory locks (sendAcquire). A deadlock or
+// serialization failure grants nothing: those requests go to acquireSQL.
 func (b *Backend) acquireFreeBatch(ctx context.Context, reqs []acquireReq) ([]acquireRes, error) {
-	keys, sessions := make([]string, len(reqs)), make([]string, len(reqs))
-	for i, r := range reqs {
-		keys[i], sessions[i] = r.key, r.sessionID
-	}
 	out := make([]acquireRes, len(reqs))
+	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return reqs[i].key }) {
+		keys, sessions := make([]string, len(round)), make([]string, len(round))
+		for j, i := range round {
+			keys[j], sessions[j] = reqs[i].key, reqs[i].sessionID
+		}
+		granted, err := b.acquireFreeOnce(ctx, keys, sessions)
+		if err != nil {
+			return nil, err
+		}
+		for _, i := range round {
+			out[i].grant, out[i].granted = granted[reqs[i].key]
+		}
+	}
+	return out, nil
+}
+
+// acquireFreeOnce runs freeAcquireSQL for distinct keys and returns the
+// grants it made, by key.
+func (b *Backend) acquireFreeOnce(ctx context.Context, keys, sessions []string) (map[string]backend.Grant, error) {
 	br, err := b.sendAcquire(ctx, keys, freeAcquireSQL, keys, sessions)
 	defer br.Close()
 	if err != nil {
-		return out, nilIfRetryable(err)
+		return nil, nilIfRetryable(err)
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return out, nilIfRetryable(err)
+		return nil, nilIfRetryable(err)
 	}
-	granted := make(map[string]backend.Grant, len(reqs))
+	granted := make(map[string]backend.Grant, len(keys))
 	for rows.Next() {
 		var (
 			g     backend.Grant
@@ -200,22 +217,19 @@ func (b *Backend) acquireFreeBatch(ctx context.Context, reqs []acquireReq) ([]ac
 		)
 		if err := rows.Scan(&g.Key, &g.Owner, &g.SessionID, &token, &g.ServerExpiry); err != nil {
 			rows.Close()
-			return out, err
+			return nil, err
 		}
 		g.Token = fencing.Token(token)
 		granted[g.Key] = g
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return out, nilIfRetryable(err)
+		return nil, nilIfRetryable(err)
 	}
 	if err := br.Close(); err != nil { // the implicit transaction commits here
-		return make([]acquireRes, len(reqs)), nilIfRetryable(err)
+		return nil, nilIfRetryable(err)
 	}
-	for i, r := range reqs {
-		out[i].grant, out[i].granted = granted[r.key]
-	}
-	return out, nil
+	return granted, nil
 }
 
 // nilIfRetryable drops a deadlock or serialization failure: the statement
@@ -353,7 +367,7 @@ type releaseRes struct {
 // token), by a live session, in the statement of whatever other releases
 // are in flight.
 func (b *Backend) Release(ctx context.Context, key, sessionID string, token fencing.Token) (backend.GrantRecord, error) {
-	r, err := b.releases.do(ctx, releaseReq{key, sessionID, token})
+	r, err := b.releases.Do(ctx, releaseReq{key, sessionID, token})
 	if err != nil {
 		return backend.GrantRecord{}, b.classify("release", err)
 	}
@@ -367,33 +381,37 @@ func (b *Backend) Release(ctx context.Context, key, sessionID string, token fenc
 	return r.rec, nil
 }
 
-// releaseBatch runs releaseSQL for reqs (distinct keys). A deadlock or
-// serialization failure (two batches deleting entries in different orders)
-// had no effect: the statement runs again.
+// releaseBatch runs releaseSQL for a batch of releases: one statement for
+// the batch, and one more after it for each repeat of a key (which then
+// finds the grant ended). A statement that PostgreSQL aborts as a deadlock
+// or serialization failure (two statements deleting entries in different
+// orders) had no effect and runs again.
 func (b *Backend) releaseBatch(ctx context.Context, reqs []releaseReq) ([]releaseRes, error) {
-	keys, sessions, tokens := make([]string, len(reqs)), make([]string, len(reqs)), make([]int64, len(reqs))
-	for i, r := range reqs {
-		keys[i], sessions[i], tokens[i] = r.key, r.sessionID, int64(r.token)
-	}
-	var (
-		recs []backend.GrantRecord
-		err  error
-	)
-	for attempt := 0; attempt < 5; attempt++ {
-		if recs, err = b.releaseOnce(ctx, keys, sessions, tokens); !retryable(err) {
-			break
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	ended := make(map[string]backend.GrantRecord, len(recs))
-	for _, r := range recs {
-		ended[r.Key] = r
-	}
 	out := make([]releaseRes, len(reqs))
-	for i, r := range reqs {
-		out[i].rec, out[i].released = ended[r.key]
+	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return reqs[i].key }) {
+		keys, sessions, tokens := make([]string, len(round)), make([]string, len(round)), make([]int64, len(round))
+		for j, i := range round {
+			keys[j], sessions[j], tokens[j] = reqs[i].key, reqs[i].sessionID, int64(reqs[i].token)
+		}
+		var (
+			recs []backend.GrantRecord
+			err  error
+		)
+		for attempt := 0; attempt < 5; attempt++ {
+			if recs, err = b.releaseOnce(ctx, keys, sessions, tokens); !retryable(err) {
+				break
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		ended := make(map[string]backend.GrantRecord, len(recs))
+		for _, r := range recs {
+			ended[r.Key] = r
+		}
+		for _, i := range round {
+			out[i].rec, out[i].released = ended[reqs[i].key]
+		}
 	}
 	return out, nil
 }

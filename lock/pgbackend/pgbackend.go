@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/payouts/payouts/internal/batcher"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
 )
@@ -58,9 +59,9 @@ type Backend struct {
 	listener *pgx.Conn // handed to Run's listen loop
 
 	// Concurrent acquires of free keys, and concurrent releases, each go
-	// to PostgreSQL as one statement (coalesce.go).
-	freeAcquires *coalescer[acquireReq, acquireRes]
-	releases     *coalescer[releaseReq, releaseRes]
+	// to PostgreSQL as one statement (group commit).
+	freeAcquires *batcher.Batcher[acquireReq, acquireRes]
+	releases     *batcher.Batcher[releaseReq, releaseRes]
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -96,10 +97,8 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("pgbackend: connect: %w", err)
 	}
 	b := &Backend{pool: pool, cfg: cfg, log: cfg.Logger}
-	b.freeAcquires = &coalescer[acquireReq, acquireRes]{slots: coalesceSlots, max: coalesceMax,
-		key: func(r acquireReq) string { return r.key }, run: b.acquireFreeBatch}
-	b.releases = &coalescer[releaseReq, releaseRes]{slots: coalesceSlots, max: coalesceMax,
-		key: func(r releaseReq) string { return r.key }, run: b.releaseBatch}
+	b.freeAcquires = batcher.New(b.acquireFreeBatch, batchOptions)
+	b.releases = batcher.New(b.releaseBatch, batchOptions)
 	if err := b.Ping(ctx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("pgbackend: %w", err)
@@ -122,6 +121,11 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	return b, nil
 }
+
+// batchOptions: one statement carries at most 64 acquires (or releases),
+// and one statement of each kind runs at a time: at 32 clients that did
+// best (two at a time did 10-15 % fewer pairs a second, four 40 % fewer).
+var batchOptions = batcher.Options{MaxBatch: 64, Parallel: 1}
 
 // MaxConns is the size of the backend's connection pool.
 func (b *Backend) MaxConns() int32 { return b.cfg.MaxConns }
