@@ -3,14 +3,18 @@ package pgbackend
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/internal/batcher"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/migrations"
 )
 
 // TestOneStatementSettlesEachKeyOfItsBatch: one free-acquire statement
@@ -221,18 +225,25 @@ func waitBatched(t *testing.T, waiting func() int, n int) {
 // for a lock.
 func waitForLockWait(t *testing.T, ctx context.Context, b *Backend) {
 	t.Helper()
+	waitForLockWaits(t, ctx, b, 1)
+}
+
+// waitForLockWaits waits until n statements in this test's database wait
+// for a lock.
+func waitForLockWaits(t *testing.T, ctx context.Context, b *Backend, n int) {
+	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		var waiting bool
-		if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting); err != nil {
+		var waiting int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if waiting {
+		if waiting >= n {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("no statement waits for a lock")
+			t.Fatalf("%d statements wait for a lock, want %d", waiting, n)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -253,16 +264,7 @@ func TestABatchThatDeadlocksIsSettledAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadlocks := func() int64 {
-		var n int64
-		if err := b.pool.QueryRow(ctx, `SELECT pg_stat_force_next_flush()`).Scan(new(any)); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.pool.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	deadlocks := func() int64 { return countDeadlocks(t, ctx, b) }
 	// The cycle: the statement holds k1's advisory lock and waits for s2's
 	// row, which tx holds and then asks for k1's advisory lock.
 	before := deadlocks()
@@ -357,4 +359,156 @@ func TestABatchThatDeadlocksIsSettledAgain(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestAnErrorOfALaterStatementLeavesTheEarlierAnswers: a batch with a key
+// asked twice runs as two statements; when the second fails, the caller
+// whose grant the first committed still gets it, and only the second
+// statement's caller gets the error.
+func TestAnErrorOfALaterStatementLeavesTheEarlierAnswers(t *testing.T) {
+	t.Parallel()
+	ctx, b := openFresh(t)
+	s1, err := b.CreateSession(ctx, "s1", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := b.CreateSession(ctx, "s2", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The second statement waits for s2's row, and its context then ends.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM lock_session WHERE id = $1 FOR UPDATE`, s2.ID); err != nil {
+		t.Fatal(err)
+	}
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan []acquireRes, 1)
+	go func() {
+		res, err := b.acquireFreeBatch(bctx, []acquireReq{{"round:a", s1.ID}, {"round:a", s2.ID}})
+		if err != nil {
+			t.Errorf("batch: %v, want each request's own answer", err)
+		}
+		done <- res
+	}()
+	waitForLockWait(t, ctx, b)
+	cancel()
+	res := <-done
+	if len(res) != 2 {
+		t.Fatalf("answers %+v", res)
+	}
+	if !res[0].granted || res[0].err != nil || res[0].grant.SessionID != s1.ID {
+		t.Errorf("first statement's request: %+v, want its grant", res[0])
+	}
+	if res[1].granted || res[1].err == nil {
+		t.Errorf("second statement's request: %+v, want its statement's error", res[1])
+	}
+	if l, err := b.Lock(ctx, "round:a"); err != nil || !l.Held || l.Token != res[0].grant.Token {
+		t.Errorf("round:a: %+v (err %v), want held with the first request's token", l, err)
+	}
+}
+
+// TestCloseSessionRunsAgainAfterADeadlockWithAReleaseBatch: a release
+// statement for two keys of a session and the close of that session
+// delete its entries in opposite orders; when PostgreSQL picks the close
+// as the deadlock's victim, the close runs again and succeeds.
+func TestCloseSessionRunsAgainAfterADeadlockWithAReleaseBatch(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	url := pgtest.NewDB(t, migrations.LockDB)
+	b, err := Open(ctx, Config{DatabaseURL: url, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// The closer's connections look for deadlocks first, so it is the victim.
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	closer, err := Open(ctx, Config{DatabaseURL: url + sep + "deadlock_timeout=50ms", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	s, err := b.CreateSession(ctx, "s", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ga, err := b.Acquire(ctx, "close:a", s.ID) // the close meets it first
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb, err := b.Acquire(ctx, "close:b", s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hold close:a so that the close waits on it, then let the release
+	// delete close:b and wait on close:a behind the close.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM lock_entry WHERE key = 'close:a' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	deadlocksBefore := countDeadlocks(t, ctx, b)
+	closed := make(chan error, 1)
+	go func() { _, err := closer.CloseSession(ctx, s.ID); closed <- err }()
+	waitForLockWaits(t, ctx, b, 1)
+	released := make(chan []releaseRes, 1)
+	go func() {
+		rel, err := b.releaseBatch(ctx, []releaseReq{{"close:b", s.ID, gb.Token}, {"close:a", s.ID, ga.Token}})
+		if err != nil {
+			t.Errorf("release batch: %v", err)
+		}
+		released <- rel
+	}()
+	waitForLockWaits(t, ctx, b, 2)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("close after a deadlock: %v, want it run again and done", err)
+	}
+	rel := <-released
+	for key, g := range map[string]backend.Grant{"close:a": ga, "close:b": gb} {
+		if l, err := b.Lock(ctx, key); err != nil || l.Held {
+			t.Errorf("%s after the close and the releases: held %v (err %v)", key, l.Held, err)
+		}
+		var reason string
+		if err := b.pool.QueryRow(ctx, `SELECT end_reason FROM lock_grant WHERE token = $1`, int64(g.Token)).Scan(&reason); err != nil || reason != backend.EndReleased {
+			t.Errorf("%s's grant ended as %q (err %v), want released", key, reason, err)
+		}
+	}
+	for i, r := range rel {
+		if r.err != nil {
+			t.Errorf("release %d: %v", i, r.err)
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for countDeadlocks(t, ctx, b) == deadlocksBefore {
+		if time.Now().After(deadline) {
+			t.Fatal("PostgreSQL counted no deadlock: the test did not make the close and the release deadlock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func countDeadlocks(t *testing.T, ctx context.Context, b *Backend) int64 {
+	t.Helper()
+	var n int64
+	if _, err := b.pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.pool.QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -127,15 +127,18 @@ WITH req AS (
 SELECT f.key, f.owner, f.session_id, f.token, s.expires_at FROM fresh f JOIN sess s ON s.id = f.session_id`
 
 // planSettingsSQL runs first in the transaction of every acquire and
-// release: for the rest of that transaction PostgreSQL plans nothing but
-// lookups by key, id or token (a sequential scan, hash join or merge join
-// only where nothing else can answer). A connection plans a prepared
-// statement for good once it has run it a few times, with the table sizes
-// of that moment: planned while lockdb was nearly empty, a batched release
-// read lock_entry whole through a hash join, a cost that grew with the
-// entries' dead rows until a vacuum made PostgreSQL plan it again (under
-// load, a fifth of the throughput).
-const planSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
+// release: for the rest of that transaction PostgreSQL plans each
+// statement for the tables as they are now (a custom plan, made on every
+// execution), and prefers lookups by key, id or token to a sequential
+// scan, hash join or merge join. A connection otherwise keeps, for good, a
+// generic plan made once for the table sizes of that moment: made while
+// lockdb was nearly empty, the batched statements read lock_entry whole
+// (a sequential scan, or a whole index in a nested loop), a cost that grew
+// with the entries' dead rows until a vacuum made PostgreSQL plan again;
+// under load, a fifth of the throughput. Planning costs a fraction of a
+// millisecond per statement, shared by the calls of its batch.
+const planSettingsSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true),
+	set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
 	set_config('enable_mergejoin', 'off', true)`
 
 // Acquire implements backend.Backend.
@@ -161,6 +164,7 @@ type acquireReq struct{ key, sessionID string }
 type acquireRes struct {
 	grant   backend.Grant
 	granted bool
+	err     error // of its round's statement; the batch's other rounds may have committed
 }
 
 // acquireFree grants key through freeAcquireSQL, in the statement of
@@ -168,6 +172,9 @@ type acquireRes struct {
 // key was not free (or the session not live), for acquireSQL to settle.
 func (b *Backend) acquireFree(ctx context.Context, key, sessionID string) (backend.Grant, bool, error) {
 	r, err := b.freeAcquires.Do(ctx, acquireReq{key, sessionID})
+	if err == nil {
+		err = r.err
+	}
 	if err != nil {
 		return backend.Grant{}, false, b.classify("acquire", err)
 	}
@@ -179,20 +186,29 @@ func (b *Backend) acquireFree(ctx context.Context, key, sessionID string) (backe
 // (which then finds the key taken). Each statement runs in one implicit
 // transaction after its keys' advisory locks (sendAcquire). A deadlock or
 // serialization failure grants nothing: those requests go to acquireSQL.
+// Any other error is the answer of its statement's requests and of those of
+// the statements after it, which do not run; the requests of a statement
+// that committed keep their grants.
 func (b *Backend) acquireFreeBatch(ctx context.Context, reqs []acquireReq) ([]acquireRes, error) {
 	out := make([]acquireRes, len(reqs))
+	var failed error
 	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return reqs[i].key }) {
+		if failed != nil {
+			for _, i := range round {
+				out[i].err = failed
+			}
+			continue
+		}
 		keys, sessions := make([]string, len(round)), make([]string, len(round))
 		for j, i := range round {
 			keys[j], sessions[j] = reqs[i].key, reqs[i].sessionID
 		}
 		granted, err := b.acquireFreeOnce(ctx, keys, sessions)
-		if err != nil {
-			return nil, err
-		}
 		for _, i := range round {
 			out[i].grant, out[i].granted = granted[reqs[i].key]
+			out[i].err = err
 		}
+		failed = err
 	}
 	return out, nil
 }
@@ -201,10 +217,10 @@ func (b *Backend) acquireFreeBatch(ctx context.Context, reqs []acquireReq) ([]ac
 // grants it made, by key.
 func (b *Backend) acquireFreeOnce(ctx context.Context, keys, sessions []string) (map[string]backend.Grant, error) {
 	br, err := b.sendAcquire(ctx, keys, freeAcquireSQL, keys, sessions)
-	defer br.Close()
 	if err != nil {
 		return nil, nilIfRetryable(err)
 	}
+	defer br.Close()
 	rows, err := br.Query()
 	if err != nil {
 		return nil, nilIfRetryable(err)
@@ -263,7 +279,8 @@ func (b *Backend) sendAcquire(ctx context.Context, keys []string, sql string, ar
 	br := b.pool.SendBatch(ctx, batch)
 	for range 2 { // the settings and the locks
 		if _, err := br.Exec(); err != nil {
-			return br, err
+			br.Close()
+			return nil, err
 		}
 	}
 	return br, nil
@@ -280,10 +297,10 @@ func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g bac
 		holderLive             bool
 	)
 	br, err := b.sendAcquire(ctx, []string{key}, acquireSQL, key, sessionID)
-	defer br.Close()
 	if err != nil {
 		return g, retryable(err), b.classify("acquire", err)
 	}
+	defer br.Close()
 	rows, err := br.Query()
 	if err != nil {
 		return g, retryable(err), b.classify("acquire", err)
@@ -361,6 +378,7 @@ type releaseReq struct {
 type releaseRes struct {
 	rec      backend.GrantRecord
 	released bool
+	err      error // of its round's statement; the batch's other rounds may have committed
 }
 
 // Release implements backend.Backend: compare-and-delete on (key, session,
@@ -368,6 +386,9 @@ type releaseRes struct {
 // are in flight.
 func (b *Backend) Release(ctx context.Context, key, sessionID string, token fencing.Token) (backend.GrantRecord, error) {
 	r, err := b.releases.Do(ctx, releaseReq{key, sessionID, token})
+	if err == nil {
+		err = r.err
+	}
 	if err != nil {
 		return backend.GrantRecord{}, b.classify("release", err)
 	}
@@ -385,10 +406,19 @@ func (b *Backend) Release(ctx context.Context, key, sessionID string, token fenc
 // the batch, and one more after it for each repeat of a key (which then
 // finds the grant ended). A statement that PostgreSQL aborts as a deadlock
 // or serialization failure (two statements deleting entries in different
-// orders) had no effect and runs again.
+// orders) had no effect and runs again. Any other error is the answer of
+// its statement's requests and of those of the statements after it, which
+// do not run; the requests of a statement that committed keep their answers.
 func (b *Backend) releaseBatch(ctx context.Context, reqs []releaseReq) ([]releaseRes, error) {
 	out := make([]releaseRes, len(reqs))
+	var failed error
 	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return reqs[i].key }) {
+		if failed != nil {
+			for _, i := range round {
+				out[i].err = failed
+			}
+			continue
+		}
 		keys, sessions, tokens := make([]string, len(round)), make([]string, len(round)), make([]int64, len(round))
 		for j, i := range round {
 			keys[j], sessions[j], tokens[j] = reqs[i].key, reqs[i].sessionID, int64(reqs[i].token)
@@ -403,7 +433,11 @@ func (b *Backend) releaseBatch(ctx context.Context, reqs []releaseReq) ([]releas
 			}
 		}
 		if err != nil {
-			return nil, err
+			for _, i := range round {
+				out[i].err = err
+			}
+			failed = err
+			continue
 		}
 		ended := make(map[string]backend.GrantRecord, len(recs))
 		for _, r := range recs {

@@ -68,24 +68,38 @@ func (b *Backend) KeepAlive(ctx context.Context, id string) (backend.Session, er
 	return s, b.classify("keepalive", err)
 }
 
-// CloseSession implements backend.Backend.
+// closeSessionSQL closes a live session, frees its locks and ends their
+// grants as released, in one statement.
+const closeSessionSQL = `
+WITH s AS (
+	UPDATE lock_session SET state = 'CLOSED', expires_at = least(expires_at, now())
+	 WHERE id = $1 AND lock_session_live(state, expires_at)
+	RETURNING id
+), d AS (
+	DELETE FROM lock_entry WHERE session_id IN (SELECT id FROM s) RETURNING key, token
+), g AS (
+	UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = 'session closed'
+	 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
+	RETURNING token
+), n AS (
+	SELECT pg_notify('` + notifyChannel + `', d.key) FROM d
+)
+SELECT EXISTS (SELECT 1 FROM s), (SELECT count(*) FROM g), (SELECT count(*) FROM n)`
+
+// CloseSession implements backend.Backend. Its statement deletes several
+// entries, as a batch of releases does, each in its own order: when
+// PostgreSQL aborts it as a deadlock it had no effect, and runs again.
 func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session, error) {
-	var closed bool
-	err := b.pool.QueryRow(ctx, `
-		WITH s AS (
-			UPDATE lock_session SET state = 'CLOSED', expires_at = least(expires_at, now())
-			 WHERE id = $1 AND lock_session_live(state, expires_at)
-			RETURNING id
-		), d AS (
-			DELETE FROM lock_entry WHERE session_id IN (SELECT id FROM s) RETURNING key, token
-		), g AS (
-			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = 'session closed'
-			 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
-			RETURNING token
-		), n AS (
-			SELECT pg_notify('`+notifyChannel+`', d.key) FROM d
-		)
-		SELECT EXISTS (SELECT 1 FROM s), (SELECT count(*) FROM g), (SELECT count(*) FROM n)`, id).Scan(&closed, new(int64), new(int64))
+	var (
+		closed bool
+		err    error
+	)
+	for attempt := 0; attempt < 5; attempt++ {
+		err = b.pool.QueryRow(ctx, closeSessionSQL, id).Scan(&closed, new(int64), new(int64))
+		if !retryable(err) {
+			break
+		}
+	}
 	if err != nil {
 		return backend.Session{}, b.classify("close session", err)
 	}
