@@ -127,18 +127,19 @@ WITH req AS (
 SELECT f.key, f.owner, f.session_id, f.token, s.expires_at FROM fresh f JOIN sess s ON s.id = f.session_id`
 
 // planSettingsSQL runs first in the transaction of every acquire and
-// release: for the rest of that transaction PostgreSQL plans each
-// statement for the tables as they are now (a custom plan, made on every
-// execution), and prefers lookups by key, id or token to a sequential
-// scan, hash join or merge join. A connection otherwise keeps, for good, a
-// generic plan made once for the table sizes of that moment: made while
-// lockdb was nearly empty, the batched statements read lock_entry whole
-// (a sequential scan, or a whole index in a nested loop), a cost that grew
-// with the entries' dead rows until a vacuum made PostgreSQL plan again;
-// under load, a fifth of the throughput. Planning costs a fraction of a
-// millisecond per statement, shared by the calls of its batch.
-const planSettingsSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true),
-	set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
+// release: for the rest of that transaction PostgreSQL prefers lookups by
+// key, id or token to a sequential scan, hash join or merge join. A
+// connection keeps, until the table's statistics change, the generic plan
+// it made for a statement with the table sizes of that moment: made on a
+// nearly empty lockdb, the batched release read lock_entry whole through a
+// hash join, a cost that grew with the entries' dead rows until a vacuum
+// made PostgreSQL plan again; under load, a fifth of the throughput. What
+// these settings do not cover: plans made right after lockdb was analyzed
+// while it held a handful of locks in a small heap can still walk a whole
+// index, until the next analyze (docs/lock-service.md). Custom plans,
+// made on every execution, would cover that too, at 0.3 ms of planning
+// per statement: 45 % of the throughput at one client, 20 % at 32.
+const planSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
 	set_config('enable_mergejoin', 'off', true)`
 
 // Acquire implements backend.Backend.
