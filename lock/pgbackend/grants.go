@@ -182,36 +182,58 @@ func (b *Backend) acquireFree(ctx context.Context, key, sessionID string) (backe
 	return r.grant, r.granted, nil
 }
 
-// acquireFreeBatch runs freeAcquireSQL for a batch of acquires: one
-// statement for the batch, and one more after it for each repeat of a key
-// (which then finds the key taken). Each statement runs in one implicit
-// transaction after its keys' advisory locks (sendAcquire). A deadlock or
-// serialization failure grants nothing: those requests go to acquireSQL.
-// Any other error is the answer of its statement's requests and of those of
-// the statements after it, which do not run; the requests of a statement
-// that committed keep their grants.
+// acquireFreeBatch runs freeAcquireSQL for a batch of acquires, in
+// rounds (inRounds). Each statement runs in one implicit transaction after
+// its keys' advisory locks (sendAcquire). A deadlock or serialization
+// failure grants nothing: those requests go to acquireSQL.
 func (b *Backend) acquireFreeBatch(ctx context.Context, reqs []acquireReq) ([]acquireRes, error) {
-	out := make([]acquireRes, len(reqs))
-	var failed error
-	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return reqs[i].key }) {
-		if failed != nil {
-			for _, i := range round {
-				out[i].err = failed
+	return inRounds(reqs, func(r acquireReq) string { return r.key }, func(err error) acquireRes { return acquireRes{err: err} },
+		func(round []acquireReq) ([]acquireRes, error) {
+			keys, sessions := make([]string, len(round)), make([]string, len(round))
+			for j, r := range round {
+				keys[j], sessions[j] = r.key, r.sessionID
 			}
-			continue
+			granted, err := b.acquireFreeOnce(ctx, keys, sessions)
+			if err != nil {
+				return nil, err
+			}
+			res := make([]acquireRes, len(round))
+			for j, r := range round {
+				res[j].grant, res[j].granted = granted[r.key]
+			}
+			return res, nil
+		}), nil
+}
+
+// inRounds runs a batch as one statement (run) for each round of its
+// requests with distinct keys (batcher.Distinct: a repeated key goes in the
+// round after, and finds the first one's effect), in order, and answers
+// each request with its round's result. A round whose statement fails gives
+// its error (failed) to its requests and to those of the rounds after it,
+// which do not run; the rounds before it have committed and keep their
+// answers.
+func inRounds[Req, Res any](reqs []Req, key func(Req) string, failed func(error) Res, run func(round []Req) ([]Res, error)) []Res {
+	out := make([]Res, len(reqs))
+	var err error
+	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return key(reqs[i]) }) {
+		if err == nil {
+			sub := make([]Req, len(round))
+			for j, i := range round {
+				sub[j] = reqs[i]
+			}
+			var res []Res
+			if res, err = run(sub); err == nil {
+				for j, i := range round {
+					out[i] = res[j]
+				}
+				continue
+			}
 		}
-		keys, sessions := make([]string, len(round)), make([]string, len(round))
-		for j, i := range round {
-			keys[j], sessions[j] = reqs[i].key, reqs[i].sessionID
-		}
-		granted, err := b.acquireFreeOnce(ctx, keys, sessions)
 		for _, i := range round {
-			out[i].grant, out[i].granted = granted[reqs[i].key]
-			out[i].err = err
+			out[i] = failed(err)
 		}
-		failed = err
 	}
-	return out, nil
+	return out
 }
 
 // acquireFreeOnce runs freeAcquireSQL for distinct keys and returns the
@@ -403,52 +425,39 @@ func (b *Backend) Release(ctx context.Context, key, sessionID string, token fenc
 	return r.rec, nil
 }
 
-// releaseBatch runs releaseSQL for a batch of releases: one statement for
-// the batch, and one more after it for each repeat of a key (which then
-// finds the grant ended). A statement that PostgreSQL aborts as a deadlock
-// or serialization failure (two statements deleting entries in different
-// orders) had no effect and runs again. Any other error is the answer of
-// its statement's requests and of those of the statements after it, which
-// do not run; the requests of a statement that committed keep their answers.
+// releaseBatch runs releaseSQL for a batch of releases, in rounds
+// (inRounds). A statement that PostgreSQL aborts as a deadlock or
+// serialization failure (two statements deleting entries in different
+// orders) had no effect and runs again.
 func (b *Backend) releaseBatch(ctx context.Context, reqs []releaseReq) ([]releaseRes, error) {
-	out := make([]releaseRes, len(reqs))
-	var failed error
-	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return reqs[i].key }) {
-		if failed != nil {
-			for _, i := range round {
-				out[i].err = failed
+	return inRounds(reqs, func(r releaseReq) string { return r.key }, func(err error) releaseRes { return releaseRes{err: err} },
+		func(round []releaseReq) ([]releaseRes, error) {
+			keys, sessions, tokens := make([]string, len(round)), make([]string, len(round)), make([]int64, len(round))
+			for j, r := range round {
+				keys[j], sessions[j], tokens[j] = r.key, r.sessionID, int64(r.token)
 			}
-			continue
-		}
-		keys, sessions, tokens := make([]string, len(round)), make([]string, len(round)), make([]int64, len(round))
-		for j, i := range round {
-			keys[j], sessions[j], tokens[j] = reqs[i].key, reqs[i].sessionID, int64(reqs[i].token)
-		}
-		var (
-			recs []backend.GrantRecord
-			err  error
-		)
-		for attempt := 0; attempt < 5; attempt++ {
-			if recs, err = b.releaseOnce(ctx, keys, sessions, tokens); !retryable(err) {
-				break
+			var (
+				recs []backend.GrantRecord
+				err  error
+			)
+			for attempt := 0; attempt < 5; attempt++ {
+				if recs, err = b.releaseOnce(ctx, keys, sessions, tokens); !retryable(err) {
+					break
+				}
 			}
-		}
-		if err != nil {
-			for _, i := range round {
-				out[i].err = err
+			if err != nil {
+				return nil, err
 			}
-			failed = err
-			continue
-		}
-		ended := make(map[string]backend.GrantRecord, len(recs))
-		for _, r := range recs {
-			ended[r.Key] = r
-		}
-		for _, i := range round {
-			out[i].rec, out[i].released = ended[reqs[i].key]
-		}
-	}
-	return out, nil
+			ended := make(map[string]backend.GrantRecord, len(recs))
+			for _, r := range recs {
+				ended[r.Key] = r
+			}
+			res := make([]releaseRes, len(round))
+			for j, r := range round {
+				res[j].rec, res[j].released = ended[r.key]
+			}
+			return res, nil
+		}), nil
 }
 
 // releaseOnce runs releaseSQL after planSettingsSQL, in one implicit
