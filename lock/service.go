@@ -88,7 +88,7 @@ type metrics struct {
 	grants, releases, expirations, revocations, graces, notOwner prometheus.Counter
 	expiredSessions                                              prometheus.Counter
 	activeSessions, waiters, storeBytes, storeQuota              prometheus.Gauge
-	acquire                                                      *prometheus.HistogramVec
+	acquire, storeBatch                                          *prometheus.HistogramVec
 	// The acquire histogram's series, resolved once: no label lookup per
 	// request.
 	acquireGranted, acquireHeld, acquireError prometheus.Observer
@@ -111,10 +111,13 @@ func newMetrics(reg prometheus.Registerer, name string) *metrics {
 			Help: "Size of the lock store where it has a write limit (etcd: the database of the member nearest its quota), read every compaction interval.", ConstLabels: l}),
 		storeQuota: prometheus.NewGauge(prometheus.GaugeOpts{Name: "payouts_lock_store_quota_bytes",
 			Help: "The size at which that store refuses every write (etcd: --quota-backend-bytes; NOSPACE alarm).", ConstLabels: l}),
+		storeBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "payouts_lock_store_batch_calls",
+			Help:        "Calls one store statement carried, by op (acquire, release): calls that arrive while one is in flight go together (PostgreSQL backend).",
+			ConstLabels: l, Buckets: []float64{1, 2, 4, 8, 16, 32, 64}}, []string{"op"}),
 		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "payouts_lock_acquire_duration_seconds", Help: "Acquire latency by result (granted, held, error), waiting included.",
 			ConstLabels: l, Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"result"}),
 	}
-	reg.MustRegister(m.grants, m.releases, m.expirations, m.expiredSessions, m.revocations, m.graces, m.notOwner, m.activeSessions, m.waiters, m.storeBytes, m.storeQuota, m.acquire)
+	reg.MustRegister(m.grants, m.releases, m.expirations, m.expiredSessions, m.revocations, m.graces, m.notOwner, m.activeSessions, m.waiters, m.storeBytes, m.storeQuota, m.acquire, m.storeBatch)
 	m.acquireGranted, m.acquireHeld, m.acquireError = m.acquire.WithLabelValues("granted"), m.acquire.WithLabelValues("held"), m.acquire.WithLabelValues("error")
 	return m
 }
@@ -146,6 +149,10 @@ func (o observer) ActiveSessions(n int) { o.s.m.activeSessions.Set(float64(n)) }
 func (o observer) StoreSize(bytes, quota int64) {
 	o.s.m.storeBytes.Set(float64(bytes))
 	o.s.m.storeQuota.Set(float64(quota))
+}
+
+func (o observer) StoreBatch(op string, calls int) {
+	o.s.m.storeBatch.WithLabelValues(op).Observe(float64(calls))
 }
 
 // Mount adds the /v1 routes to r (an authenticated router).

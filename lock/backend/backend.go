@@ -156,6 +156,9 @@ type Observer interface {
 	// every write (etcd: its database file and --quota-backend-bytes).
 	// Backends whose store has no such limit do not call it.
 	StoreSize(bytes, quota int64)
+	// StoreBatch reports how many calls (op: acquire, release) one store
+	// statement carried. Backends that do not group calls do not call it.
+	StoreBatch(op string, calls int)
 }
 
 // NopObserver ignores everything.
@@ -165,6 +168,7 @@ func (NopObserver) Expired([]GrantRecord)   {}
 func (NopObserver) Grace(time.Time, string) {}
 func (NopObserver) ActiveSessions(int)      {}
 func (NopObserver) StoreSize(int64, int64)  {}
+func (NopObserver) StoreBatch(string, int)  {}
 
 var keyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9:._@+=-]*$`)
 

@@ -104,10 +104,13 @@ func TestOneStatementSettlesEachKeyOfItsBatch(t *testing.T) {
 // TestConcurrentAcquiresAndReleasesShareStatements: acquires (and
 // releases) that arrive while one of their kind is in flight go to
 // PostgreSQL together, as one statement, and each caller gets its own
-// grant (and record).
+// grant (and record); each statement's size reaches the observer
+// (payouts_lock_store_batch_calls).
 func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 	t.Parallel()
 	ctx, b := openFresh(t)
+	sizes := &batchRecorder{}
+	b.SetObserver(sizes)
 	const n = 6
 	sessions := make([]backend.Session, n)
 	for i := range sessions {
@@ -117,7 +120,7 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 		}
 	}
 	var acquires *statementGate
-	b.freeAcquires, acquires = gated(b.acquireFreeBatch)
+	b.freeAcquires, acquires = gated(b.acquireFreeBatch, b.batchOptions("acquire"))
 	grants := make([]backend.Grant, n)
 	errs := make(chan error, n)
 	for i := range n {
@@ -150,7 +153,7 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 	}
 
 	var releases *statementGate
-	b.releases, releases = gated(b.releaseBatch)
+	b.releases, releases = gated(b.releaseBatch, b.batchOptions("release"))
 	for i := range n {
 		go func() {
 			_, err := b.Release(ctx, grants[i].Key, grants[i].SessionID, grants[i].Token)
@@ -175,6 +178,30 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM lock_grant WHERE ended_at IS NULL`).Scan(&open); err != nil || open != 0 {
 		t.Errorf("%d grants still open (err %v), want 0", open, err)
 	}
+	b.freeAcquires.Wait()
+	b.releases.Wait()
+	if got, want := sizes.String(), fmt.Sprintf("acquire:1 acquire:%d release:1 release:%d", n-1, n-1); got != want {
+		t.Errorf("statement sizes observed: %s, want %s", got, want)
+	}
+}
+
+// batchRecorder records the statement sizes a backend reports.
+type batchRecorder struct {
+	backend.NopObserver
+	mu   sync.Mutex
+	seen []string
+}
+
+func (r *batchRecorder) StoreBatch(op string, calls int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = append(r.seen, fmt.Sprintf("%s:%d", op, calls))
+}
+
+func (r *batchRecorder) String() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.seen, " ")
 }
 
 // statementGate wraps a batch function: it records each batch's size and
@@ -185,7 +212,7 @@ type statementGate struct {
 	first         sync.Once
 }
 
-func gated[Req, Res any](write batcher.Func[Req, Res]) (*batcher.Batcher[Req, Res], *statementGate) {
+func gated[Req, Res any](write batcher.Func[Req, Res], opts batcher.Options) (*batcher.Batcher[Req, Res], *statementGate) {
 	g := &statementGate{started: make(chan struct{}), gate: make(chan struct{}), batches: make(chan int, 100)}
 	return batcher.New(func(ctx context.Context, reqs []Req) ([]Res, error) {
 		g.batches <- len(reqs)
@@ -194,7 +221,7 @@ func gated[Req, Res any](write batcher.Func[Req, Res]) (*batcher.Batcher[Req, Re
 			<-g.gate
 		})
 		return write(ctx, reqs)
-	}, batchOptions), g
+	}, opts), g
 }
 
 func (g *statementGate) sizes() []int {
