@@ -283,18 +283,10 @@ func waitForLockWaits(t *testing.T, ctx context.Context, b *Backend, n int) {
 func TestABatchThatDeadlocksIsSettledAgain(t *testing.T) {
 	t.Parallel()
 	ctx, b := openFresh(t)
-	s1, err := b.CreateSession(ctx, "s1", "p", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2, err := b.CreateSession(ctx, "s2", "p", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadlocks := func() int64 { return countDeadlocks(t, ctx, b) }
+	s1, s2 := twoSessions(t, ctx, b)
 	// The cycle: the statement holds k1's advisory lock and waits for s2's
 	// row, which tx holds and then asks for k1's advisory lock.
-	before := deadlocks()
+	before := countDeadlocks(t, ctx, b)
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -379,13 +371,7 @@ func TestABatchThatDeadlocksIsSettledAgain(t *testing.T) {
 			t.Errorf("release %d not done after the deadlock", i)
 		}
 	}
-	deadline := time.Now().Add(time.Minute)
-	for deadlocks() < before+2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("PostgreSQL counted %d deadlocks, want 2: the test did not make the statements deadlock", deadlocks()-before)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitDeadlocks(t, ctx, b, before, 2)
 }
 
 // TestAnErrorOfALaterStatementLeavesTheEarlierAnswers: a batch with a key
@@ -395,14 +381,7 @@ func TestABatchThatDeadlocksIsSettledAgain(t *testing.T) {
 func TestAnErrorOfALaterStatementLeavesTheEarlierAnswers(t *testing.T) {
 	t.Parallel()
 	ctx, b := openFresh(t)
-	s1, err := b.CreateSession(ctx, "s1", "p", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2, err := b.CreateSession(ctx, "s2", "p", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s1, s2 := twoSessions(t, ctx, b)
 	// The second statement waits for s2's row, and its context then ends.
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
@@ -519,15 +498,42 @@ func TestCloseSessionRunsAgainAfterADeadlockWithAReleaseBatch(t *testing.T) {
 			t.Errorf("release %d: %v", i, r.err)
 		}
 	}
+	waitDeadlocks(t, ctx, b, deadlocksBefore, 1)
+}
+
+// twoSessions opens two sessions, s1 and s2.
+func twoSessions(t *testing.T, ctx context.Context, b *Backend) (backend.Session, backend.Session) {
+	t.Helper()
+	s1, err := b.CreateSession(ctx, "s1", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := b.CreateSession(ctx, "s2", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s1, s2
+}
+
+// waitDeadlocks waits until PostgreSQL has counted n deadlocks in this
+// test's database since it counted before: the test did make its
+// statements deadlock. A backend reports them when it is next idle.
+func waitDeadlocks(t *testing.T, ctx context.Context, b *Backend, before, n int64) {
+	t.Helper()
 	deadline := time.Now().Add(time.Minute)
-	for countDeadlocks(t, ctx, b) == deadlocksBefore {
+	for {
+		got := countDeadlocks(t, ctx, b) - before
+		if got >= n {
+			return
+		}
 		if time.Now().After(deadline) {
-			t.Fatal("PostgreSQL counted no deadlock: the test did not make the close and the release deadlock")
+			t.Fatalf("PostgreSQL counted %d deadlocks, want %d: the test did not make its statements deadlock", got, n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
+// countDeadlocks is PostgreSQL's count of deadlocks in this test's database.
 func countDeadlocks(t *testing.T, ctx context.Context, b *Backend) int64 {
 	t.Helper()
 	var n int64
