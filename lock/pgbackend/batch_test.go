@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/payouts/payouts/dev/pgtest"
 	"github.com/payouts/payouts/internal/batcher"
 	"github.com/payouts/payouts/internal/problem"
@@ -287,14 +289,7 @@ func TestABatchThatDeadlocksIsSettledAgain(t *testing.T) {
 	// The cycle: the statement holds k1's advisory lock and waits for s2's
 	// row, which tx holds and then asks for k1's advisory lock.
 	before := countDeadlocks(t, ctx, b)
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM lock_session WHERE id = $1 FOR UPDATE`, s2.ID); err != nil {
-		t.Fatal(err)
-	}
+	tx := holding(t, ctx, b, `SELECT 1 FROM lock_session WHERE id = $1 FOR UPDATE`, s2.ID)
 	type outcome struct {
 		res []acquireRes
 		err error
@@ -336,14 +331,7 @@ func TestABatchThatDeadlocksIsSettledAgain(t *testing.T) {
 
 	// Releases: the statement deletes k1's entry and waits for k2's, which
 	// tx2 holds and then asks for k1's.
-	tx2, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx2.Rollback(ctx)
-	if _, err := tx2.Exec(ctx, `SELECT 1 FROM lock_entry WHERE key = 'dl:k2' FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
+	tx2 := holding(t, ctx, b, `SELECT 1 FROM lock_entry WHERE key = 'dl:k2' FOR UPDATE`)
 	relDone := make(chan error, 1)
 	var rel []releaseRes
 	go func() {
@@ -383,14 +371,7 @@ func TestAnErrorOfALaterStatementLeavesTheEarlierAnswers(t *testing.T) {
 	ctx, b := openFresh(t)
 	s1, s2 := twoSessions(t, ctx, b)
 	// The second statement waits for s2's row, and its context then ends.
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM lock_session WHERE id = $1 FOR UPDATE`, s2.ID); err != nil {
-		t.Fatal(err)
-	}
+	holding(t, ctx, b, `SELECT 1 FROM lock_session WHERE id = $1 FOR UPDATE`, s2.ID)
 	bctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan []acquireRes, 1)
@@ -456,14 +437,7 @@ func TestCloseSessionRunsAgainAfterADeadlockWithAReleaseBatch(t *testing.T) {
 	}
 	// Hold close:a so that the close waits on it, then let the release
 	// delete close:b and wait on close:a behind the close.
-	tx, err := b.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM lock_entry WHERE key = 'close:a' FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := holding(t, ctx, b, `SELECT 1 FROM lock_entry WHERE key = 'close:a' FOR UPDATE`)
 	deadlocksBefore := countDeadlocks(t, ctx, b)
 	closed := make(chan error, 1)
 	go func() { _, err := closer.CloseSession(ctx, s.ID); closed <- err }()
@@ -499,6 +473,21 @@ func TestCloseSessionRunsAgainAfterADeadlockWithAReleaseBatch(t *testing.T) {
 		}
 	}
 	waitDeadlocks(t, ctx, b, deadlocksBefore, 1)
+}
+
+// holding begins a transaction that takes a row lock the test holds
+// (lockSQL) until it rolls the transaction back, or the test ends.
+func holding(t *testing.T, ctx context.Context, b *Backend, lockSQL string, args ...any) pgx.Tx {
+	t.Helper()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, lockSQL, args...); err != nil {
+		t.Fatal(err)
+	}
+	return tx
 }
 
 // twoSessions opens two sessions, s1 and s2.
