@@ -408,16 +408,17 @@ func TestCloseSessionRunsAgainAfterADeadlockWithAReleaseBatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	url := pgtest.NewDB(t, migrations.LockDB)
-	b, err := Open(ctx, Config{DatabaseURL: url, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	// The closer's connections look for deadlocks first, so it is the victim.
+	// The closer's connections look for deadlocks first (the release's only
+	// after a minute), so the close is the victim.
 	sep := "?"
 	if strings.Contains(url, "?") {
 		sep = "&"
 	}
+	b, err := Open(ctx, Config{DatabaseURL: url + sep + "deadlock_timeout=1min", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
 	closer, err := Open(ctx, Config{DatabaseURL: url + sep + "deadlock_timeout=50ms", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -476,7 +477,10 @@ func TestCloseSessionRunsAgainAfterADeadlockWithAReleaseBatch(t *testing.T) {
 }
 
 // holding begins a transaction that takes a row lock the test holds
-// (lockSQL) until it rolls the transaction back, or the test ends.
+// (lockSQL) until it rolls the transaction back, or the test ends. It looks
+// for deadlocks only after a minute, so that in a deadlock with a statement
+// under test PostgreSQL aborts that statement, however late a loaded
+// machine runs the statement's own check.
 func holding(t *testing.T, ctx context.Context, b *Backend, lockSQL string, args ...any) pgx.Tx {
 	t.Helper()
 	tx, err := b.pool.Begin(ctx)
@@ -484,6 +488,9 @@ func holding(t *testing.T, ctx context.Context, b *Backend, lockSQL string, args
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, `SET LOCAL deadlock_timeout = '1min'`); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := tx.Exec(ctx, lockSQL, args...); err != nil {
 		t.Fatal(err)
 	}

@@ -294,19 +294,50 @@ func nilIfRetryable(err error) error {
 // never wait for each other in a cycle. Releases need no lock: they mint
 // nothing.
 func (b *Backend) sendAcquire(ctx context.Context, keys []string, sql string, args ...any) (pgx.BatchResults, error) {
+	return b.sendPlanned(ctx,
+		stmt{`SELECT pg_advisory_xact_lock(l.id) FROM (
+			SELECT DISTINCT hashtextextended(k, 7101) AS id FROM unnest($1::text[]) AS k ORDER BY 1) l`, []any{keys}},
+		stmt{sql, args})
+}
+
+type stmt struct {
+	sql  string
+	args []any
+}
+
+// sendPlanned sends stmts after planSettingsSQL, in one implicit
+// transaction (one round trip), and reads the answers of all but the last,
+// whose answer is the caller's to read.
+func (b *Backend) sendPlanned(ctx context.Context, stmts ...stmt) (pgx.BatchResults, error) {
 	batch := &pgx.Batch{}
 	batch.Queue(planSettingsSQL)
-	batch.Queue(`SELECT pg_advisory_xact_lock(l.id) FROM (
-		SELECT DISTINCT hashtextextended(k, 7101) AS id FROM unnest($1::text[]) AS k ORDER BY 1) l`, keys)
-	batch.Queue(sql, args...)
+	for _, s := range stmts {
+		batch.Queue(s.sql, s.args...)
+	}
 	br := b.pool.SendBatch(ctx, batch)
-	for range 2 { // the settings and the locks
+	for range len(stmts) { // the settings, and every statement but the last
 		if _, err := br.Exec(); err != nil {
 			br.Close()
 			return nil, err
 		}
 	}
 	return br, nil
+}
+
+// againIfRetryable runs f, and again while PostgreSQL aborts it as a
+// deadlock or serialization failure (which had no effect), up to 5 times in
+// all.
+func againIfRetryable[T any](f func() (T, error)) (T, error) {
+	var (
+		v   T
+		err error
+	)
+	for range 5 {
+		if v, err = f(); !retryable(err) {
+			break
+		}
+	}
+	return v, err
 }
 
 func (b *Backend) acquireOnce(ctx context.Context, key, sessionID string) (g backend.Grant, retry bool, err error) {
@@ -436,15 +467,7 @@ func (b *Backend) releaseBatch(ctx context.Context, reqs []releaseReq) ([]releas
 			for j, r := range round {
 				keys[j], sessions[j], tokens[j] = r.key, r.sessionID, int64(r.token)
 			}
-			var (
-				recs []backend.GrantRecord
-				err  error
-			)
-			for attempt := 0; attempt < 5; attempt++ {
-				if recs, err = b.releaseOnce(ctx, keys, sessions, tokens); !retryable(err) {
-					break
-				}
-			}
+			recs, err := againIfRetryable(func() ([]backend.GrantRecord, error) { return b.releaseOnce(ctx, keys, sessions, tokens) })
 			if err != nil {
 				return nil, err
 			}
@@ -463,14 +486,11 @@ func (b *Backend) releaseBatch(ctx context.Context, reqs []releaseReq) ([]releas
 // releaseOnce runs releaseSQL after planSettingsSQL, in one implicit
 // transaction (one round trip).
 func (b *Backend) releaseOnce(ctx context.Context, keys, sessions []string, tokens []int64) ([]backend.GrantRecord, error) {
-	batch := &pgx.Batch{}
-	batch.Queue(planSettingsSQL)
-	batch.Queue(releaseSQL, keys, sessions, tokens)
-	br := b.pool.SendBatch(ctx, batch)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
+	br, err := b.sendPlanned(ctx, stmt{releaseSQL, []any{keys, sessions, tokens}})
+	if err != nil {
 		return nil, err
 	}
+	defer br.Close()
 	rows, err := br.Query()
 	if err != nil {
 		return nil, err

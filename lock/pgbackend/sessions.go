@@ -90,16 +90,10 @@ SELECT EXISTS (SELECT 1 FROM s), (SELECT count(*) FROM g), (SELECT count(*) FROM
 // entries, as a batch of releases does, each in its own order: when
 // PostgreSQL aborts it as a deadlock it had no effect, and runs again.
 func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session, error) {
-	var (
-		closed bool
-		err    error
-	)
-	for attempt := 0; attempt < 5; attempt++ {
+	closed, err := againIfRetryable(func() (closed bool, err error) {
 		err = b.pool.QueryRow(ctx, closeSessionSQL, id).Scan(&closed, new(int64), new(int64))
-		if !retryable(err) {
-			break
-		}
-	}
+		return closed, err
+	})
 	if err != nil {
 		return backend.Session{}, b.classify("close session", err)
 	}
@@ -155,28 +149,22 @@ SELECT g.*, pg_notify('` + notifyChannel + `', g.key)::text FROM g`
 // first, so during a grace period lapsed rows are not each asked again
 // (lock_session_live, which says the same, would ask per row).
 func (b *Backend) Reap(ctx context.Context) error {
-	for attempt := 0; ; attempt++ {
+	recs, err := againIfRetryable(func() ([]backend.GrantRecord, error) {
 		rows, err := b.pool.Query(ctx, reapSQL)
 		if err != nil {
-			if retryable(err) && attempt < 5 {
-				continue
-			}
-			return b.classify("reap", err)
+			return nil, err
 		}
-		recs, err := collectGrants(rows, true)
-		if err != nil {
-			if retryable(err) && attempt < 5 {
-				continue
-			}
-			return b.classify("reap", err)
-		}
-		if len(recs) > 0 {
-			b.obs().Expired(recs)
-		}
-		var n int
-		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM lock_session WHERE state = 'ACTIVE' AND ttl_ms > 0 AND lock_session_live(state, expires_at)`).Scan(&n); err == nil {
-			b.obs().ActiveSessions(n)
-		}
-		return nil
+		return collectGrants(rows, true)
+	})
+	if err != nil {
+		return b.classify("reap", err)
 	}
+	if len(recs) > 0 {
+		b.obs().Expired(recs)
+	}
+	var n int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM lock_session WHERE state = 'ACTIVE' AND ttl_ms > 0 AND lock_session_live(state, expires_at)`).Scan(&n); err == nil {
+		b.obs().ActiveSessions(n)
+	}
+	return nil
 }
