@@ -32,6 +32,9 @@ func newBenchLockCmd() *cobra.Command {
 			"and key. Prints pairs/s, acquire latency (p50, p99, max), lock-service heap per live session and\n" +
 			"the ratio to the baseline; --json prints one line.",
 		Args: cobra.NoArgs,
+		// The lock service runs in this process, so it runs as `serve
+		// lock` does: with the roles' garbage collector target.
+		PersistentPreRunE: roleHook,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for _, e := range strings.Split(endpoints, ",") {
 				if e = strings.TrimSpace(e); e != "" {
