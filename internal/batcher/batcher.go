@@ -124,6 +124,39 @@ func Distinct[K comparable](n int, key func(i int) K) [][]int {
 	return rounds
 }
 
+// InRounds answers a batch of reqs by running one write (run) for each
+// round of requests with distinct keys (Distinct: a repeated key goes in
+// the round after, and finds the first one's effect), in order. A round
+// whose write fails gives its error (failed) to its requests and to those
+// of the rounds after it, which do not run; the rounds before it have
+// taken effect and keep their answers.
+func InRounds[Req, Res any, K comparable](reqs []Req, key func(Req) K, failed func(error) Res, run func(round []Req) ([]Res, error)) []Res {
+	out := make([]Res, len(reqs))
+	var err error
+	for _, round := range Distinct(len(reqs), func(i int) K { return key(reqs[i]) }) {
+		if err == nil {
+			sub := make([]Req, len(round))
+			for j, i := range round {
+				sub[j] = reqs[i]
+			}
+			var res []Res
+			if res, err = run(sub); err == nil && len(res) != len(sub) {
+				err = ErrShortAnswer
+			}
+			if err == nil {
+				for j, i := range round {
+					out[i] = res[j]
+				}
+				continue
+			}
+		}
+		for _, i := range round {
+			out[i] = failed(err)
+		}
+	}
+	return out
+}
+
 // Wait returns when no batch is being written. Requests queued meanwhile
 // are written before it returns.
 func (b *Batcher[Req, Res]) Wait() { b.wg.Wait() }

@@ -206,3 +206,61 @@ func TestDistinctSplitsRepeatedKeysIntoLaterRounds(t *testing.T) {
 		t.Fatalf("rounds of nothing: %v", got)
 	}
 }
+
+// InRounds writes one round of distinct keys after another and answers
+// each request with its round's result; a round that fails, or answers
+// the wrong number of results, fails its requests and the later rounds',
+// which are not written, and the earlier rounds keep their answers.
+func TestInRoundsAnswersEachRequestFromItsRound(t *testing.T) {
+	type res struct {
+		round int
+		err   error
+	}
+	reqs := []string{"a", "b", "a", "c", "a"}
+	failed := func(err error) res { return res{err: err} }
+	key := func(r string) string { return r }
+
+	var written [][]string
+	got := InRounds(reqs, key, failed, func(round []string) ([]res, error) {
+		written = append(written, round)
+		out := make([]res, len(round))
+		for i := range out {
+			out[i].round = len(written)
+		}
+		return out, nil
+	})
+	if fmt.Sprint(written) != "[[a b c] [a] [a]]" || fmt.Sprint(got) != "[{1 <nil>} {1 <nil>} {2 <nil>} {1 <nil>} {3 <nil>}]" {
+		t.Fatalf("rounds %v, answers %v", written, got)
+	}
+
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name string
+		fail func(round []string) ([]res, error)
+		err  error
+	}{
+		{"an error", func([]string) ([]res, error) { return nil, boom }, boom},
+		{"a short answer", func(round []string) ([]res, error) { return make([]res, len(round)-1), nil }, ErrShortAnswer},
+	} {
+		written = nil
+		got = InRounds(reqs, key, failed, func(round []string) ([]res, error) {
+			written = append(written, round)
+			if len(written) == 2 {
+				return tc.fail(round)
+			}
+			return make([]res, len(round)), nil
+		})
+		if len(written) != 2 {
+			t.Errorf("%s: %d rounds written, want 2 (none after the failed one)", tc.name, len(written))
+		}
+		for i, r := range got {
+			want := error(nil)
+			if i >= 2 && reqs[i] == "a" { // the second and third "a" are in the failed round and the one after
+				want = tc.err
+			}
+			if !errors.Is(r.err, want) || (want == nil && r.err != nil) {
+				t.Errorf("%s: request %d (%s) answered %v, want %v", tc.name, i, reqs[i], r.err, want)
+			}
+		}
+	}
+}

@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
+	"github.com/payouts/payouts/internal/batcher"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
 )
@@ -110,9 +111,22 @@ type Backend struct {
 	observer backend.Observer
 	waiters  backend.Waiters
 	cache    cache
+
+	// Releases and revokes that arrive while others are in flight end
+	// their grants together, in one transaction (endMany).
+	ends *batcher.Batcher[endReq, endRes]
 }
 
 var _ backend.Backend = (*Backend)(nil)
+
+// endOptions: one transaction ends at most expiryBatch grants (etcd's
+// --max-txn-ops), and two such transactions may be in flight at once: at
+// 32 clients that did 3-4 % more pairs a second than one, as etcd
+// pipelines raft proposals. Each transaction's size goes to the observer
+// (op release: releases and revokes).
+func endOptions(b *Backend) batcher.Options {
+	return batcher.Options{MaxBatch: expiryBatch, Parallel: 2, Observe: func(calls int) { b.obs().StoreBatch("release", calls) }}
+}
 
 // Open connects (or uses cfg.Client), moves a grant log of the earlier
 // layout to this one (migrate.go) and starts watching the lock prefix.
@@ -131,6 +145,7 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 	}
 	b := &Backend{cli: cfg.Client, cfg: cfg, prefix: strings.TrimRight(cfg.Prefix, "/"), log: cfg.Logger, sweepIv: cfg.SweepInterval,
 		observer: backend.NopObserver{}}
+	b.ends = batcher.New(b.endMany, endOptions(b))
 	if b.cli == nil {
 		if len(cfg.Endpoints) == 0 {
 			return nil, errors.New("etcdbackend: no etcd endpoints")

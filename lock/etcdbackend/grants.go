@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/payouts/payouts/internal/batcher"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/fencing"
@@ -95,24 +96,91 @@ func (b *Backend) Acquire(ctx context.Context, key, sid string) (backend.Grant, 
 
 // end deletes a lock key and ends its grant, in one transaction conditioned
 // on the key still being that grant (token) and, when lease is not 0, the
-// holder's lease. not_held when it is not.
+// holder's lease. not_held when it is not. Ends in flight at the same
+// moment go to etcd together (endMany).
 func (b *Backend) end(ctx context.Context, key string, h heldLock, lease clientv3.LeaseID, reason, actor, why string) (backend.GrantRecord, error) {
-	gv := endedGrant(key, h, time.Now().UTC(), reason, actor, why)
-	cmps, ops := b.endTxn(key, h, lease, gv)
-	answered := b.cache.beginEnd(h.token)
-	resp, err := b.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	r, err := b.ends.Do(ctx, endReq{key: key, h: h, lease: lease, gv: endedGrant(key, h, time.Now().UTC(), reason, actor, why)})
+	if err == nil {
+		err = r.err
+	}
 	if err != nil {
-		answered(0)
 		return backend.GrantRecord{}, classify("end grant", err)
 	}
-	b.cache.forgetLock(key, h.token)
-	if !resp.Succeeded {
-		answered(0)
+	if !r.ended {
 		return backend.GrantRecord{}, backend.ErrNotHeld(key, h.lv.SessionID, fencing.Token(h.token))
 	}
-	answered(resp.Header.Revision)
-	b.signal(key)
-	return record(fencing.Token(h.token), gv), nil
+	return record(fencing.Token(h.token), r.gv), nil
+}
+
+// endReq is one grant to end: h, the grant of key, conditioned on lease
+// when it is not 0, ended as gv.
+type endReq struct {
+	key   string
+	h     heldLock
+	lease clientv3.LeaseID
+	gv    grantValue
+}
+
+type endRes struct {
+	gv    grantValue
+	ended bool  // false: the key was no longer that grant (or not the lease's)
+	err   error // of its round's transaction
+}
+
+// endMany ends a batch of grants in rounds of distinct keys
+// (batcher.InRounds), each round one transaction of one conditional
+// transaction per key (endTxns), split in halves while etcd refuses it as
+// too large (inBatches; --max-txn-ops below 3 × 64). A transaction that
+// fails gives its error to its requests and to the round's after it; the
+// ends before it have taken effect and keep their answers.
+func (b *Backend) endMany(ctx context.Context, reqs []endReq) ([]endRes, error) {
+	return batcher.InRounds(reqs, func(r endReq) string { return r.key }, func(err error) endRes { return endRes{err: err} },
+		func(round []endReq) ([]endRes, error) {
+			out := make([]endRes, 0, len(round))
+			err := inBatches(round, len(round), func(part []endReq) error {
+				res, err := b.endTxns(ctx, part)
+				out = append(out, res...)
+				return err
+			})
+			for len(out) < len(round) {
+				out = append(out, endRes{err: err})
+			}
+			return out, nil
+		}), nil
+}
+
+// endTxns ends grants of distinct keys in one transaction made of one
+// conditional transaction per key (endTxn): a key whose grant changed
+// since it was read is left as it is, and the others are ended. Each end
+// is registered for the watch (beginEnd), so that it need not ask etcd
+// about a deletion made here.
+func (b *Backend) endTxns(ctx context.Context, reqs []endReq) ([]endRes, error) {
+	ops := make([]clientv3.Op, len(reqs))
+	answered := make([]func(rev int64), len(reqs))
+	for i, r := range reqs {
+		cmps, then := b.endTxn(r.key, r.h, r.lease, r.gv)
+		ops[i] = clientv3.OpTxn(cmps, then, nil)
+		answered[i] = b.cache.beginEnd(r.h.token)
+	}
+	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		for _, a := range answered {
+			a(0) // no deletion known: the watch reads as for any other
+		}
+		return nil, err
+	}
+	out := make([]endRes, len(reqs))
+	for i, r := range reqs {
+		b.cache.forgetLock(r.key, r.h.token)
+		if resp.Responses[i].GetResponseTxn().GetSucceeded() {
+			answered[i](resp.Header.Revision)
+			b.signal(r.key)
+			out[i] = endRes{gv: r.gv, ended: true}
+		} else {
+			answered[i](0)
+		}
+	}
+	return out, nil
 }
 
 // endedGrant is h's grant record as ended at ended.
@@ -136,19 +204,12 @@ func (b *Backend) endTxn(key string, h heldLock, lease clientv3.LeaseID, gv gran
 
 // endBatch is end for several lock keys of the session with lease, as
 // read from etcd, in one transaction of one conditional transaction per
-// key: a key whose grant changed since it was read (ended meanwhile) is
-// left as it is. Each end is registered for the watch as end's is. A key
-// whose record cannot be read is left to its lease and reported after the
-// others are ended.
+// key (endTxns): a key whose grant changed since it was read (ended
+// meanwhile) is left as it is. A key whose record cannot be read is left
+// to its lease and reported after the others are ended.
 func (b *Backend) endBatch(ctx context.Context, kvs []*mvccpb.KeyValue, lease clientv3.LeaseID, reason, actor, why string) error {
-	type keyEnd struct {
-		key      string
-		token    int64
-		answered func(rev int64)
-	}
 	ended := time.Now().UTC()
-	ops := make([]clientv3.Op, 0, len(kvs))
-	ends := make([]keyEnd, 0, len(kvs))
+	reqs := make([]endReq, 0, len(kvs))
 	var corrupt error
 	for _, kv := range kvs {
 		h, err := heldFromKV(kv)
@@ -157,29 +218,13 @@ func (b *Backend) endBatch(ctx context.Context, kvs []*mvccpb.KeyValue, lease cl
 			continue
 		}
 		key := strings.TrimPrefix(string(kv.Key), b.prefix+"/locks/")
-		cmps, then := b.endTxn(key, h, lease, endedGrant(key, h, ended, reason, actor, why))
-		ops = append(ops, clientv3.OpTxn(cmps, then, nil))
-		ends = append(ends, keyEnd{key: key, token: h.token, answered: b.cache.beginEnd(h.token)})
+		reqs = append(reqs, endReq{key: key, h: h, lease: lease, gv: endedGrant(key, h, ended, reason, actor, why)})
 	}
-	if len(ops) == 0 {
+	if len(reqs) == 0 {
 		return corrupt
 	}
-	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
-	if err != nil {
-		for _, e := range ends {
-			e.answered(0) // no deletion known: the watch reads as for any other
-		}
+	if _, err := b.endTxns(ctx, reqs); err != nil {
 		return err
-	}
-	for i, r := range resp.Responses {
-		e := ends[i]
-		b.cache.forgetLock(e.key, e.token)
-		if r.GetResponseTxn().GetSucceeded() {
-			e.answered(resp.Header.Revision)
-			b.signal(e.key)
-		} else {
-			e.answered(0)
-		}
 	}
 	return corrupt
 }

@@ -183,11 +183,11 @@ func (b *Backend) acquireFree(ctx context.Context, key, sessionID string) (backe
 }
 
 // acquireFreeBatch runs freeAcquireSQL for a batch of acquires, in
-// rounds (inRounds). Each statement runs in one implicit transaction after
+// rounds (batcher.InRounds). Each statement runs in one implicit transaction after
 // its keys' advisory locks (sendAcquire). A deadlock or serialization
 // failure grants nothing: those requests go to acquireSQL.
 func (b *Backend) acquireFreeBatch(ctx context.Context, reqs []acquireReq) ([]acquireRes, error) {
-	return inRounds(reqs, func(r acquireReq) string { return r.key }, func(err error) acquireRes { return acquireRes{err: err} },
+	return batcher.InRounds(reqs, func(r acquireReq) string { return r.key }, func(err error) acquireRes { return acquireRes{err: err} },
 		func(round []acquireReq) ([]acquireRes, error) {
 			keys, sessions := make([]string, len(round)), make([]string, len(round))
 			for j, r := range round {
@@ -203,37 +203,6 @@ func (b *Backend) acquireFreeBatch(ctx context.Context, reqs []acquireReq) ([]ac
 			}
 			return res, nil
 		}), nil
-}
-
-// inRounds runs a batch as one statement (run) for each round of its
-// requests with distinct keys (batcher.Distinct: a repeated key goes in the
-// round after, and finds the first one's effect), in order, and answers
-// each request with its round's result. A round whose statement fails gives
-// its error (failed) to its requests and to those of the rounds after it,
-// which do not run; the rounds before it have committed and keep their
-// answers.
-func inRounds[Req, Res any](reqs []Req, key func(Req) string, failed func(error) Res, run func(round []Req) ([]Res, error)) []Res {
-	out := make([]Res, len(reqs))
-	var err error
-	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return key(reqs[i]) }) {
-		if err == nil {
-			sub := make([]Req, len(round))
-			for j, i := range round {
-				sub[j] = reqs[i]
-			}
-			var res []Res
-			if res, err = run(sub); err == nil {
-				for j, i := range round {
-					out[i] = res[j]
-				}
-				continue
-			}
-		}
-		for _, i := range round {
-			out[i] = failed(err)
-		}
-	}
-	return out
 }
 
 // acquireFreeOnce runs freeAcquireSQL for distinct keys and returns the
@@ -457,11 +426,11 @@ func (b *Backend) Release(ctx context.Context, key, sessionID string, token fenc
 }
 
 // releaseBatch runs releaseSQL for a batch of releases, in rounds
-// (inRounds). A statement that PostgreSQL aborts as a deadlock or
+// (batcher.InRounds). A statement that PostgreSQL aborts as a deadlock or
 // serialization failure (two statements deleting entries in different
 // orders) had no effect and runs again.
 func (b *Backend) releaseBatch(ctx context.Context, reqs []releaseReq) ([]releaseRes, error) {
-	return inRounds(reqs, func(r releaseReq) string { return r.key }, func(err error) releaseRes { return releaseRes{err: err} },
+	return batcher.InRounds(reqs, func(r releaseReq) string { return r.key }, func(err error) releaseRes { return releaseRes{err: err} },
 		func(round []releaseReq) ([]releaseRes, error) {
 			keys, sessions, tokens := make([]string, len(round)), make([]string, len(round)), make([]int64, len(round))
 			for j, r := range round {
