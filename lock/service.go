@@ -112,7 +112,7 @@ func newMetrics(reg prometheus.Registerer, name string) *metrics {
 		storeQuota: prometheus.NewGauge(prometheus.GaugeOpts{Name: "payouts_lock_store_quota_bytes",
 			Help: "The size at which that store refuses every write (etcd: --quota-backend-bytes; NOSPACE alarm).", ConstLabels: l}),
 		storeBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "payouts_lock_store_batch_calls",
-			Help:        "Calls one store statement carried, by op (acquire, release): calls that arrive while one is in flight go together (PostgreSQL backend).",
+			Help:        "Calls one store statement or transaction carried, by op (acquire, release): calls that arrive while one is in flight go together (PostgreSQL: acquires and releases; etcd: releases and revokes, as op release).",
 			ConstLabels: l, Buckets: []float64{1, 2, 4, 8, 16, 32, 64}}, []string{"op"}),
 		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "payouts_lock_acquire_duration_seconds", Help: "Acquire latency by result (granted, held, error), waiting included.",
 			ConstLabels: l, Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"result"}),

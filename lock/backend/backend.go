@@ -157,7 +157,8 @@ type Observer interface {
 	// Backends whose store has no such limit do not call it.
 	StoreSize(bytes, quota int64)
 	// StoreBatch reports how many calls (op: acquire, release) one store
-	// statement carried. Backends that do not group calls do not call it.
+	// statement or transaction carried. Backends that do not group calls
+	// do not call it.
 	StoreBatch(op string, calls int)
 }
 
