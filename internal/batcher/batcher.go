@@ -29,6 +29,11 @@ type Options struct {
 	Timeout time.Duration
 	// Observe, if set, is told the size of every batch written.
 	Observe func(size int)
+	// DropAbandoned: a request whose caller's context ends before a batch
+	// has taken it is not written (a lock release its caller was told
+	// failed, and may try again). Otherwise it is written with the next
+	// batch all the same (a rail's answer to record whoever waits for it).
+	DropAbandoned bool
 }
 
 // Batcher batches the requests of Do and writes them with its Func.
@@ -68,7 +73,8 @@ func New[Req, Res any](write Func[Req, Res], opts Options) *Batcher[Req, Res] {
 var ErrShortAnswer = errors.New("batcher: the batch's answer does not have one result per request")
 
 // Do queues req for the next batch and returns its result. If ctx ends
-// first, Do returns ctx's error; the request may still be written.
+// first, Do returns ctx's error; the request may still be written, unless
+// DropAbandoned is set and no batch has taken it yet.
 func (b *Batcher[Req, Res]) Do(ctx context.Context, req Req) (Res, error) {
 	c := &call[Req, Res]{req: req, done: make(chan struct{})}
 	b.mu.Lock()
@@ -86,6 +92,16 @@ func (b *Batcher[Req, Res]) Do(ctx context.Context, req Req) (Res, error) {
 	case <-c.done:
 		return c.res, c.err
 	case <-ctx.Done():
+		if b.opts.DropAbandoned {
+			b.mu.Lock()
+			for i, w := range b.waiting {
+				if w == c {
+					b.waiting = append(b.waiting[:i], b.waiting[i+1:]...)
+					break
+				}
+			}
+			b.mu.Unlock()
+		}
 		var zero Res
 		return zero, ctx.Err()
 	}

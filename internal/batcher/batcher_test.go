@@ -148,6 +148,64 @@ func TestACallerGoingAwayDoesNotFailTheBatch(t *testing.T) {
 	b.Wait()
 }
 
+// With DropAbandoned, a caller that goes away while its request waits for
+// a batch takes the request with it: no batch writes it (a lock release,
+// say, that its caller was told failed and may try again). The others
+// waiting go out. Without it, the request goes out with them.
+func TestACallerLeavingBeforeItsBatchIsNotWritten(t *testing.T) {
+	for _, drop := range []bool{true, false} {
+		t.Run(fmt.Sprint("DropAbandoned=", drop), func(t *testing.T) { testCallerLeaving(t, drop) })
+	}
+}
+
+func testCallerLeaving(t *testing.T, drop bool) {
+	d := newDouble()
+	var (
+		mu      sync.Mutex
+		written []int
+	)
+	b := New(func(ctx context.Context, reqs []int) ([]int, error) {
+		mu.Lock()
+		written = append(written, reqs...)
+		mu.Unlock()
+		return d.write(ctx, reqs)
+	}, Options{DropAbandoned: drop})
+	go func() { _, _ = b.Do(context.Background(), -1) }()
+	<-d.entered
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error)
+	go func() {
+		_, err := b.Do(ctx, 7)
+		errc <- err
+	}()
+	queued(t, b, 1)
+	stays := make(chan int)
+	go func() {
+		v, _ := b.Do(context.Background(), 8)
+		stays <- v
+	}()
+	queued(t, b, 2)
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Do = %v, want context.Canceled", err)
+	}
+	want, sizes, waiting := "[-1 7 8]", "[1 2]", 2
+	if drop {
+		want, sizes, waiting = "[-1 8]", "[1 1]", 1
+	}
+	if n := b.Waiting(); n != waiting {
+		t.Fatalf("%d requests wait after the caller left", n)
+	}
+	close(d.release)
+	if v := <-stays; v != 16 {
+		t.Fatalf("the request that stayed answered %d, want 16", v)
+	}
+	b.Wait()
+	if fmt.Sprint(written) != want || fmt.Sprint(d.sizes) != sizes {
+		t.Fatalf("written %v in batches %v, want %s in %s", written, d.sizes, want, sizes)
+	}
+}
+
 // At most Parallel batches are written at once.
 func TestParallelBoundsTheBatchesInFlight(t *testing.T) {
 	var (

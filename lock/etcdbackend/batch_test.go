@@ -2,6 +2,7 @@ package etcdbackend_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -32,36 +33,7 @@ func TestConcurrentReleasesShareATransaction(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	prefix := fmt.Sprintf("/test/%d", seq.Add(1))
-
-	// Every transaction of b's client is held, once etcd has answered it,
-	// while hold is set: its batch stays in flight.
-	var (
-		hold, held atomic.Int32
-		txns       atomic.Int32
-		gate       = make(chan struct{})
-	)
-	intercept := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		err := invoker(ctx, method, req, reply, cc, opts...)
-		if method == "/etcdserverpb.KV/Txn" {
-			txns.Add(1)
-		}
-		if hold.Load() == 1 {
-			held.Add(1)
-			<-gate
-		}
-		return err
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(intercept)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
+	b, c := gatedBackend(t, ctx, prefix)
 	sizes := &batchSizes{}
 	b.SetObserver(sizes)
 	other, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: newClient(t), Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
@@ -82,8 +54,8 @@ func TestConcurrentReleasesShareATransaction(t *testing.T) {
 		}
 	}
 
-	hold.Store(1)
-	before := txns.Load()
+	c.hold.Store(1)
+	before := c.txns.Load()
 	recs := make([]backend.GrantRecord, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -95,9 +67,9 @@ func TestConcurrentReleasesShareATransaction(t *testing.T) {
 		}()
 	}
 	release(0)
-	waitFor(t, "a release transaction in flight", func() bool { return held.Load() == 1 })
+	waitFor(t, "a release transaction in flight", func() bool { return c.held.Load() == 1 })
 	release(1)
-	waitFor(t, "two release transactions in flight", func() bool { return held.Load() == 2 })
+	waitFor(t, "two release transactions in flight", func() bool { return c.held.Load() == 2 })
 	for i := 2; i < n; i++ {
 		release(i)
 	}
@@ -105,8 +77,7 @@ func TestConcurrentReleasesShareATransaction(t *testing.T) {
 	if _, err := other.Revoke(ctx, grants[n-1].Key, "operator", "test"); err != nil {
 		t.Fatal(err)
 	}
-	hold.Store(0)
-	close(gate)
+	c.open()
 	wg.Wait()
 
 	for i := range n - 1 {
@@ -117,7 +88,7 @@ func TestConcurrentReleasesShareATransaction(t *testing.T) {
 	if !problem.Has(errs[n-1], problem.NotHeld) {
 		t.Errorf("release of the revoked grant: %v, want not_held", errs[n-1])
 	}
-	if got := txns.Load() - before; got != 3 {
+	if got := c.txns.Load() - before; got != 3 {
 		t.Errorf("%d transactions for %d releases, want 3 (1, 1, and the %d that waited)", got, n, n-2)
 	}
 	if got, want := sizes.sorted(), "release:1 release:1 release:4"; got != want {
@@ -145,6 +116,263 @@ func TestConcurrentReleasesShareATransaction(t *testing.T) {
 			t.Errorf("%s after the releases: %+v, %v; want free", g.Key, l, err)
 		}
 	}
+}
+
+// TestEndsOfOneKeyInABatchAreSettledInTurn: a release, a revoke and a
+// second release of one key waiting together go in transactions one after
+// another (a key once per transaction), each finding the one before it
+// done; a revoke from a stale view of its key (the grant it knew ended
+// elsewhere and the key taken again) reads the key again and revokes the
+// current grant.
+func TestEndsOfOneKeyInABatchAreSettledInTurn(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	prefix := fmt.Sprintf("/test/%d", seq.Add(1))
+	b, c := gatedBackend(t, ctx, prefix)
+	other, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: newClient(t), Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	s, err := b.CreateSession(ctx, "owner", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := other.CreateSession(ctx, "owner2", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := make([]backend.Grant, 4)
+	for i := range g {
+		if g[i], err = b.Acquire(ctx, fmt.Sprintf("turn:%d", i), s.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := other.Revoke(ctx, "turn:2", "operator", "test"); err != nil {
+		t.Fatal(err)
+	}
+	retaken, err := other.Acquire(ctx, "turn:2", s2.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	c.hold.Store(1)
+	type answer struct {
+		rec backend.GrantRecord
+		err error
+	}
+	answers := map[string]*answer{}
+	var wg sync.WaitGroup
+	call := func(name string, f func() (backend.GrantRecord, error)) {
+		a := &answer{}
+		answers[name] = a
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.rec, a.err = f()
+		}()
+	}
+	release := func(i int) func() (backend.GrantRecord, error) {
+		return func() (backend.GrantRecord, error) { return b.Release(ctx, g[i].Key, s.ID, g[i].Token) }
+	}
+	revoke := func(key string) func() (backend.GrantRecord, error) {
+		return func() (backend.GrantRecord, error) { return b.Revoke(ctx, key, "operator", "test") }
+	}
+	call("release 0", release(0))
+	waitFor(t, "a transaction in flight", func() bool { return c.held.Load() == 1 })
+	call("release 3", release(3))
+	waitFor(t, "two transactions in flight", func() bool { return c.held.Load() == 2 })
+	for i, x := range []struct {
+		name string
+		f    func() (backend.GrantRecord, error)
+	}{{"release 1", release(1)}, {"revoke 1", revoke("turn:1")}, {"revoke 2", revoke("turn:2")}, {"release 1 again", release(1)}} {
+		call(x.name, x.f)
+		waitFor(t, x.name+" waiting", func() bool { return b.EndsWaiting() == i+1 })
+	}
+	c.open()
+	wg.Wait()
+
+	for _, i := range []int{0, 3, 1} {
+		a := answers[fmt.Sprintf("release %d", i)]
+		if a.err != nil || a.rec.Token != g[i].Token || a.rec.EndReason != backend.EndReleased {
+			t.Errorf("release %d: %+v, %v; want token %d released", i, a.rec, a.err, g[i].Token)
+		}
+	}
+	if a := answers["revoke 1"]; !problem.Has(a.err, problem.NotHeld) {
+		t.Errorf("revoke of turn:1 after its release: %+v, %v; want not_held (free)", a.rec, a.err)
+	}
+	if a := answers["revoke 2"]; a.err != nil || a.rec.Token != retaken.Token || a.rec.EndReason != backend.EndRevoked {
+		t.Errorf("revoke of turn:2 from a stale view: %+v, %v; want the current grant (token %d) revoked", a.rec, a.err, retaken.Token)
+	}
+	if a := answers["release 1 again"]; !problem.Has(a.err, problem.NotHeld) {
+		t.Errorf("second release of turn:1: %+v, %v; want not_held", a.rec, a.err)
+	}
+}
+
+// TestAFailedEndTransactionEndsNothingOfIt: a transaction of ends that
+// etcd does not answer gives its error to each of its callers, ends none
+// of their grants, and a release tried again ends it.
+func TestAFailedEndTransactionEndsNothingOfIt(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, c := gatedBackend(t, ctx, fmt.Sprintf("/test/%d", seq.Add(1)))
+	s, err := b.CreateSession(ctx, "owner", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := make([]backend.Grant, 4)
+	for i := range g {
+		if g[i], err = b.Acquire(ctx, fmt.Sprintf("fail:%d", i), s.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.hold.Store(1)
+	errs := make([]error, len(g))
+	var wg sync.WaitGroup
+	for i := range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = b.Release(ctx, g[i].Key, s.ID, g[i].Token)
+		}()
+		switch i {
+		case 0, 1:
+			waitFor(t, "transactions in flight", func() bool { return c.held.Load() == int32(i+1) })
+		default:
+			waitFor(t, "releases waiting", func() bool { return b.EndsWaiting() == i-1 })
+		}
+	}
+	injected := errors.New("injected: no answer from etcd")
+	c.fail.Store(&injected)
+	c.open()
+	wg.Wait()
+	for i, err := range errs {
+		if i < 2 && err != nil {
+			t.Errorf("release %d, before the failure: %v", i, err)
+		}
+		if i >= 2 && !problem.Has(err, problem.Unavailable) {
+			t.Errorf("release %d, in the failed transaction: %v; want unavailable", i, err)
+		}
+	}
+	for i := 2; i < len(g); i++ {
+		if l, err := b.Lock(ctx, g[i].Key); err != nil || !l.Held || l.Token != g[i].Token {
+			t.Errorf("%s after the failed transaction: %+v, %v; want still held with token %d", g[i].Key, l, err, g[i].Token)
+		}
+		if rec, err := b.Release(ctx, g[i].Key, s.ID, g[i].Token); err != nil || rec.EndReason != backend.EndReleased {
+			t.Errorf("release %d tried again: %+v, %v", i, rec, err)
+		}
+	}
+}
+
+// TestAReleaseItsCallerGaveUpOnIsNotMade: a release whose caller's
+// context ends while it waits for a transaction gets its context's error
+// and is not made: the grant stays held, as its caller was told, and a
+// release tried again ends it.
+func TestAReleaseItsCallerGaveUpOnIsNotMade(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b, c := gatedBackend(t, ctx, fmt.Sprintf("/test/%d", seq.Add(1)))
+	s, err := b.CreateSession(ctx, "owner", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := make([]backend.Grant, 3)
+	for i := range g {
+		if g[i], err = b.Acquire(ctx, fmt.Sprintf("gone:%d", i), s.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.hold.Store(1)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.Release(ctx, g[i].Key, s.ID, g[i].Token); err != nil {
+				t.Errorf("release %d: %v", i, err)
+			}
+		}()
+		waitFor(t, "transactions in flight", func() bool { return c.held.Load() == int32(i+1) })
+	}
+	gctx, giveUp := context.WithCancel(ctx)
+	gone := make(chan error, 1)
+	go func() {
+		_, err := b.Release(gctx, g[2].Key, s.ID, g[2].Token)
+		gone <- err
+	}()
+	waitFor(t, "the release waiting", func() bool { return b.EndsWaiting() == 1 })
+	giveUp()
+	if err := <-gone; err == nil {
+		t.Fatal("the release whose caller gave up answered success")
+	}
+	c.open()
+	wg.Wait()
+	if l, err := b.Lock(ctx, g[2].Key); err != nil || !l.Held || l.Token != g[2].Token {
+		t.Fatalf("%s after its caller gave up on the release: %+v, %v; want still held", g[2].Key, l, err)
+	}
+	if _, err := b.Release(ctx, g[2].Key, s.ID, g[2].Token); err != nil {
+		t.Fatalf("the release tried again: %v", err)
+	}
+}
+
+// heldCalls controls a backend's etcd client (gatedBackend).
+type heldCalls struct {
+	hold, held, txns atomic.Int32
+	gate             chan struct{}
+	opened           sync.Once
+	fail             atomic.Pointer[error] // the next Txn's answer, instead of etcd's
+}
+
+// open lets every held call go on, and holds no more.
+func (c *heldCalls) open() {
+	c.opened.Do(func() {
+		c.hold.Store(0)
+		close(c.gate)
+	})
+}
+
+// gatedBackend is a backend on the test cluster under prefix whose etcd
+// client counts its transactions, answers the next one with an error when
+// fail is set, and holds every call, once answered, while hold is set (a
+// release's batch then stays in flight). Its watch does not run, so every
+// call is the test's.
+func gatedBackend(t *testing.T, ctx context.Context, prefix string) (*etcdbackend.Backend, *heldCalls) {
+	t.Helper()
+	c := &heldCalls{gate: make(chan struct{})}
+	intercept := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		var err error
+		if method != "/etcdserverpb.KV/Txn" {
+			err = invoker(ctx, method, req, reply, cc, opts...)
+		} else {
+			c.txns.Add(1)
+			if e := c.fail.Swap(nil); e != nil {
+				err = *e
+			} else {
+				err = invoker(ctx, method, req, reply, cc, opts...)
+			}
+		}
+		if c.hold.Load() == 1 {
+			c.held.Add(1)
+			<-c.gate
+		}
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(intercept)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	t.Cleanup(c.open) // first: a test that failed holding calls lets them go
+	return b, c
 }
 
 // batchSizes records the transaction sizes a backend reports.

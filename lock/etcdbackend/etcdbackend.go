@@ -123,9 +123,10 @@ var _ backend.Backend = (*Backend)(nil)
 // --max-txn-ops), and two such transactions may be in flight at once: at
 // 32 clients that did 3-4 % more pairs a second than one, as etcd
 // pipelines raft proposals. Each transaction's size goes to the observer
-// (op release: releases and revokes).
+// (op release: releases and revokes). An end whose caller has gone away
+// before a transaction took it is not made.
 func endOptions(b *Backend) batcher.Options {
-	return batcher.Options{MaxBatch: expiryBatch, Parallel: 2, Observe: func(calls int) { b.obs().StoreBatch("release", calls) }}
+	return batcher.Options{MaxBatch: expiryBatch, Parallel: 2, DropAbandoned: true, Observe: func(calls int) { b.obs().StoreBatch("release", calls) }}
 }
 
 // Open connects (or uses cfg.Client), moves a grant log of the earlier
@@ -278,6 +279,7 @@ func (b *Backend) Ping(ctx context.Context) error {
 
 // Close implements backend.Backend.
 func (b *Backend) Close() error {
+	b.ends.Wait() // ends in flight get their answers before the client goes
 	if b.watchCancel != nil {
 		b.watchCancel()
 	}

@@ -130,9 +130,11 @@ type endRes struct {
 // endMany ends a batch of grants in rounds of distinct keys
 // (batcher.InRounds), each round one transaction of one conditional
 // transaction per key (endTxns), split in halves while etcd refuses it as
-// too large (inBatches; --max-txn-ops below 3 × 64). A transaction that
-// fails gives its error to its requests and to the round's after it; the
-// ends before it have taken effect and keep their answers.
+// too large (inBatches: a transaction of n ends needs --max-txn-ops of at
+// least n + 3). A transaction that fails gives its error to its own
+// requests and to the rest of its round, which are not sent; the ends
+// before it have taken effect and keep their answers. Later rounds still
+// run: each end is conditioned on its own grant's token.
 func (b *Backend) endMany(ctx context.Context, reqs []endReq) ([]endRes, error) {
 	return batcher.InRounds(reqs, func(r endReq) string { return r.key }, func(err error) endRes { return endRes{err: err} },
 		func(round []endReq) ([]endRes, error) {
@@ -257,10 +259,10 @@ func (b *Backend) current(ctx context.Context, key string, token int64) (h heldL
 	return h, err == nil, err
 }
 
-// Release implements backend.Backend: one transaction conditioned on the
-// key's CreateRevision (the token) and the session's lease, written from
-// what the service knows of the grant (read first only when it knows
-// nothing).
+// Release implements backend.Backend: one conditional transaction on the
+// key's CreateRevision (the token) and the session's lease (end: in the
+// transaction of the other ends in flight), written from what the service
+// knows of the grant (read first only when it knows nothing).
 func (b *Backend) Release(ctx context.Context, key, sid string, token fencing.Token) (backend.GrantRecord, error) {
 	lease, ok := parseSessionID(sid)
 	if !ok {
@@ -280,8 +282,9 @@ func (b *Backend) Release(ctx context.Context, key, sid string, token fencing.To
 	return rec, err
 }
 
-// Revoke implements backend.Backend: one transaction on the key's current
-// grant; read again only when that grant changed under us.
+// Revoke implements backend.Backend: one conditional transaction on the
+// key's current grant (end: in the transaction of the other ends in
+// flight); read again only when that grant changed under us.
 func (b *Backend) Revoke(ctx context.Context, key, actor, reason string) (backend.GrantRecord, error) {
 	for {
 		h, found, err := b.current(ctx, key, 0)

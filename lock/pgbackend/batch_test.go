@@ -187,6 +187,60 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 	}
 }
 
+// TestCallsTheirCallersGaveUpOnAreNotMade: an acquire or a release whose
+// caller's context ends while it waits for a statement gets its context's
+// error and is not made: the key stays free (or held), as its caller was
+// told.
+func TestCallsTheirCallersGaveUpOnAreNotMade(t *testing.T) {
+	t.Parallel()
+	ctx, b := openFresh(t)
+	s, err := b.CreateSession(ctx, "owner", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := b.Acquire(ctx, "gone:held", s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acquires, releases *statementGate
+	b.freeAcquires, acquires = gated(b.acquireFreeBatch, b.batchOptions("acquire"))
+	b.releases, releases = gated(b.releaseBatch, b.batchOptions("release"))
+	first := make(chan error, 2)
+	go func() { _, err := b.Acquire(ctx, "gone:first", s.ID); first <- err }()
+	<-acquires.started
+	go func() { _, err := b.Release(ctx, "gone:first-held", s.ID, 1); first <- err }()
+	<-releases.started
+
+	gctx, giveUp := context.WithCancel(ctx)
+	gone := make(chan error, 2)
+	go func() { _, err := b.Acquire(gctx, "gone:free", s.ID); gone <- err }()
+	go func() { _, err := b.Release(gctx, held.Key, s.ID, held.Token); gone <- err }()
+	waitBatched(t, b.freeAcquires.Waiting, 1)
+	waitBatched(t, b.releases.Waiting, 1)
+	giveUp()
+	for range 2 {
+		if err := <-gone; err == nil {
+			t.Fatal("a call whose caller gave up answered success")
+		}
+	}
+	close(acquires.gate)
+	close(releases.gate)
+	for range 2 {
+		<-first
+	}
+	b.freeAcquires.Wait()
+	b.releases.Wait()
+	if l, err := b.Lock(ctx, "gone:free"); err != nil || l.Held {
+		t.Errorf("gone:free after its caller gave up on the acquire: %+v, %v; want free", l, err)
+	}
+	if l, err := b.Lock(ctx, held.Key); err != nil || !l.Held || l.Token != held.Token {
+		t.Errorf("%s after its caller gave up on the release: %+v, %v; want still held", held.Key, l, err)
+	}
+	if got := fmt.Sprint(acquires.sizes(), releases.sizes()); got != "[1] [1]" {
+		t.Errorf("statements of sizes %s, want [1] [1]: the calls given up on made none", got)
+	}
+}
+
 // batchRecorder records the statement sizes a backend reports.
 type batchRecorder struct {
 	backend.NopObserver
