@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/backend/backendtest"
 	"github.com/payouts/payouts/lock/etcdbackend"
 )
 
@@ -30,48 +29,27 @@ import (
 // (payouts_lock_store_batch_calls).
 func TestConcurrentReleasesShareATransaction(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	prefix := fmt.Sprintf("/test/%d", seq.Add(1))
-	b, c := gatedBackend(t, ctx, prefix)
-	sizes := &batchSizes{}
+	ctx, prefix, b, c := gatedBackend(t)
+	sizes := &backendtest.BatchRecorder{}
 	b.SetObserver(sizes)
-	other, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: newClient(t), Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { other.Close() })
-
-	s, err := b.CreateSession(ctx, "owner", "p", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := otherService(t, ctx, prefix)
 	const n = 6
-	grants := make([]backend.Grant, n)
-	for i := range grants {
-		if grants[i], err = b.Acquire(ctx, fmt.Sprintf("share:%d", i), s.ID); err != nil {
-			t.Fatal(err)
-		}
-	}
+	_, grants := heldGrants(t, ctx, b, "share", n)
 
-	c.hold.Store(1)
 	before := c.txns.Load()
 	recs := make([]backend.GrantRecord, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	release := func(i int) {
+		recs[i], errs[i] = b.Release(ctx, grants[i].Key, grants[i].SessionID, grants[i].Token)
+	}
+	twoInFlight(t, c, &wg, release)
+	for i := 2; i < n; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			recs[i], errs[i] = b.Release(ctx, grants[i].Key, grants[i].SessionID, grants[i].Token)
+			release(i)
 		}()
-	}
-	release(0)
-	waitFor(t, "a release transaction in flight", func() bool { return c.held.Load() == 1 })
-	release(1)
-	waitFor(t, "two release transactions in flight", func() bool { return c.held.Load() == 2 })
-	for i := 2; i < n; i++ {
-		release(i)
 	}
 	waitFor(t, "four releases waiting", func() bool { return b.EndsWaiting() == n-2 })
 	if _, err := other.Revoke(ctx, grants[n-1].Key, "operator", "test"); err != nil {
@@ -91,7 +69,7 @@ func TestConcurrentReleasesShareATransaction(t *testing.T) {
 	if got := c.txns.Load() - before; got != 3 {
 		t.Errorf("%d transactions for %d releases, want 3 (1, 1, and the %d that waited)", got, n, n-2)
 	}
-	if got, want := sizes.sorted(), "release:1 release:1 release:4"; got != want {
+	if got, want := sizes.Sorted(), "release:1 release:1 release:4"; got != want {
 		t.Errorf("transaction sizes observed: %s, want %s", got, want)
 	}
 	log, err := b.Grants(ctx, 0, 100)
@@ -126,28 +104,12 @@ func TestConcurrentReleasesShareATransaction(t *testing.T) {
 // current grant.
 func TestEndsOfOneKeyInABatchAreSettledInTurn(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	prefix := fmt.Sprintf("/test/%d", seq.Add(1))
-	b, c := gatedBackend(t, ctx, prefix)
-	other, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: newClient(t), Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { other.Close() })
-	s, err := b.CreateSession(ctx, "owner", "p", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, prefix, b, c := gatedBackend(t)
+	other := otherService(t, ctx, prefix)
+	s, g := heldGrants(t, ctx, b, "turn", 4)
 	s2, err := other.CreateSession(ctx, "owner2", "p", time.Minute)
 	if err != nil {
 		t.Fatal(err)
-	}
-	g := make([]backend.Grant, 4)
-	for i := range g {
-		if g[i], err = b.Acquire(ctx, fmt.Sprintf("turn:%d", i), s.ID); err != nil {
-			t.Fatal(err)
-		}
 	}
 	if _, err := other.Revoke(ctx, "turn:2", "operator", "test"); err != nil {
 		t.Fatal(err)
@@ -157,12 +119,11 @@ func TestEndsOfOneKeyInABatchAreSettledInTurn(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c.hold.Store(1)
 	type answer struct {
 		rec backend.GrantRecord
 		err error
 	}
-	answers := map[string]*answer{}
+	answers := map[string]*answer{"release 0": {}, "release 3": {}}
 	var wg sync.WaitGroup
 	call := func(name string, f func() (backend.GrantRecord, error)) {
 		a := &answer{}
@@ -179,10 +140,8 @@ func TestEndsOfOneKeyInABatchAreSettledInTurn(t *testing.T) {
 	revoke := func(key string) func() (backend.GrantRecord, error) {
 		return func() (backend.GrantRecord, error) { return b.Revoke(ctx, key, "operator", "test") }
 	}
-	call("release 0", release(0))
-	waitFor(t, "a transaction in flight", func() bool { return c.held.Load() == 1 })
-	call("release 3", release(3))
-	waitFor(t, "two transactions in flight", func() bool { return c.held.Load() == 2 })
+	first := []*answer{answers["release 0"], answers["release 3"]}
+	twoInFlight(t, c, &wg, func(i int) { first[i].rec, first[i].err = release(3 * i)() })
 	for i, x := range []struct {
 		name string
 		f    func() (backend.GrantRecord, error)
@@ -215,34 +174,19 @@ func TestEndsOfOneKeyInABatchAreSettledInTurn(t *testing.T) {
 // of their grants, and a release tried again ends it.
 func TestAFailedEndTransactionEndsNothingOfIt(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	b, c := gatedBackend(t, ctx, fmt.Sprintf("/test/%d", seq.Add(1)))
-	s, err := b.CreateSession(ctx, "owner", "p", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := make([]backend.Grant, 4)
-	for i := range g {
-		if g[i], err = b.Acquire(ctx, fmt.Sprintf("fail:%d", i), s.ID); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c.hold.Store(1)
+	ctx, _, b, c := gatedBackend(t)
+	s, g := heldGrants(t, ctx, b, "fail", 4)
 	errs := make([]error, len(g))
+	release := func(i int) { _, errs[i] = b.Release(ctx, g[i].Key, s.ID, g[i].Token) }
 	var wg sync.WaitGroup
-	for i := range g {
+	twoInFlight(t, c, &wg, release)
+	for i := 2; i < len(g); i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = b.Release(ctx, g[i].Key, s.ID, g[i].Token)
+			release(i)
 		}()
-		switch i {
-		case 0, 1:
-			waitFor(t, "transactions in flight", func() bool { return c.held.Load() == int32(i+1) })
-		default:
-			waitFor(t, "releases waiting", func() bool { return b.EndsWaiting() == i-1 })
-		}
+		waitFor(t, "releases waiting", func() bool { return b.EndsWaiting() == i-1 })
 	}
 	injected := errors.New("injected: no answer from etcd")
 	c.fail.Store(&injected)
@@ -272,31 +216,14 @@ func TestAFailedEndTransactionEndsNothingOfIt(t *testing.T) {
 // release tried again ends it.
 func TestAReleaseItsCallerGaveUpOnIsNotMade(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	b, c := gatedBackend(t, ctx, fmt.Sprintf("/test/%d", seq.Add(1)))
-	s, err := b.CreateSession(ctx, "owner", "p", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := make([]backend.Grant, 3)
-	for i := range g {
-		if g[i], err = b.Acquire(ctx, fmt.Sprintf("gone:%d", i), s.ID); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c.hold.Store(1)
+	ctx, _, b, c := gatedBackend(t)
+	s, g := heldGrants(t, ctx, b, "gone", 3)
 	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := b.Release(ctx, g[i].Key, s.ID, g[i].Token); err != nil {
-				t.Errorf("release %d: %v", i, err)
-			}
-		}()
-		waitFor(t, "transactions in flight", func() bool { return c.held.Load() == int32(i+1) })
-	}
+	twoInFlight(t, c, &wg, func(i int) {
+		if _, err := b.Release(ctx, g[i].Key, s.ID, g[i].Token); err != nil {
+			t.Errorf("release %d: %v", i, err)
+		}
+	})
 	gctx, giveUp := context.WithCancel(ctx)
 	gone := make(chan error, 1)
 	go func() {
@@ -318,6 +245,38 @@ func TestAReleaseItsCallerGaveUpOnIsNotMade(t *testing.T) {
 	}
 }
 
+// heldGrants opens a session on b and acquires n keys <name>:<i> for it.
+func heldGrants(t *testing.T, ctx context.Context, b *etcdbackend.Backend, name string, n int) (backend.Session, []backend.Grant) {
+	t.Helper()
+	s, err := b.CreateSession(ctx, "owner", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := make([]backend.Grant, n)
+	for i := range g {
+		if g[i], err = b.Acquire(ctx, fmt.Sprintf("%s:%d", name, i), s.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s, g
+}
+
+// twoInFlight holds b's calls (c) and starts call(0) and call(1) on
+// goroutines of wg, each once the one before is in flight, so that both of
+// the backend's end transactions are held when it returns.
+func twoInFlight(t *testing.T, c *heldCalls, wg *sync.WaitGroup, call func(i int)) {
+	t.Helper()
+	c.hold.Store(1)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			call(i)
+		}()
+		waitFor(t, "end transactions in flight", func() bool { return c.held.Load() == int32(i+1) })
+	}
+}
+
 // heldCalls controls a backend's etcd client (gatedBackend).
 type heldCalls struct {
 	hold, held, txns atomic.Int32
@@ -334,14 +293,17 @@ func (c *heldCalls) open() {
 	})
 }
 
-// gatedBackend is a backend on the test cluster under prefix whose etcd
-// client counts its transactions, answers the next one with an error when
-// fail is set, and holds every call, once answered, while hold is set (a
-// release's batch then stays in flight). Its watch does not run, so every
-// call is the test's.
-func gatedBackend(t *testing.T, ctx context.Context, prefix string) (*etcdbackend.Backend, *heldCalls) {
+// gatedBackend is a backend on the test cluster under a prefix of its own
+// whose etcd client counts its transactions, answers the next one with an
+// error when fail is set, and holds every call, once answered, while hold
+// is set (a release's batch then stays in flight). Its watch does not run,
+// so every call is the test's. ctx ends with the test, within 2 minutes.
+func gatedBackend(t *testing.T) (ctx context.Context, prefix string, b *etcdbackend.Backend, c *heldCalls) {
 	t.Helper()
-	c := &heldCalls{gate: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	prefix = fmt.Sprintf("/test/%d", seq.Add(1))
+	c = &heldCalls{gate: make(chan struct{})}
 	intercept := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		var err error
 		if method != "/etcdserverpb.KV/Txn" {
@@ -366,32 +328,13 @@ func gatedBackend(t *testing.T, ctx context.Context, prefix string) (*etcdbacken
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
+	b, err = etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
 	t.Cleanup(c.open) // first: a test that failed holding calls lets them go
-	return b, c
-}
-
-// batchSizes records the transaction sizes a backend reports.
-type batchSizes struct {
-	backend.NopObserver
-	mu   sync.Mutex
-	seen []string
-}
-
-func (r *batchSizes) StoreBatch(op string, calls int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.seen = append(r.seen, fmt.Sprintf("%s:%d", op, calls))
-}
-
-func (r *batchSizes) sorted() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return strings.Join(slices.Sorted(slices.Values(r.seen)), " ")
+	return ctx, prefix, b, c
 }
 
 // waitFor waits until cond holds, for a minute at most.
@@ -404,4 +347,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// otherService is a second lock service's backend on the same prefix, with
+// a client of its own.
+func otherService(t *testing.T, ctx context.Context, prefix string) *etcdbackend.Backend {
+	t.Helper()
+	other, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: newClient(t), Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	return other
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/payouts/payouts/internal/batcher"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/backend/backendtest"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/migrations"
 )
@@ -111,7 +112,7 @@ func TestOneStatementSettlesEachKeyOfItsBatch(t *testing.T) {
 func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 	t.Parallel()
 	ctx, b := openFresh(t)
-	sizes := &batchRecorder{}
+	sizes := &backendtest.BatchRecorder{}
 	b.SetObserver(sizes)
 	const n = 6
 	sessions := make([]backend.Session, n)
@@ -122,7 +123,7 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 		}
 	}
 	var acquires *statementGate
-	b.freeAcquires, acquires = gated(b.acquireFreeBatch, b.batchOptions("acquire"))
+	b.freeAcquires, acquires = gated(t, b.acquireFreeBatch, b.batchOptions("acquire"))
 	grants := make([]backend.Grant, n)
 	errs := make(chan error, n)
 	for i := range n {
@@ -137,7 +138,7 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 			waitBatched(t, b.freeAcquires.Waiting, i)
 		}
 	}
-	close(acquires.gate)
+	acquires.open()
 	for range n {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
@@ -155,7 +156,7 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 	}
 
 	var releases *statementGate
-	b.releases, releases = gated(b.releaseBatch, b.batchOptions("release"))
+	b.releases, releases = gated(t, b.releaseBatch, b.batchOptions("release"))
 	for i := range n {
 		go func() {
 			_, err := b.Release(ctx, grants[i].Key, grants[i].SessionID, grants[i].Token)
@@ -167,7 +168,7 @@ func TestConcurrentAcquiresAndReleasesShareStatements(t *testing.T) {
 			waitBatched(t, b.releases.Waiting, i)
 		}
 	}
-	close(releases.gate)
+	releases.open()
 	for range n {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
@@ -203,8 +204,8 @@ func TestCallsTheirCallersGaveUpOnAreNotMade(t *testing.T) {
 		t.Fatal(err)
 	}
 	var acquires, releases *statementGate
-	b.freeAcquires, acquires = gated(b.acquireFreeBatch, b.batchOptions("acquire"))
-	b.releases, releases = gated(b.releaseBatch, b.batchOptions("release"))
+	b.freeAcquires, acquires = gated(t, b.acquireFreeBatch, b.batchOptions("acquire"))
+	b.releases, releases = gated(t, b.releaseBatch, b.batchOptions("release"))
 	first := make(chan error, 2)
 	go func() { _, err := b.Acquire(ctx, "gone:first", s.ID); first <- err }()
 	<-acquires.started
@@ -223,8 +224,8 @@ func TestCallsTheirCallersGaveUpOnAreNotMade(t *testing.T) {
 			t.Fatal("a call whose caller gave up answered success")
 		}
 	}
-	close(acquires.gate)
-	close(releases.gate)
+	acquires.open()
+	releases.open()
 	for range 2 {
 		<-first
 	}
@@ -241,35 +242,18 @@ func TestCallsTheirCallersGaveUpOnAreNotMade(t *testing.T) {
 	}
 }
 
-// batchRecorder records the statement sizes a backend reports.
-type batchRecorder struct {
-	backend.NopObserver
-	mu   sync.Mutex
-	seen []string
-}
-
-func (r *batchRecorder) StoreBatch(op string, calls int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.seen = append(r.seen, fmt.Sprintf("%s:%d", op, calls))
-}
-
-func (r *batchRecorder) String() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return strings.Join(r.seen, " ")
-}
-
 // statementGate wraps a batch function: it records each batch's size and
-// holds the first until the gate opens.
+// holds the first until the gate opens (at the latest when the test ends,
+// before the backend's Close waits for the batch).
 type statementGate struct {
 	started, gate chan struct{}
 	batches       chan int
-	first         sync.Once
+	first, opened sync.Once
 }
 
-func gated[Req, Res any](write batcher.Func[Req, Res], opts batcher.Options) (*batcher.Batcher[Req, Res], *statementGate) {
+func gated[Req, Res any](t *testing.T, write batcher.Func[Req, Res], opts batcher.Options) (*batcher.Batcher[Req, Res], *statementGate) {
 	g := &statementGate{started: make(chan struct{}), gate: make(chan struct{}), batches: make(chan int, 100)}
+	t.Cleanup(g.open)
 	return batcher.New(func(ctx context.Context, reqs []Req) ([]Res, error) {
 		g.batches <- len(reqs)
 		g.first.Do(func() {
@@ -279,6 +263,9 @@ func gated[Req, Res any](write batcher.Func[Req, Res], opts batcher.Options) (*b
 		return write(ctx, reqs)
 	}, opts), g
 }
+
+// open lets the held batch go on.
+func (g *statementGate) open() { g.opened.Do(func() { close(g.gate) }) }
 
 func (g *statementGate) sizes() []int {
 	var out []int
