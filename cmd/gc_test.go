@@ -40,12 +40,12 @@ func TestRolesTuneTheGarbageCollector(t *testing.T) {
 	if got := debug.SetGCPercent(100); got != 100 {
 		t.Fatalf("with GOGC set the role changed the collector's target to %d", got)
 	}
+	os.Unsetenv("GOGC")
 	for _, path := range [][]string{{"bench", "e2e"}, {"status"}} {
 		c, _, err := root.Find(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		os.Unsetenv("GOGC")
 		if err := hook(c)(c, nil); err != nil {
 			t.Fatalf("%v: %v", path, err)
 		}

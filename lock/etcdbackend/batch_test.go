@@ -32,7 +32,7 @@ func TestConcurrentReleasesShareATransaction(t *testing.T) {
 	ctx, prefix, b, c := gatedBackend(t)
 	sizes := &backendtest.BatchRecorder{}
 	b.SetObserver(sizes)
-	other := otherService(t, ctx, prefix)
+	other := uncountedBackend(t, ctx, prefix)
 	const n = 6
 	_, grants := heldGrants(t, ctx, b, "share", n)
 
@@ -45,11 +45,7 @@ func TestConcurrentReleasesShareATransaction(t *testing.T) {
 	}
 	twoInFlight(t, c, &wg, release)
 	for i := 2; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			release(i)
-		}()
+		wg.Go(func() { release(i) })
 	}
 	waitFor(t, "four releases waiting", func() bool { return b.EndsWaiting() == n-2 })
 	if _, err := other.Revoke(ctx, grants[n-1].Key, "operator", "test"); err != nil {
@@ -105,7 +101,7 @@ func TestConcurrentReleasesShareATransaction(t *testing.T) {
 func TestEndsOfOneKeyInABatchAreSettledInTurn(t *testing.T) {
 	t.Parallel()
 	ctx, prefix, b, c := gatedBackend(t)
-	other := otherService(t, ctx, prefix)
+	other := uncountedBackend(t, ctx, prefix)
 	s, g := heldGrants(t, ctx, b, "turn", 4)
 	s2, err := other.CreateSession(ctx, "owner2", "p", time.Minute)
 	if err != nil {
@@ -128,11 +124,7 @@ func TestEndsOfOneKeyInABatchAreSettledInTurn(t *testing.T) {
 	call := func(name string, f func() (backend.GrantRecord, error)) {
 		a := &answer{}
 		answers[name] = a
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			a.rec, a.err = f()
-		}()
+		wg.Go(func() { a.rec, a.err = f() })
 	}
 	release := func(i int) func() (backend.GrantRecord, error) {
 		return func() (backend.GrantRecord, error) { return b.Release(ctx, g[i].Key, s.ID, g[i].Token) }
@@ -181,11 +173,7 @@ func TestAFailedEndTransactionEndsNothingOfIt(t *testing.T) {
 	var wg sync.WaitGroup
 	twoInFlight(t, c, &wg, release)
 	for i := 2; i < len(g); i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			release(i)
-		}()
+		wg.Go(func() { release(i) })
 		waitFor(t, "releases waiting", func() bool { return b.EndsWaiting() == i-1 })
 	}
 	injected := errors.New("injected: no answer from etcd")
@@ -268,11 +256,7 @@ func twoInFlight(t *testing.T, c *heldCalls, wg *sync.WaitGroup, call func(i int
 	t.Helper()
 	c.hold.Store(1)
 	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			call(i)
-		}()
+		wg.Go(func() { call(i) })
 		waitFor(t, "end transactions in flight", func() bool { return c.held.Load() == int32(i+1) })
 	}
 }
@@ -347,16 +331,4 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// otherService is a second lock service's backend on the same prefix, with
-// a client of its own.
-func otherService(t *testing.T, ctx context.Context, prefix string) *etcdbackend.Backend {
-	t.Helper()
-	other, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: newClient(t), Prefix: prefix, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { other.Close() })
-	return other
 }
