@@ -77,13 +77,12 @@ type run struct {
 // on); any other round releases it.
 func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (res roundResult) {
 	key := fencing.Key(account)
-	k, retired := e.takeKept(account, time.Now())
-	if retired {
-		// Kept for as long as a grant may be: let whatever waits for the
-		// account have it, as when another session holds it.
-		log.Debug("kept lock retired; leaving the account for now", obs.KeyKey, key, obs.KeyAccountID, account)
-		res.held = true
-		return res
+	k, ended := e.takeKept(account, time.Now())
+	if ended != nil {
+		// Kept past its linger (no poll has released it yet): give it back
+		// first, as the poll would have, then take the key as for any
+		// account.
+		e.release(log.With(obs.KeyKey, key, obs.KeyAccountID, account), account, ended)
 	}
 	g, since, acquired := k.g, k.since, k.acquired
 	how := "kept lock reused"

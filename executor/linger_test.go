@@ -102,60 +102,59 @@ func TestKeptGrantIsReusedThenReleasedAfterItsLinger(t *testing.T) {
 	}
 }
 
-// TestKeptGrantRetiresTwoLingersAfterItsAcquire: however busy its account,
-// a grant is kept across rounds only until twice the linger after its
-// acquire, so that whatever waits for the account gets it: a round ending
-// after that releases it, a kept grant is released then even within its
-// linger, and a worker that finds it past that leaves the account.
-func TestKeptGrantRetiresTwoLingersAfterItsAcquire(t *testing.T) {
+// TestKeptGrantEndsWithinTwoLingersOfItsAcquire: however busy its
+// account, a grant is kept only while its linger would end within twice
+// the linger of its acquire, so that whatever waits for the account gets
+// it: a round that ends more than one linger after the acquire releases
+// it. A kept grant that a worker finds past its linger's end (no poll has
+// released it yet) is handed to that worker to release, and the worker
+// goes on with the account: it is not left for a later pass.
+func TestKeptGrantEndsWithinTwoLingersOfItsAcquire(t *testing.T) {
 	e := lingerExecutor(time.Second, 1)
-	log := slog.New(slog.DiscardHandler)
 	g := &keptTestGrant{key: "payout:a"}
 	t0 := time.Now() // acquired
-	// Rounds every 0.9 s, each within the linger of the one before.
-	at := t0
-	for i := range 2 {
-		e.reserve("a", at)
-		if !e.keep("a", keptGrant{g: g, since: at, acquired: t0}) {
-			t.Fatalf("round %d: not kept %v after the acquire", i, at.Sub(t0))
+	round := func(at time.Time, since time.Time) bool {
+		t.Helper()
+		if !e.reserve("a", at) {
+			t.Fatalf("the account could not be reserved at %v", at.Sub(t0))
 		}
-		e.unreserve("a")
-		at = at.Add(900 * time.Millisecond)
-		e.reserve("a", at)
-		if k, retired := e.takeKept("a", at); k.g != g || retired || !k.acquired.Equal(t0) {
-			t.Fatalf("round %d at %v: got %v (retired %v, acquired %v)", i, at.Sub(t0), k.g, retired, k.acquired)
+		defer e.unreserve("a")
+		return e.keep("a", keptGrant{g: g, since: since, acquired: t0})
+	}
+	// Rounds ending 0, 0.9 and 1 s after the acquire keep it, each taken
+	// by the next round within its linger.
+	for _, at := range []time.Duration{0, 900 * time.Millisecond, time.Second} {
+		if !round(t0.Add(at), t0.Add(at)) {
+			t.Fatalf("a round ending %v after the acquire did not keep its grant", at)
+		}
+		next := t0.Add(at + 900*time.Millisecond)
+		e.reserve("a", next)
+		if k, ended := e.takeKept("a", next); k.g != g || ended != nil || !k.acquired.Equal(t0) {
+			t.Fatalf("round after %v: got %v (ended %v, acquired %v)", at, k.g, ended, k.acquired)
 		}
 		e.unreserve("a")
 	}
-	// Kept at 1.8 s: released at 2 s, not at its linger's end (2.8 s).
-	e.keep("a", keptGrant{g: g, since: at, acquired: t0})
-	if next := e.expireKept(at.Add(100*time.Millisecond), false); !next.Equal(t0.Add(2 * time.Second)) {
+	// A round ending 1.9 s after it: its linger would end at 2.9 s.
+	if round(t0.Add(1900*time.Millisecond), t0.Add(1900*time.Millisecond)) {
+		t.Fatal("a grant was kept with its linger ending 2.9 s after its acquire, past twice the linger")
+	}
+	if g.releases.Load() != 0 || len(e.kept) != 0 || len(e.unreleased) != 0 {
+		t.Fatalf("not kept: %d release(s), %d kept, %d queued; want none (the round releases it)", g.releases.Load(), len(e.kept), len(e.unreleased))
+	}
+	// Kept at the bound, its linger ends two lingers after the acquire.
+	round(t0.Add(time.Second), t0.Add(time.Second))
+	if next := e.expireKept(t0.Add(1100*time.Millisecond), false); !next.Equal(t0.Add(2 * time.Second)) {
 		t.Fatalf("next wake %v after the acquire, want 2s", next.Sub(t0))
 	}
-	e.expireKept(t0.Add(2*time.Second), false)
-	e.retryReleases(log)
-	if n := g.releases.Load(); n != 1 || len(e.kept) != 0 {
-		t.Fatalf("two lingers after the acquire: %d release(s), %d kept; want 1, 0", n, len(e.kept))
-	}
-	// A round ending past that does not keep its grant.
-	e.reserve("a", t0.Add(2*time.Second))
-	if e.keep("a", keptGrant{g: g, since: t0.Add(2 * time.Second), acquired: t0}) {
-		t.Fatal("a grant was kept two lingers after its acquire")
-	}
-	e.unreserve("a")
-	// A worker that takes a kept grant past that (no poll released it
-	// yet) leaves the account, and the grant is queued for release.
+	// A worker that finds it past that, before a poll released it, gets
+	// it to release itself; nothing is queued, and nothing left kept.
 	e.reserve("a", t0)
-	e.keep("a", keptGrant{g: g, since: t0.Add(1500 * time.Millisecond), acquired: t0})
-	e.unreserve("a")
-	e.reserve("a", t0)
-	if k, retired := e.takeKept("a", t0.Add(2100*time.Millisecond)); k.g != nil || !retired {
-		t.Fatalf("past its end: got %v, retired %v; want nothing, retired", k.g, retired)
+	if k, ended := e.takeKept("a", t0.Add(2100*time.Millisecond)); k.g != nil || ended != g {
+		t.Fatalf("past its linger's end: got %v, ended %v; want nothing to use and the grant to release", k.g, ended)
 	}
 	e.unreserve("a")
-	e.retryReleases(log)
-	if n := g.releases.Load(); n != 2 || len(e.unreleased) != 0 {
-		t.Fatalf("the retired grant: %d release(s) in all, %d queued; want 2, 0", n, len(e.unreleased))
+	if len(e.kept) != 0 || len(e.unreleased) != 0 {
+		t.Fatalf("after the worker took the ended grant: %d kept, %d queued; want none", len(e.kept), len(e.unreleased))
 	}
 }
 
@@ -204,8 +203,8 @@ func TestKeptGrantUnderAWorkerIsLeftToIt(t *testing.T) {
 		t.Fatal("a kept grant was released while a worker was about to use it")
 	}
 	g.invalid.Store(true)
-	if k, retired := e.takeKept("a", t0); k.g != nil || retired {
-		t.Fatal("a kept grant that is no longer valid was handed to a worker (or retired, which would skip the account)")
+	if k, ended := e.takeKept("a", t0); k.g != nil || ended != nil {
+		t.Fatal("a kept grant that is no longer valid was handed to a worker (or to release: it is queued)")
 	}
 	e.retryReleases(log)
 	if g.releases.Load() != 0 {
@@ -568,6 +567,63 @@ func TestGrantLingerInProcess(t *testing.T) {
 		kept := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "kept")
 		if acquired != 1 || kept != 1 {
 			t.Fatalf("lock acquires: acquired %v, kept %v; want 1 and 1", acquired, kept)
+		}
+	})
+
+	// A payout that comes as its account's kept grant has ended, before a
+	// poll released it, is paid in that round under a new grant: the
+	// worker gives the old one back itself and acquires. The account is
+	// not left for a second as if another session held it (which left a
+	// payout in a hundred waiting that long at 100 payouts/s).
+	t.Run("a payout on an account whose kept grant has ended", func(t *testing.T) {
+		account("lg-ended")
+		key := fencing.Key("lg-ended")
+		cfg := lingering("lg-exec-ended", 30*time.Second)
+		e, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.base = ctx
+		log := slog.New(slog.DiscardHandler)
+		sess, err := e.lock.Open(ctx, cfg.Owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = sess.Close(ctx) }()
+		old, err := sess.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Kept 31 s ago: its 30 s linger has ended, and no poll ran.
+		endRound(t, e, "lg-ended", old, time.Now().Add(-31*time.Second))
+		payout("lg-ended-1", "lg-ended")
+		now := time.Now()
+		if !e.reserve("lg-ended", now) {
+			t.Fatal("the account could not be reserved")
+		}
+		res := e.workAccount(sess, log, "lg-ended")
+		e.finishRound(log, "lg-ended", res, now)
+		if res.held || !res.acquired || !res.moved {
+			t.Fatalf("round: %+v; want the key acquired and the payout moved", res)
+		}
+		if c := e.cooling["lg-ended"]; c != nil {
+			t.Fatalf("the account cools down until %v", c.until)
+		}
+		posted("lg-ended-1")
+		p, err := s.pay.Payout(ctx, "lg-ended-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Token <= old.Token() {
+			t.Fatalf("the payout moved under token %d; want a new grant's, above the ended one's %d", p.Token, old.Token())
+		}
+		for _, gr := range s.grantsOfKey(t, "lg-ended") {
+			if gr.Token == old.Token() && (gr.EndReason == nil || *gr.EndReason != "released") {
+				t.Fatalf("the ended kept grant: %+v; want released", gr)
+			}
+		}
+		if len(e.unreleased) != 0 {
+			t.Fatalf("%d release(s) queued; want the worker's own", len(e.unreleased))
 		}
 	})
 
