@@ -79,9 +79,11 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 	key := fencing.Key(account)
 	k, ended := e.takeKept(account, time.Now())
 	if ended != nil {
-		// Kept past its linger (no poll has released it yet): give it back
+		// Kept past its end (no poll has released it yet): give it back
 		// first, as the poll would have, then take the key as for any
-		// account.
+		// account. Leaving the account instead, for whatever waits for it
+		// to go first, left this payout waiting a second or more; the
+		// release wakes such a waiter before this acquire is sent.
 		e.release(log.With(obs.KeyKey, key, obs.KeyAccountID, account), account, ended)
 	}
 	g, since, acquired := k.g, k.since, k.acquired

@@ -35,6 +35,9 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 	}()
 	slots := make(chan struct{}, e.cfg.Concurrency)
 	progress := make(chan struct{}, 1)
+	e.mu.Lock()
+	e.wake = progress // a release a dispatch waited for wakes the loop
+	e.mu.Unlock()
 	jeopardy := false
 	// due: ask for work on this pass (the first one, a round made
 	// progress, or the poll interval has passed since the last ask). A pass
@@ -224,6 +227,9 @@ func (e *Executor) reserve(account string, now time.Time) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.active[account] {
+		if _, ok := e.inRelease[account]; ok {
+			e.inRelease[account] = true // its release wakes the poll loop
+		}
 		return false
 	}
 	if c := e.cooling[account]; c != nil && now.Before(c.until) {

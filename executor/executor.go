@@ -183,6 +183,13 @@ type Executor struct {
 	unreleased map[string]toRelease
 	// releasing is set while startReleases' passes run.
 	releasing bool
+	// inRelease holds the accounts a release pass has reserved (they are
+	// in active too), true once a dispatch found one so and left it: that
+	// release then wakes the poll loop (wake), so that the account's
+	// payout waits for the release only, not for the next poll.
+	inRelease map[string]bool
+	// wake is the poll loop's wake-up (runSession's), nil outside one.
+	wake chan struct{}
 	// kept holds grants kept after a round for the account's next one
 	// (linger.go). An account is in at most one of kept and unreleased.
 	kept map[string]keptGrant
@@ -212,7 +219,7 @@ func New(cfg Config) (*Executor, error) {
 	e := &Executor{
 		cfg: cfg, log: cfg.Logger, pay: pay, proxy: proxy, lock: lk,
 		m: newMetrics(cfg.Registry), active: map[string]bool{}, cooling: map[string]*cooldown{},
-		unreleased: map[string]toRelease{}, kept: map[string]keptGrant{}, keptCap: maxKeptGrants,
+		unreleased: map[string]toRelease{}, inRelease: map[string]bool{}, kept: map[string]keptGrant{}, keptCap: maxKeptGrants,
 	}
 	e.stopped, e.stopCancel = context.WithCancel(context.Background())
 	return e, nil

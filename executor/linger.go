@@ -13,7 +13,7 @@ import "time"
 // A kept grant is in kept, out of every worker's hands. It leaves it in
 // one of three ways, each under e.mu:
 //   - takeKept: the worker that reserved the account takes it (or finds it
-//     no longer valid and queues it for release, or past its linger and
+//     no longer valid and queues it for release, or past its end and
 //     releases it itself);
 //   - expireKept: its linger passed, or the session is in jeopardy: it is
 //     queued in unreleased, which the release passes (startReleases, in the
@@ -28,27 +28,29 @@ import "time"
 type keptGrant struct {
 	g     grant
 	since time.Time // kept at: its linger counts from here
-	// acquired is when the grant was taken from the lock service. A grant
-	// is kept only while its linger would end within keptGrantAge of that,
-	// however busy the account is, so that whatever else waits for the
-	// account (the reconciler, an operator's cancel) gets it.
+	// acquired is when the grant was taken from the lock service. Rounds
+	// under it end keptGrantAge after that however busy the account is,
+	// so that whatever else waits for the account (the reconciler, an
+	// operator's cancel) gets it.
 	acquired time.Time
 }
 
-// keptGrantAge bounds how long after its acquire a kept grant's linger
-// may end: twice the linger. A round that ends more than one linger after
-// the acquire releases its grant (keep), so with the default 10 s a
-// waiter of `payouts payout cancel` (30 s) or the reconciler
-// (--lock-wait, 30 s) gets the account after at most 20 s, one round and
-// one poll. The grant is given back at the end of a round, when the
-// account has nothing left to do: the account's next payout takes a new
-// grant at once, instead of finding its kept grant too old and waiting
-// for the account to be tried again.
+// keptGrantAge is how long after its acquire a grant may still be kept
+// for another round: twice the linger, which with the default 10 s
+// leaves a waiter of `payouts payout cancel` (30 s) or the reconciler
+// (--lock-wait, 30 s) the account after at most 20 s, one round and one
+// poll.
 func (e *Executor) keptGrantAge() time.Duration { return 2 * e.cfg.GrantLinger }
 
 // end is when k is released if no round takes it first: its linger's end,
-// which keep makes no later than keptGrantAge after its acquire.
-func (e *Executor) end(k keptGrant) time.Time { return k.since.Add(e.cfg.GrantLinger) }
+// or keptGrantAge after its acquire if that is sooner.
+func (e *Executor) end(k keptGrant) time.Time {
+	end := k.since.Add(e.cfg.GrantLinger)
+	if last := k.acquired.Add(e.keptGrantAge()); last.Before(end) {
+		return last
+	}
+	return end
+}
 
 // maxKeptGrants caps the kept grants (Executor.keptCap). It is sized for
 // work spread thin over many accounts, not for the workers: at 350
@@ -65,10 +67,11 @@ const maxKeptGrants = maxWorkLimit
 // takeKept hands the account's kept grant to the worker that reserved the
 // account at now; k.g is nil when none is kept, or when the kept one is no
 // longer valid (the session is in jeopardy or lost: it is queued for
-// release and never used) or past its linger's end (a poll has not
-// released it yet). That last one is returned as ended, for the worker to
-// release before it acquires the key as for any account: the release
-// wakes whatever waited for the key through the linger, so it goes first.
+// release and never used) or past its end (a poll has not released it
+// yet). That last one is returned as ended, for the worker to release
+// before it acquires the key as for any account, as a round that ends past
+// keptGrantAge releases its grant: the release wakes whatever waits for
+// the key, which so goes first.
 func (e *Executor) takeKept(account string, now time.Time) (k keptGrant, ended grant) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -91,14 +94,13 @@ func (e *Executor) takeKept(account string, now time.Time) (k keptGrant, ended g
 // keep parks k.g, the grant of a round that left account with nothing
 // more to do, for the account's next round, its linger counted from
 // k.since. It reports false when the grant is not to be kept (lingering
-// off, a stop requested, the grant no longer valid, or its linger would
-// end more than keptGrantAge after its acquire): the caller releases it.
-// The caller is the account's worker, so the account is reserved until it
-// has returned. Beyond the cap the oldest kept grant is queued for
-// release, which the poll loop's next pass starts (a round that moved
-// payouts wakes it at once).
+// off, a stop requested, the grant no longer valid, or keptGrantAge past
+// its acquire): the caller releases it. The caller is the account's
+// worker, so the account is reserved until it has returned. Beyond the cap
+// the oldest kept grant is queued for release, which the poll loop's next
+// pass starts (a round that moved payouts wakes it at once).
 func (e *Executor) keep(account string, k keptGrant) bool {
-	if e.cfg.GrantLinger <= 0 || e.stopRequested() || !k.g.Valid() || e.end(k).After(k.acquired.Add(e.keptGrantAge())) {
+	if e.cfg.GrantLinger <= 0 || e.stopRequested() || !k.g.Valid() || !k.since.Before(e.end(k)) {
 		return false
 	}
 	e.mu.Lock()

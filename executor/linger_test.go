@@ -102,55 +102,57 @@ func TestKeptGrantIsReusedThenReleasedAfterItsLinger(t *testing.T) {
 	}
 }
 
-// TestKeptGrantEndsWithinTwoLingersOfItsAcquire: however busy its
-// account, a grant is kept only while its linger would end within twice
-// the linger of its acquire, so that whatever waits for the account gets
-// it: a round that ends more than one linger after the acquire releases
-// it. A kept grant that a worker finds past its linger's end (no poll has
-// released it yet) is handed to that worker to release, and the worker
-// goes on with the account: it is not left for a later pass.
-func TestKeptGrantEndsWithinTwoLingersOfItsAcquire(t *testing.T) {
+// TestKeptGrantRetiresTwoLingersAfterItsAcquire: however busy its account,
+// a grant is kept across rounds only until twice the linger after its
+// acquire, so that whatever waits for the account gets it: a round ending
+// after that releases it, and a kept grant is released then even within
+// its linger. A worker that finds it past that (no poll has released it
+// yet) gets it to release itself, and goes on with the account: it is not
+// left for a later pass.
+func TestKeptGrantRetiresTwoLingersAfterItsAcquire(t *testing.T) {
 	e := lingerExecutor(time.Second, 1)
+	log := slog.New(slog.DiscardHandler)
 	g := &keptTestGrant{key: "payout:a"}
 	t0 := time.Now() // acquired
-	round := func(at time.Time, since time.Time) bool {
-		t.Helper()
-		if !e.reserve("a", at) {
-			t.Fatalf("the account could not be reserved at %v", at.Sub(t0))
+	// Rounds every 0.9 s, each within the linger of the one before.
+	at := t0
+	for i := range 2 {
+		e.reserve("a", at)
+		if !e.keep("a", keptGrant{g: g, since: at, acquired: t0}) {
+			t.Fatalf("round %d: not kept %v after the acquire", i, at.Sub(t0))
 		}
-		defer e.unreserve("a")
-		return e.keep("a", keptGrant{g: g, since: since, acquired: t0})
-	}
-	// Rounds ending 0, 0.9 and 1 s after the acquire keep it, each taken
-	// by the next round within its linger.
-	for _, at := range []time.Duration{0, 900 * time.Millisecond, time.Second} {
-		if !round(t0.Add(at), t0.Add(at)) {
-			t.Fatalf("a round ending %v after the acquire did not keep its grant", at)
-		}
-		next := t0.Add(at + 900*time.Millisecond)
-		e.reserve("a", next)
-		if k, ended := e.takeKept("a", next); k.g != g || ended != nil || !k.acquired.Equal(t0) {
-			t.Fatalf("round after %v: got %v (ended %v, acquired %v)", at, k.g, ended, k.acquired)
+		e.unreserve("a")
+		at = at.Add(900 * time.Millisecond)
+		e.reserve("a", at)
+		if k, ended := e.takeKept("a", at); k.g != g || ended != nil || !k.acquired.Equal(t0) {
+			t.Fatalf("round %d at %v: got %v (ended %v, acquired %v)", i, at.Sub(t0), k.g, ended, k.acquired)
 		}
 		e.unreserve("a")
 	}
-	// A round ending 1.9 s after it: its linger would end at 2.9 s.
-	if round(t0.Add(1900*time.Millisecond), t0.Add(1900*time.Millisecond)) {
-		t.Fatal("a grant was kept with its linger ending 2.9 s after its acquire, past twice the linger")
-	}
-	if g.releases.Load() != 0 || len(e.kept) != 0 || len(e.unreleased) != 0 {
-		t.Fatalf("not kept: %d release(s), %d kept, %d queued; want none (the round releases it)", g.releases.Load(), len(e.kept), len(e.unreleased))
-	}
-	// Kept at the bound, its linger ends two lingers after the acquire.
-	round(t0.Add(time.Second), t0.Add(time.Second))
-	if next := e.expireKept(t0.Add(1100*time.Millisecond), false); !next.Equal(t0.Add(2 * time.Second)) {
+	// Kept at 1.8 s: released at 2 s, not at its linger's end (2.8 s).
+	e.keep("a", keptGrant{g: g, since: at, acquired: t0})
+	if next := e.expireKept(at.Add(100*time.Millisecond), false); !next.Equal(t0.Add(2 * time.Second)) {
 		t.Fatalf("next wake %v after the acquire, want 2s", next.Sub(t0))
 	}
-	// A worker that finds it past that, before a poll released it, gets
-	// it to release itself; nothing is queued, and nothing left kept.
+	e.expireKept(t0.Add(2*time.Second), false)
+	e.retryReleases(log)
+	if n := g.releases.Load(); n != 1 || len(e.kept) != 0 {
+		t.Fatalf("two lingers after the acquire: %d release(s), %d kept; want 1, 0", n, len(e.kept))
+	}
+	// A round ending past that does not keep its grant.
+	e.reserve("a", t0.Add(2*time.Second))
+	if e.keep("a", keptGrant{g: g, since: t0.Add(2 * time.Second), acquired: t0}) {
+		t.Fatal("a grant was kept two lingers after its acquire")
+	}
+	e.unreserve("a")
+	// A worker that takes a kept grant past that (no poll released it
+	// yet) gets it to release itself; nothing is queued or left kept.
+	e.reserve("a", t0)
+	e.keep("a", keptGrant{g: g, since: t0.Add(1500 * time.Millisecond), acquired: t0})
+	e.unreserve("a")
 	e.reserve("a", t0)
 	if k, ended := e.takeKept("a", t0.Add(2100*time.Millisecond)); k.g != nil || ended != g {
-		t.Fatalf("past its linger's end: got %v, ended %v; want nothing to use and the grant to release", k.g, ended)
+		t.Fatalf("past its end: got %v, ended %v; want nothing to use and the grant to release", k.g, ended)
 	}
 	e.unreserve("a")
 	if len(e.kept) != 0 || len(e.unreleased) != 0 {
@@ -570,11 +572,12 @@ func TestGrantLingerInProcess(t *testing.T) {
 		}
 	})
 
-	// A payout that comes as its account's kept grant has ended, before a
-	// poll released it, is paid in that round under a new grant: the
-	// worker gives the old one back itself and acquires. The account is
-	// not left for a second as if another session held it (which left a
-	// payout in a hundred waiting that long at 100 payouts/s).
+	// A payout that comes as its account's kept grant has ended (here:
+	// twice the linger after its acquire), before a poll released it, is
+	// paid in that round under a new grant: the worker gives the old one
+	// back itself and acquires. The account is not left for a second as
+	// if another session held it (which left more than a payout in a
+	// hundred waiting that long at 100 payouts/s).
 	t.Run("a payout on an account whose kept grant has ended", func(t *testing.T) {
 		account("lg-ended")
 		key := fencing.Key("lg-ended")
@@ -594,8 +597,14 @@ func TestGrantLingerInProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Kept 31 s ago: its 30 s linger has ended, and no poll ran.
-		endRound(t, e, "lg-ended", old, time.Now().Add(-31*time.Second))
+		// Acquired 65 s ago, kept since 10 s ago: within its 30 s linger
+		// but past twice the linger after its acquire (5 s ago), and no
+		// poll ran.
+		e.reserve("lg-ended", time.Now())
+		if !e.keep("lg-ended", keptGrant{g: old, since: time.Now().Add(-10 * time.Second), acquired: time.Now().Add(-65 * time.Second)}) {
+			t.Fatal("the grant was not kept")
+		}
+		e.unreserve("lg-ended")
 		payout("lg-ended-1", "lg-ended")
 		now := time.Now()
 		if !e.reserve("lg-ended", now) {

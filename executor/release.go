@@ -133,6 +133,7 @@ func (e *Executor) reserveRelease(account string, g grant) bool {
 		return false
 	}
 	e.active[account] = true
+	e.inRelease[account] = false
 	return true
 }
 
@@ -150,7 +151,17 @@ func (e *Executor) releaseQueued(log *slog.Logger, account string, p toRelease) 
 		e.unreleased[account] = toRelease{g: p.g, failed: true}
 	}
 	delete(e.active, account)
+	asked, wake := e.inRelease[account], e.wake
+	delete(e.inRelease, account)
 	e.mu.Unlock()
+	if asked {
+		// A dispatch left the account for this release: ask for work
+		// again now rather than at the next poll.
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
 	switch {
 	case !settled && !p.failed:
 		log.Warn("lock release failed; retrying on the next poll", obs.KeyKey, p.g.Key(), obs.KeyToken, int64(p.g.Token()), obs.KeyError, err.Error())

@@ -87,7 +87,8 @@ func TestFailedReleaseIsRetriedUntilItLands(t *testing.T) {
 // tests below.
 func newBareExecutor() *Executor {
 	e := &Executor{base: context.Background(), cfg: Config{CallTimeout: DefaultCallTimeout}, m: newMetrics(prometheus.NewRegistry()),
-		active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]toRelease{}, kept: map[string]keptGrant{}, keptCap: maxKeptGrants}
+		active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]toRelease{}, inRelease: map[string]bool{},
+		kept: map[string]keptGrant{}, keptCap: maxKeptGrants}
 	e.stopped, e.stopCancel = context.WithCancel(context.Background())
 	return e
 }
@@ -281,5 +282,43 @@ func TestQueuedReleaseLeavesItsAccountOpenUntilItsTurn(t *testing.T) {
 	}
 	if !e.active[other] || e.active[first] {
 		t.Fatalf("reservations after the pass: %v; want only the worker's on %s", e.active, other)
+	}
+}
+
+// TestAReleaseADispatchWaitedForWakesThePollLoop: an account that a
+// dispatch could not reserve because a release pass was on it is asked for
+// again as soon as that release ends, not at the next poll (a payout that
+// came as its account's kept grant was released waited a whole poll
+// interval); a release no dispatch waited for wakes nothing.
+func TestAReleaseADispatchWaitedForWakesThePollLoop(t *testing.T) {
+	e := newBareExecutor()
+	e.wake = make(chan struct{}, 1)
+	log := slog.New(slog.DiscardHandler)
+	for _, asked := range []bool{false, true} {
+		g := &keptTestGrant{key: "payout:a"}
+		e.unreleased["a"] = toRelease{g: g}
+		if !e.reserveRelease("a", g) {
+			t.Fatal("the release pass could not reserve the account")
+		}
+		if asked && e.reserve("a", time.Now()) {
+			t.Fatal("a worker reserved an account a release is on")
+		}
+		e.releaseQueued(log, "a", toRelease{g: g})
+		woken := false
+		select {
+		case <-e.wake:
+			woken = true
+		default:
+		}
+		if woken != asked || g.releases.Load() != 1 {
+			t.Fatalf("a dispatch left the account during its release: %v; the poll loop woken: %v (%d release(s))", asked, woken, g.releases.Load())
+		}
+		if !e.reserve("a", time.Now()) {
+			t.Fatal("the account could not be reserved after its release")
+		}
+		e.unreserve("a")
+		if len(e.inRelease) != 0 {
+			t.Fatalf("left in inRelease: %v", e.inRelease)
+		}
 	}
 }
