@@ -38,7 +38,7 @@ func (e *ExitError) Unwrap() error { return e.Err }
 // long-running roles unless the environment sets GOGC: their live heaps
 // are small (tens of MB) and short-lived request garbage dominates, so
 // collecting at 5× the live heap instead of 2× spends less CPU on it
-// (docs/benchmarks.md: about 5 % of all CPU per payout end to end).
+// (docs/benchmarks-history.md: about 5 % of all CPU per payout end to end).
 const roleGCPercent = 400
 
 // roleHook runs before every serve and run command (cobra runs only the

@@ -216,7 +216,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 // left alone: a second, or the poll interval when that is longer. Waiting
 // out the holder's whole linger was measured worse: with two executors at
 // 350 payouts/s over 1,000 accounts, a 5 s skip gave p99 2.3–3.2 s, 1 s
-// gave 1.4 s (docs/benchmarks.md, "Kept grants for work spread thin").
+// gave 1.4 s (docs/benchmarks-history.md, "Kept grants for work spread thin").
 func (e *Executor) heldSkip() time.Duration {
 	return max(time.Second, e.cfg.PollInterval)
 }

@@ -41,7 +41,7 @@ const (
 	// account's next round when a backlog over 1,000 accounts is paid at
 	// about 1,000 payouts/s (a round every 7–8 s per account), which 5 s
 	// did not: nearly every round then paid an acquire and a release
-	// (docs/benchmarks.md, "A linger that covers the next round"). What
+	// (docs/benchmarks-history.md, "A linger that covers the next round"). What
 	// waits for a kept grant waits at most this much longer (an operator's
 	// command waits 30 s by default; the reconciler tries a later pass).
 	DefaultGrantLinger = 10 * time.Second

@@ -23,7 +23,7 @@ import (
 // DefaultE2EConcurrency is each executor's --concurrency unless
 // --concurrency says otherwise. On two cores 8 workers keep the database
 // busy; more of them only visit accounts sooner, with fewer payouts
-// waiting, so each transaction carries fewer (docs/benchmarks.md, in
+// waiting, so each transaction carries fewer (docs/benchmarks-history.md, in
 // alternating runs of 1,000 × 20,000: 8 workers did 819–858 payouts/s at
 // 2.2–2.3 CPU-s per 1,000, 16 did 692–733 at 2.6–2.7, 32 did 540 at 3.5;
 // 4 did no more than 8, with longer waits).

@@ -37,7 +37,7 @@ const BaselineRiver = "river"
 // idle workers, at most once per FetchCooldown (100 ms by default): 8
 // workers cap the queue at 80 jobs/s and 32 at 320 whatever the machine,
 // so the baseline runs with the 100 workers River's own examples use (on
-// two cores 200 did no better; docs/benchmarks.md).
+// two cores 200 did no better; docs/benchmarks-history.md).
 const DefaultRiverWorkers = 100
 
 // riverDB is the baseline's database, on the stack's PostgreSQL cluster.

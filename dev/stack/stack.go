@@ -247,7 +247,7 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 // quarter of PostgreSQL's default; many of them run at once); the stack's
 // one cluster holds every table of a benchmark or a demo, so it gets the
 // size a production server would start from: with 32 MB the backends
-// evicted and re-read pages all run long (docs/benchmarks.md, "A linger
+// evicted and re-read pages all run long (docs/benchmarks-history.md, "A linger
 // that covers the next round, the claim's own funds check, shared
 // buffers": 3 % less CPU per payout with 256 MB).
 var stackPGConf = []string{"autovacuum_naptime=5s", "shared_buffers=256MB"}
