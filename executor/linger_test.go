@@ -400,6 +400,27 @@ func TestGrantLingerInProcess(t *testing.T) {
 		cfg.SessionTTL, cfg.GrantLinger = 10*time.Second, linger
 		return cfg
 	}
+	// byHand is an executor that is not running, with a session of its
+	// own holding account's key, for a test to drive rounds itself.
+	byHand := func(t *testing.T, acc, owner string) (*Executor, session, grant) {
+		t.Helper()
+		account(acc)
+		e, err := New(lingering(owner, 30*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.base = ctx
+		sess, err := e.lock.Open(ctx, owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sess.Close(ctx) })
+		g, err := sess.TryAcquire(ctx, fencing.Key(acc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e, sess, g
+	}
 
 	// Payouts arriving one after another on an account: the first round's
 	// grant, kept, drives the later ones; the lock service grants the key
@@ -513,24 +534,9 @@ func TestGrantLingerInProcess(t *testing.T) {
 	// not cool it down; a kept grant stays kept (its linger running on),
 	// a freshly acquired one is released.
 	t.Run("a round that finds nothing to do", func(t *testing.T) {
-		account("lg-empty")
+		e, sess, g := byHand(t, "lg-empty", "lg-exec-empty")
 		key := fencing.Key("lg-empty")
-		cfg := lingering("lg-exec-empty", 30*time.Second)
-		e, err := New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.base = ctx
 		log := slog.New(slog.DiscardHandler)
-		sess, err := e.lock.Open(ctx, cfg.Owner)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = sess.Close(ctx) }()
-		g, err := sess.TryAcquire(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
 		since := time.Now().Add(-time.Second)
 		endRound(t, e, "lg-empty", g, since)
 		round := func() roundResult {
@@ -565,8 +571,8 @@ func TestGrantLingerInProcess(t *testing.T) {
 		if c := e.cooling["lg-empty"]; c != nil {
 			t.Fatalf("the account cools down until %v after rounds with nothing to do", c.until)
 		}
-		acquired := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "acquired")
-		kept := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "kept")
+		acquired := counter(t, e.cfg.Registry, "payouts_executor_lock_acquires_total", "result", "acquired")
+		kept := counter(t, e.cfg.Registry, "payouts_executor_lock_acquires_total", "result", "kept")
 		if acquired != 1 || kept != 1 {
 			t.Fatalf("lock acquires: acquired %v, kept %v; want 1 and 1", acquired, kept)
 		}
@@ -579,24 +585,8 @@ func TestGrantLingerInProcess(t *testing.T) {
 	// if another session held it (which left more than a payout in a
 	// hundred waiting that long at 100 payouts/s).
 	t.Run("a payout on an account whose kept grant has ended", func(t *testing.T) {
-		account("lg-ended")
-		key := fencing.Key("lg-ended")
-		cfg := lingering("lg-exec-ended", 30*time.Second)
-		e, err := New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.base = ctx
+		e, sess, old := byHand(t, "lg-ended", "lg-exec-ended")
 		log := slog.New(slog.DiscardHandler)
-		sess, err := e.lock.Open(ctx, cfg.Owner)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = sess.Close(ctx) }()
-		old, err := sess.TryAcquire(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
 		// Acquired 65 s ago, kept since 10 s ago: within its 30 s linger
 		// but past twice the linger after its acquire (5 s ago), and no
 		// poll ran.
