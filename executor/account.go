@@ -78,14 +78,21 @@ type run struct {
 func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (res roundResult) {
 	key := fencing.Key(account)
 	k, ended := e.takeKept(account, time.Now())
-	if ended != nil {
-		// Kept past its end (no poll has released it yet): give it back
-		// first, as the poll would have, then take the key as for any
-		// account. Leaving the account instead, for whatever waits for it
-		// to go first, left this payout waiting a second or more; the
-		// release wakes such a waiter before this acquire is sent.
-		e.release(log.With(obs.KeyKey, key, obs.KeyAccountID, account), account, ended)
+	if ended != nil && !e.release(log.With(obs.KeyKey, key, obs.KeyAccountID, account), account, ended) {
+		// Kept past its end, and its release got no verdict: an acquire
+		// now would hand this session the same token, and the release,
+		// landing late, would free it under this round. The release is
+		// retried with the next poll (releaseLater); leave the account
+		// until then, as when another session holds it.
+		res.held = true
+		return res
 	}
+	// A grant kept past its end (no poll has released it yet) is given
+	// back above, as the poll would have, and the key is taken as for any
+	// account. Leaving the account instead left this payout waiting a
+	// second or more. The release wakes an acquire waiting for the key at
+	// the lock service; a waiter on the same lock-service process is woken
+	// before the release's answer reaches this worker.
 	g, since, acquired := k.g, k.since, k.acquired
 	how := "kept lock reused"
 	if g == nil {

@@ -32,6 +32,9 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 		wg.Wait()
 		// Whatever this session still holds ends with it.
 		e.dropKept()
+		e.mu.Lock()
+		e.wake = nil
+		e.mu.Unlock()
 	}()
 	slots := make(chan struct{}, e.cfg.Concurrency)
 	progress := make(chan struct{}, 1)

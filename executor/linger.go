@@ -22,7 +22,9 @@ import "time"
 //
 // Queuing in unreleased keeps the rule retryReleases enforces: a release
 // never runs for an account a worker is on (that worker may hold the same
-// key under the same token), and no worker starts while it runs.
+// key under the same token), and no worker starts while it runs. The one
+// exception is a worker's own release of the kept grant it found past its
+// end (takeKept), made before it acquires anything.
 
 // keptGrant is a grant kept for its account's next round.
 type keptGrant struct {
@@ -70,8 +72,9 @@ const maxKeptGrants = maxWorkLimit
 // release and never used) or past its end (a poll has not released it
 // yet). That last one is returned as ended, for the worker to release
 // before it acquires the key as for any account, as a round that ends past
-// keptGrantAge releases its grant: the release wakes whatever waits for
-// the key, which so goes first.
+// keptGrantAge releases its grant. That worker's own release is the one
+// release that runs for an account a worker is on: the worker holds no
+// other grant of the key until the release has settled.
 func (e *Executor) takeKept(account string, now time.Time) (k keptGrant, ended grant) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -160,6 +160,52 @@ func TestKeptGrantRetiresTwoLingersAfterItsAcquire(t *testing.T) {
 	}
 }
 
+// noAcquireSession fails the test if a round acquires a key through it.
+type noAcquireSession struct {
+	session
+	t *testing.T
+}
+
+func (s noAcquireSession) TryAcquire(context.Context, string) (grant, error) {
+	s.t.Error("the round acquired the key")
+	return nil, fmt.Errorf("no acquire in this test")
+}
+
+// TestEndedKeptGrantWhoseReleaseGetsNoAnswerIsNotReacquired: a worker that
+// finds its account's kept grant past its end releases it before it
+// acquires; when that release gets no verdict, an acquire would hand the
+// session the same token and the release, landing late, would free it
+// under the round. So the round takes nothing and leaves the account, as
+// when another session holds it, and the next release pass settles it.
+func TestEndedKeptGrantWhoseReleaseGetsNoAnswerIsNotReacquired(t *testing.T) {
+	e := lingerExecutor(time.Second, 1)
+	log := slog.New(slog.DiscardHandler)
+	calls := 0
+	noAnswer := fmt.Errorf("POST /v1/locks/payout:a/release: %w: connection refused", httpx.ErrTransport)
+	g := &flakyGrant{key: "payout:a", errs: []error{noAnswer}, calls: &calls}
+	t0 := time.Now().Add(-time.Minute)
+	e.reserve("a", t0)
+	if !e.keep("a", keptGrant{g: g, since: t0, acquired: t0}) {
+		t.Fatal("the grant was not kept")
+	}
+	e.unreserve("a")
+	if !e.reserve("a", time.Now()) {
+		t.Fatal("the account could not be reserved")
+	}
+	res := e.workAccount(noAcquireSession{t: t}, log, "a")
+	e.finishRound(log, "a", res, time.Now())
+	if !res.held || res.acquired || calls != 1 {
+		t.Fatalf("round: %+v after %d release call(s); want the account left (held), one release tried", res, calls)
+	}
+	if p, ok := e.unreleased["a"]; !ok || p.g != g || !p.failed {
+		t.Fatalf("queued release: %+v (%v); want the grant, failed once", p, ok)
+	}
+	e.retryReleases(log)
+	if calls != 2 || len(e.unreleased) != 0 {
+		t.Fatalf("after the next pass: %d release call(s), %d queued; want 2, 0", calls, len(e.unreleased))
+	}
+}
+
 // TestGrantNotKept: lingering off, a stop requested, or a grant no longer
 // valid: the round releases as before.
 func TestGrantNotKept(t *testing.T) {
@@ -616,13 +662,20 @@ func TestGrantLingerInProcess(t *testing.T) {
 		if p.Token <= old.Token() {
 			t.Fatalf("the payout moved under token %d; want a new grant's, above the ended one's %d", p.Token, old.Token())
 		}
+		found := false
 		for _, gr := range s.grantsOfKey(t, "lg-ended") {
-			if gr.Token == old.Token() && (gr.EndReason == nil || *gr.EndReason != "released") {
-				t.Fatalf("the ended kept grant: %+v; want released", gr)
+			if gr.Token == old.Token() {
+				found = true
+				if gr.EndReason == nil || *gr.EndReason != "released" {
+					t.Fatalf("the ended kept grant: %+v; want released", gr)
+				}
 			}
 		}
+		if !found {
+			t.Fatalf("the ended kept grant (token %d) is not in the grant log", old.Token())
+		}
 		if len(e.unreleased) != 0 {
-			t.Fatalf("%d release(s) queued; want the worker's own", len(e.unreleased))
+			t.Fatalf("%d release(s) queued; want none (the worker released it itself)", len(e.unreleased))
 		}
 	})
 

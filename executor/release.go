@@ -12,10 +12,11 @@ import (
 	"github.com/payouts/payouts/lock/lockclient"
 )
 
-// release gives back a round's grant. A release with no verdict is kept
-// for retryReleases: the session lives on, so the key would otherwise stay
-// held by it for as long as this process runs.
-func (e *Executor) release(log *slog.Logger, account string, g grant) {
+// release gives back a round's grant and reports whether it is settled.
+// A release with no verdict is kept for retryReleases: the session lives
+// on, so the key would otherwise stay held by it for as long as this
+// process runs.
+func (e *Executor) release(log *slog.Logger, account string, g grant) (settled bool) {
 	ctx, cancel := e.callCtx()
 	defer cancel()
 	err := g.Release(ctx)
@@ -25,10 +26,12 @@ func (e *Executor) release(log *slog.Logger, account string, g grant) {
 	case releaseRetryable(err):
 		e.releaseLater(account, g)
 		log.Warn("lock release failed; retrying on the next poll", obs.KeyError, err.Error())
+		return false
 	default:
 		// After a loss the key is no longer ours; the release is moot.
 		log.Info("lock release refused; the key is no longer ours", obs.KeyError, err.Error())
 	}
+	return true
 }
 
 // toRelease is a grant waiting in unreleased to be given back.

@@ -285,12 +285,13 @@ func TestQueuedReleaseLeavesItsAccountOpenUntilItsTurn(t *testing.T) {
 	}
 }
 
-// TestAReleaseADispatchWaitedForWakesThePollLoop: an account that a
-// dispatch could not reserve because a release pass was on it is asked for
-// again as soon as that release ends, not at the next poll (a payout that
-// came as its account's kept grant was released waited a whole poll
-// interval); a release no dispatch waited for wakes nothing.
-func TestAReleaseADispatchWaitedForWakesThePollLoop(t *testing.T) {
+// TestAReleaseADispatchWaitedForSignalsTheWake: an account that a dispatch
+// could not reserve because a release pass was on it is asked for again as
+// soon as that release ends, not at the next poll (a payout that came as
+// its account's kept grant was released waited a whole poll interval): the
+// release signals e.wake, which runSession sets to its loop's wake-up. A
+// release no dispatch waited for signals nothing.
+func TestAReleaseADispatchWaitedForSignalsTheWake(t *testing.T) {
 	e := newBareExecutor()
 	e.wake = make(chan struct{}, 1)
 	log := slog.New(slog.DiscardHandler)
