@@ -87,12 +87,8 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 		res.held = true
 		return res
 	}
-	// A grant kept past its end (no poll has released it yet) is given
-	// back above, as the poll would have, and the key is taken as for any
-	// account. Leaving the account instead left this payout waiting a
-	// second or more. The release wakes an acquire waiting for the key at
-	// the lock service; a waiter on the same lock-service process is woken
-	// before the release's answer reaches this worker.
+	// An ended grant given back (takeKept), the key is taken as for any
+	// account: leaving the account instead left its payout waiting a second.
 	g, since, acquired := k.g, k.since, k.acquired
 	how := "kept lock reused"
 	if g == nil {
