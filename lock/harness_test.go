@@ -132,7 +132,13 @@ type service struct {
 // startService runs one lock service instance on s, stopped at test end.
 func startService(t testing.TB, s store) *service {
 	t.Helper()
-	b := s.open(t)
+	return startServiceOn(t, s.open(t))
+}
+
+// startServiceOn runs one lock service instance over b, stopped (and b
+// closed) at test end.
+func startServiceOn(t testing.TB, b backend.Backend) *service {
+	t.Helper()
 	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + executorToken + `","role":"executor","name":"exec-1"},` +
 		`{"token":"` + executor2Token + `","role":"executor","name":"exec-2"},` +
 		`{"token":"` + operatorToken + `","role":"operator","name":"alice"}]}`))

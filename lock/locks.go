@@ -67,22 +67,6 @@ func (s *Service) listLocks(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Service) waiting(key string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.waiters[key]
-}
-
-func (s *Service) addWaiter(key string, d int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.waiters[key] += d
-	if s.waiters[key] == 0 {
-		delete(s.waiters, key)
-	}
-	s.m.waiters.Add(float64(d))
-}
-
 func (s *Service) acquire(w http.ResponseWriter, r *http.Request) error {
 	start := time.Now()
 	key, err := keyParam(r)
@@ -130,23 +114,36 @@ func (s *Service) acquire(w http.ResponseWriter, r *http.Request) error {
 }
 
 // acquireWaiting tries at once, then (wait > 0) again on every signal that
-// the key may be free, and on a timer, until wait has passed.
+// the key may be free, and on a timer, until wait has passed. A try woken by
+// a signal reports itself to the release waiting to hand the key over.
 func (s *Service) acquireWaiting(ctx context.Context, key, sid string, wait time.Duration) (backend.Grant, error) {
 	deadline := time.Now().Add(wait)
-	var changed <-chan struct{}
+	var (
+		changed <-chan struct{}
+		w       *keyWaiters
+	)
 	if wait > 0 {
 		ch, cancel := s.b.Changed(key) // subscribe first: a release in between is not missed
 		defer cancel()
 		changed = ch
-		s.addWaiter(key, 1)
-		defer s.addWaiter(key, -1)
+		var done func()
+		w, done = s.addWaiter(key)
+		defer done()
 	}
+	woken := false
 	for {
+		var e uint64
+		if woken {
+			e = s.epochOf(w)
+		}
 		octx, cancel := context.WithTimeout(ctx, opTimeout)
 		g, err := s.b.Acquire(octx, key, sid)
 		cancel()
 		if err == nil || !problem.Has(err, problem.LockHeld) {
 			return g, err
+		}
+		if woken {
+			s.tried(w, e)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -155,7 +152,9 @@ func (s *Service) acquireWaiting(ctx context.Context, key, sid string, wait time
 		t := time.NewTimer(min(left, retryInterval))
 		select {
 		case <-changed:
+			woken = true
 		case <-t.C:
+			woken = false
 		case <-ctx.Done():
 			t.Stop()
 			return g, err
@@ -184,11 +183,15 @@ func (s *Service) release(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := op(r)
 	defer cancel()
+	hw, epoch := s.markHandoff(key)
 	rec, err := s.b.Release(ctx, key, req.SessionID, req.Token)
 	if err != nil {
 		return err
 	}
 	s.m.releases.Inc()
+	if hw != nil {
+		s.awaitHandoff(ctx, hw, epoch)
+	}
 	httpx.WriteJSON(w, http.StatusOK, grantRecord(rec))
 	return nil
 }

@@ -42,7 +42,7 @@ type Service struct {
 	m   *metrics
 
 	mu      sync.Mutex
-	waiters map[string]int
+	waiters map[string]*keyWaiters
 	owners  owners
 	expired recentSet // sessions already counted in expiredSessions
 }
@@ -127,7 +127,7 @@ func NewService(b backend.Backend, reg prometheus.Registerer, log *slog.Logger) 
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Service{b: b, log: log, m: newMetrics(reg, b.Name()), waiters: map[string]int{}}
+	s := &Service{b: b, log: log, m: newMetrics(reg, b.Name()), waiters: map[string]*keyWaiters{}}
 	b.SetObserver(observer{s})
 	return s
 }
