@@ -3,13 +3,15 @@ package lock
 import (
 	"context"
 	"time"
+
+	"github.com/payouts/payouts/lock/backend"
 )
 
-// A release hands its key to an acquire waiting for it on this process
-// before it answers. Without that, the releasing client (an executor ending
-// a kept grant, say) could acquire the key again in the time the woken
-// waiter takes to try, and a waiter (an operator's cancel, the reconciler)
-// could lose every such race until its wait ran out.
+// A release (or a revoke) hands its key to an acquire waiting for it on
+// this process before it answers. Without that, the releasing client (an
+// executor ending a kept grant, say) could acquire the key again in the
+// time the woken waiter takes to try, and a waiter (an operator's cancel,
+// the reconciler) could lose every such race until its wait ran out.
 //
 // The release marks the key before the backend frees it; every waiting
 // acquire woken by a signal after the mark tries once and reports that it
@@ -83,6 +85,17 @@ func (s *Service) tried(w *keyWaiters, e uint64) {
 		w.tried = e
 		w.broadcast()
 	}
+}
+
+// handingOver runs end, which frees key (a release or a revoke), and when
+// acquires wait for key on this process returns only after the hand-off.
+func (s *Service) handingOver(ctx context.Context, key string, end func() (backend.GrantRecord, error)) (backend.GrantRecord, error) {
+	w, e := s.markHandoff(key)
+	rec, err := end()
+	if err == nil && w != nil {
+		s.awaitHandoff(ctx, w, e)
+	}
+	return rec, err
 }
 
 // markHandoff is called before a release frees key: it returns the

@@ -33,12 +33,13 @@ func (b slowFor) Acquire(ctx context.Context, key, sid string) (backend.Grant, e
 	return b.Backend.Acquire(ctx, key, sid)
 }
 
-// A holder that releases a key and at once acquires it again does not take
-// it from an acquire waiting for it on the same process, however long the
-// waiter's try takes (within a second): the release answers after the waiter
-// it woke has tried. Without the hand-off the holder's acquire, sent once the
-// release is answered, wins while the waiter's try is still on its way.
-func TestReleaseHandsTheKeyToAWaiterBeforeItAnswers(t *testing.T) {
+// A holder whose grant ends (it releases it, or an operator revokes it) and
+// that at once acquires the key again does not take it from an acquire
+// waiting for it on the same process, however long the waiter's try takes
+// (within a second): the release or revoke answers after the waiter it woke
+// has tried. Without the hand-off the holder's acquire, sent once the end is
+// answered, wins while the waiter's try is still on its way.
+func TestAnEndHandsTheKeyToAWaiterBeforeItAnswers(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
 		var waiterID atomic.Value
 		sid := func() string { s, _ := waiterID.Load().(string); return s }
@@ -53,13 +54,24 @@ func TestReleaseHandsTheKeyToAWaiterBeforeItAnswers(t *testing.T) {
 			t.Cleanup(func() { _ = s.Close(context.Background()) })
 			return s
 		}
-		holder, waiter := open("executor"), open("operator")
+		holder, waiter := open("executor"), open("reconciler")
 		waiterID.Store(waiter.ID())
+		operator, err := lockclient.New(svc.URL, lockclient.WithToken(operatorToken))
+		if err != nil {
+			t.Fatal(err)
+		}
 		key := fencing.Key("acc-handoff")
-		for round := range 3 {
+		ends := map[string]func(g *lockclient.Grant) error{
+			"release": func(g *lockclient.Grant) error { return holder.Release(ctx, g) },
+			"revoke": func(g *lockclient.Grant) error {
+				_, err := operator.Revoke(ctx, key, "handing the key to the reconciler")
+				return err
+			},
+		}
+		for _, end := range []string{"release", "revoke", "release"} {
 			g, err := holder.TryAcquire(ctx, key)
 			if err != nil {
-				t.Fatalf("round %d: holder's acquire: %v", round, err)
+				t.Fatalf("%s: holder's acquire: %v", end, err)
 			}
 			type result struct {
 				g   *lockclient.Grant
@@ -74,18 +86,18 @@ func TestReleaseHandsTheKeyToAWaiterBeforeItAnswers(t *testing.T) {
 				l, err := holder.Client().Lock(ctx, key)
 				return err == nil && l.Waiters == 1
 			})
-			if err := holder.Release(ctx, g); err != nil {
-				t.Fatalf("round %d: release: %v", round, err)
+			if err := ends[end](g); err != nil {
+				t.Fatalf("%s: %v", end, err)
 			}
 			if _, err := holder.TryAcquire(ctx, key); !errors.Is(err, lockclient.ErrLockHeld) {
-				t.Fatalf("round %d: the holder's acquire right after its release: want ErrLockHeld (the waiter has the key), got %v", round, err)
+				t.Fatalf("%s: the holder's acquire right after it: want ErrLockHeld (the waiter has the key), got %v", end, err)
 			}
 			r := <-got
 			if r.err != nil {
-				t.Fatalf("round %d: waiter: %v", round, r.err)
+				t.Fatalf("%s: waiter: %v", end, r.err)
 			}
 			if r.g.Token <= g.Token {
-				t.Fatalf("round %d: waiter's token %d <= %d", round, r.g.Token, g.Token)
+				t.Fatalf("%s: waiter's token %d <= %d", end, r.g.Token, g.Token)
 			}
 			if err := waiter.Release(ctx, r.g); err != nil {
 				t.Fatal(err)

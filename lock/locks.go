@@ -183,15 +183,11 @@ func (s *Service) release(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := op(r)
 	defer cancel()
-	hw, epoch := s.markHandoff(key)
-	rec, err := s.b.Release(ctx, key, req.SessionID, req.Token)
+	rec, err := s.handingOver(ctx, key, func() (backend.GrantRecord, error) { return s.b.Release(ctx, key, req.SessionID, req.Token) })
 	if err != nil {
 		return err
 	}
 	s.m.releases.Inc()
-	if hw != nil {
-		s.awaitHandoff(ctx, hw, epoch)
-	}
 	httpx.WriteJSON(w, http.StatusOK, grantRecord(rec))
 	return nil
 }
@@ -214,7 +210,7 @@ func (s *Service) revoke(w http.ResponseWriter, r *http.Request) error {
 	p, _ := auth.FromContext(r.Context())
 	ctx, cancel := op(r)
 	defer cancel()
-	rec, err := s.b.Revoke(ctx, key, p.Name, req.Reason)
+	rec, err := s.handingOver(ctx, key, func() (backend.GrantRecord, error) { return s.b.Revoke(ctx, key, p.Name, req.Reason) })
 	if err != nil {
 		return err
 	}
