@@ -7,21 +7,32 @@ import (
 	"github.com/payouts/payouts/lock/backend"
 )
 
-// A release (or a revoke) hands its key to an acquire waiting for it on
-// this process before it answers. Without that, the releasing client (an
-// executor ending a kept grant, say) could acquire the key again in the
-// time the woken waiter takes to try, and a waiter (an operator's cancel,
-// the reconciler) could lose every such race until its wait ran out.
+// A release (or a revoke) hands its key to an acquire waiting for it
+// before it answers. Without that, the releasing client (an executor ending
+// a kept grant, say) could acquire the key again in the time the woken
+// waiter takes to try, and a waiter (an operator's cancel, the reconciler)
+// could lose every such race until its wait ran out.
 //
-// The release marks the key before the backend frees it; every waiting
-// acquire woken by a signal after the mark tries once and reports that it
-// did; the release answers when one of them has, or when no waiter is left
-// (one got the key, or gave up), or after handoffWait at most. A waiter on
-// another lock-service process is woken by the store's watch or notify,
-// after the answer: it still races the releasing client.
+// A waiter on this process: the release marks the key before the backend
+// frees it; every waiting acquire woken by a signal after the mark tries
+// once and reports that it did; the release answers when one of them has,
+// or when no waiter is left (one got the key, or gave up).
+//
+// A waiter on another process: a waiting acquire tells the store
+// (Backend.Waiting), and the end of the grant reports it (Waited); the
+// release then asks the store until the key is held again, the waiter
+// having been woken through the store (etcd's watch, PostgreSQL's notify).
+//
+// Either wait lasts handoffWait at most: a waiter that has just given up,
+// or a store too slow to answer, delays the release's answer by that much.
 
-// handoffWait bounds how long a release waits for the waiters it woke.
-const handoffWait = time.Second
+// handoffWait bounds how long a release waits for the waiters it woke;
+// handoffPoll is how often it asks the store whether a waiter on another
+// process has taken the key.
+const (
+	handoffWait = time.Second
+	handoffPoll = 5 * time.Millisecond
+)
 
 // keyWaiters is what this process knows of the acquires waiting for a key.
 // Its fields are guarded by Service.mu.
@@ -92,10 +103,41 @@ func (s *Service) tried(w *keyWaiters, e uint64) {
 func (s *Service) handingOver(ctx context.Context, key string, end func() (backend.GrantRecord, error)) (backend.GrantRecord, error) {
 	w, e := s.markHandoff(key)
 	rec, err := end()
-	if err == nil && w != nil {
+	switch {
+	case err != nil:
+	case w != nil:
 		s.awaitHandoff(ctx, w, e)
+	case rec.Waited:
+		s.awaitTaken(ctx, key)
 	}
 	return rec, err
+}
+
+// awaitTaken waits, at most handoffWait, until key is held again: by an
+// acquire that waited for it on another process and was woken through the
+// store (the releasing client, still waiting for its answer, cannot have
+// taken it). It asks the store every handoffPoll.
+func (s *Service) awaitTaken(ctx context.Context, key string) {
+	deadline := time.Now().Add(handoffWait)
+	t := time.NewTicker(handoffPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			s.m.handoffs.WithLabelValues("timed_out").Inc()
+			return
+		}
+		l, err := s.b.Lock(ctx, key)
+		switch {
+		case err == nil && l.Held:
+			s.m.handoffs.WithLabelValues("remote").Inc()
+			return
+		case err != nil || time.Now().After(deadline):
+			s.m.handoffs.WithLabelValues("timed_out").Inc()
+			return
+		}
+	}
 }
 
 // markHandoff is called before a release frees key: it returns the
@@ -120,6 +162,7 @@ func (s *Service) awaitHandoff(ctx context.Context, w *keyWaiters, e uint64) {
 		s.mu.Lock()
 		if w.n == 0 || w.tried >= e {
 			s.mu.Unlock()
+			s.m.handoffs.WithLabelValues("local").Inc()
 			return
 		}
 		ch := w.changed
@@ -127,8 +170,10 @@ func (s *Service) awaitHandoff(ctx context.Context, w *keyWaiters, e uint64) {
 		select {
 		case <-ch:
 		case <-t.C:
+			s.m.handoffs.WithLabelValues("timed_out").Inc()
 			return
 		case <-ctx.Done():
+			s.m.handoffs.WithLabelValues("timed_out").Inc()
 			return
 		}
 	}

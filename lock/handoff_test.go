@@ -8,16 +8,29 @@ import (
 	"time"
 
 	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/etcdbackend"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
 )
 
 // slowFor is the real backend with every acquire by one session held back
-// before it reaches the store: a waiter whose tries take that long.
+// before it reaches the store: a waiter whose tries take that long. marked,
+// if set, is told when an acquire has been marked as waiting (its first try
+// failed: PostgreSQL has marked the grant contended, etcd holds the
+// waiting marker).
 type slowFor struct {
 	backend.Backend
-	sid   func() string
-	delay time.Duration
+	sid    func() string
+	delay  time.Duration
+	marked chan<- struct{}
+}
+
+func (b slowFor) Waiting(ctx context.Context, key, sid string) func() {
+	done := b.Backend.Waiting(ctx, key, sid)
+	if b.marked != nil {
+		b.marked <- struct{}{}
+	}
+	return done
 }
 
 func (b slowFor) Acquire(ctx context.Context, key, sid string) (backend.Grant, error) {
@@ -101,6 +114,82 @@ func TestAnEndHandsTheKeyToAWaiterBeforeItAnswers(t *testing.T) {
 			}
 			if err := waiter.Release(ctx, r.g); err != nil {
 				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// The same across two lock-service processes over one store: the holder
+// ends its grant on one, the waiter waits on the other. The end answers
+// once the waiter, woken through the store, has taken the key.
+func TestAnEndHandsTheKeyToAWaiterOnAnotherProcess(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, kind string) {
+		st := newStore(t, kind)
+		holderSide := st.open(t)
+		var waiterID atomic.Value
+		sid := func() string { s, _ := waiterID.Load().(string); return s }
+		marked := make(chan struct{}, 1)
+		svcA := startServiceOn(t, holderSide)
+		svcB := startServiceOn(t, slowFor{Backend: st.open(t), sid: sid, delay: 200 * time.Millisecond, marked: marked})
+		ctx := testCtx(t)
+		open := func(url, owner string) *lockclient.Session {
+			s, err := lockclient.Open(ctx, url, owner, lockclient.WithToken(executorToken), lockclient.WithTTL(10*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = s.Close(context.Background()) })
+			return s
+		}
+		holder, waiter := open(svcA.URL, "executor"), open(svcB.URL, "reconciler")
+		waiterID.Store(waiter.ID())
+		operator, err := lockclient.New(svcA.URL, lockclient.WithToken(operatorToken))
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := fencing.Key("acc-handoff-remote")
+		ends := map[string]func(g *lockclient.Grant) error{
+			"release": func(g *lockclient.Grant) error { return holder.Release(ctx, g) },
+			"revoke": func(g *lockclient.Grant) error {
+				_, err := operator.Revoke(ctx, key, "handing the key to the reconciler")
+				return err
+			},
+		}
+		for _, end := range []string{"release", "revoke"} {
+			g, err := holder.TryAcquire(ctx, key)
+			if err != nil {
+				t.Fatalf("%s: holder's acquire: %v", end, err)
+			}
+			type result struct {
+				g   *lockclient.Grant
+				err error
+			}
+			got := make(chan result, 1)
+			go func() {
+				wg, err := waiter.Acquire(ctx, key, 30*time.Second)
+				got <- result{wg, err}
+			}()
+			<-marked
+			if eb, ok := holderSide.(*etcdbackend.Backend); ok {
+				eventually(t, "the holder's process to see the waiter", func() bool { return eb.WaitingFor(string(key)) })
+			}
+			if err := ends[end](g); err != nil {
+				t.Fatalf("%s: %v", end, err)
+			}
+			if _, err := holder.TryAcquire(ctx, key); !errors.Is(err, lockclient.ErrLockHeld) {
+				t.Fatalf("%s: the holder's acquire right after it: want ErrLockHeld (the waiter on the other process has the key), got %v", end, err)
+			}
+			r := <-got
+			if r.err != nil {
+				t.Fatalf("%s: waiter: %v", end, r.err)
+			}
+			if r.g.Token <= g.Token {
+				t.Fatalf("%s: waiter's token %d <= %d", end, r.g.Token, g.Token)
+			}
+			if err := waiter.Release(ctx, r.g); err != nil {
+				t.Fatal(err)
+			}
+			if eb, ok := holderSide.(*etcdbackend.Backend); ok {
+				eventually(t, "the waiter's marker to go", func() bool { return !eb.WaitingFor(string(key)) })
 			}
 		}
 	})

@@ -131,6 +131,7 @@ func (s *Service) acquireWaiting(ctx context.Context, key, sid string, wait time
 		defer done()
 	}
 	woken := false
+	var unmark func()
 	for {
 		var e uint64
 		if woken {
@@ -148,6 +149,12 @@ func (s *Service) acquireWaiting(ctx context.Context, key, sid string, wait time
 		left := time.Until(deadline)
 		if left <= 0 {
 			return g, err
+		}
+		if unmark == nil {
+			octx, cancel := context.WithTimeout(ctx, opTimeout)
+			unmark = s.b.Waiting(octx, key, sid) // for a release on another process to hand the key over
+			cancel()
+			defer unmark()
 		}
 		t := time.NewTimer(min(left, retryInterval))
 		select {

@@ -89,6 +89,7 @@ type metrics struct {
 	expiredSessions                                              prometheus.Counter
 	activeSessions, waiters, storeBytes, storeQuota              prometheus.Gauge
 	acquire, storeBatch                                          *prometheus.HistogramVec
+	handoffs                                                     *prometheus.CounterVec
 	// The acquire histogram's series, resolved once: no label lookup per
 	// request.
 	acquireGranted, acquireHeld, acquireError prometheus.Observer
@@ -114,11 +115,17 @@ func newMetrics(reg prometheus.Registerer, name string) *metrics {
 		storeBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "payouts_lock_store_batch_calls",
 			Help:        "Calls one store statement or transaction carried, by op (acquire, release): calls that arrive while one is in flight go together (PostgreSQL: acquires and releases; etcd: releases and revokes, as op release).",
 			ConstLabels: l, Buckets: []float64{1, 2, 4, 8, 16, 32, 64}}, []string{"op"}),
+		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "payouts_lock_handoffs_total",
+			Help:        "Releases and revokes that waited, before answering, for an acquire waiting for the key: one on this process tried (local), one on another process took the key (remote), or the wait ended first (timed_out).",
+			ConstLabels: l}, []string{"result"}),
 		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "payouts_lock_acquire_duration_seconds", Help: "Acquire latency by result (granted, held, error), waiting included.",
 			ConstLabels: l, Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"result"}),
 	}
-	reg.MustRegister(m.grants, m.releases, m.expirations, m.expiredSessions, m.revocations, m.graces, m.notOwner, m.activeSessions, m.waiters, m.storeBytes, m.storeQuota, m.acquire, m.storeBatch)
+	reg.MustRegister(m.grants, m.releases, m.expirations, m.expiredSessions, m.revocations, m.graces, m.notOwner, m.activeSessions, m.waiters, m.storeBytes, m.storeQuota, m.acquire, m.storeBatch, m.handoffs)
 	m.acquireGranted, m.acquireHeld, m.acquireError = m.acquire.WithLabelValues("granted"), m.acquire.WithLabelValues("held"), m.acquire.WithLabelValues("error")
+	for _, r := range []string{"local", "remote", "timed_out"} {
+		m.handoffs.WithLabelValues(r)
+	}
 	return m
 }
 

@@ -91,6 +91,11 @@ type GrantRecord struct {
 	EndReason string
 	Actor     string
 	Reason    string
+	// Waited, on a grant ended by Release or Revoke, says that an acquire
+	// was waiting for the key, on this lock-service process or another,
+	// when the grant ended (best effort: it may be false for a waiter that
+	// began just before the end, and true for one that has just given up).
+	Waited bool
 }
 
 // Backend is a lock store. Errors are *problem.Error with these codes:
@@ -134,6 +139,10 @@ type Backend interface {
 	// have become free, until cancel is called. Waiting acquires also retry
 	// on a timer, so a lost signal only costs latency.
 	Changed(key string) (ch <-chan struct{}, cancel func())
+	// Waiting tells the store, for every lock-service process to see, that
+	// sessionID waits for key (until done is called), so that an end of the
+	// key's grant reports Waited. Best effort: an error only loses that.
+	Waiting(ctx context.Context, key, sessionID string) (done func())
 	// Run does the store's background work (reaping expired sessions,
 	// recording grants ended by expiry, failover detection) until ctx ends.
 	Run(ctx context.Context) error

@@ -111,6 +111,7 @@ type Backend struct {
 	observer backend.Observer
 	waiters  backend.Waiters
 	cache    cache
+	waiting  waitingSet // acquires waiting on any process (waiting.go)
 
 	// Releases and revokes that arrive while others are in flight end
 	// their grants together, in one transaction (endMany).

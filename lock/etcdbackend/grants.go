@@ -279,6 +279,7 @@ func (b *Backend) Release(ctx context.Context, key, sid string, token fencing.To
 	if problem.Has(err, problem.NotHeld) {
 		return rec, backend.ErrNotHeld(key, sid, token)
 	}
+	rec.Waited = b.waiting.has(key)
 	return rec, err
 }
 
@@ -298,6 +299,7 @@ func (b *Backend) Revoke(ctx context.Context, key, actor, reason string) (backen
 		if problem.Has(err, problem.NotHeld) && ctx.Err() == nil {
 			continue // the grant changed under us (or what we knew was stale): look again
 		}
+		rec.Waited = b.waiting.has(key)
 		return rec, err
 	}
 }

@@ -55,6 +55,9 @@ func (b *Backend) Run(ctx context.Context) error {
 			sizing.Go(func() { defer reporting.Store(false); b.reportSize(ctx) })
 		}
 	}
+	var following sync.WaitGroup
+	defer following.Wait()
+	following.Go(func() { b.followWaiting(ctx) })
 	b.sweep(ctx)
 	reportSize()
 	for ctx.Err() == nil {

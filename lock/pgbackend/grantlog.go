@@ -14,6 +14,9 @@ import (
 
 const grantCols = `token, key, owner, session_id, granted_at, ended_at, end_reason, actor, reason`
 
+// collectGrants reads grant records; withNotify: rows of a statement that
+// ends grants, with two more columns, whether a waiter had marked the grant
+// contended (Waited) and its notification.
 func collectGrants(rows pgx.Rows, withNotify bool) ([]backend.GrantRecord, error) {
 	defer rows.Close()
 	var out []backend.GrantRecord
@@ -25,7 +28,7 @@ func collectGrants(rows pgx.Rows, withNotify bool) ([]backend.GrantRecord, error
 		)
 		dest := []any{&token, &r.Key, &r.Owner, &r.SessionID, &r.GrantedAt, &r.EndedAt, &endReason, &actor, &reason}
 		if withNotify {
-			dest = append(dest, &n)
+			dest = append(dest, &r.Waited, &n)
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err

@@ -390,7 +390,7 @@ WITH req AS (
 	 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
 	RETURNING ` + grantCols + `
 )
-SELECT g.*, CASE WHEN d.contended THEN pg_notify('` + notifyChannel + `', g.key)::text END
+SELECT g.*, d.contended, CASE WHEN d.contended THEN pg_notify('` + notifyChannel + `', g.key)::text END
   FROM g JOIN d ON d.token = g.token`
 
 type releaseReq struct {
@@ -475,13 +475,13 @@ func (b *Backend) releaseOnce(ctx context.Context, keys, sessions []string, toke
 func (b *Backend) Revoke(ctx context.Context, key, actor, reason string) (backend.GrantRecord, error) {
 	rows, err := b.pool.Query(ctx, `
 		WITH d AS (
-			DELETE FROM lock_entry WHERE key = $1 RETURNING key, token
+			DELETE FROM lock_entry WHERE key = $1 RETURNING key, token, contended
 		), g AS (
 			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'revoked', actor = $2, reason = $3
 			 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
 			RETURNING `+grantCols+`
 		)
-		SELECT g.*, pg_notify('`+notifyChannel+`', g.key)::text FROM g`, key, actor, reason)
+		SELECT g.*, d.contended, pg_notify('`+notifyChannel+`', g.key)::text FROM g JOIN d ON d.token = g.token`, key, actor, reason)
 	if err != nil {
 		return backend.GrantRecord{}, b.classify("revoke", err)
 	}

@@ -137,7 +137,7 @@ WITH s AS (
 	 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
 	RETURNING ` + grantCols + `
 )
-SELECT g.*, pg_notify('` + notifyChannel + `', g.key)::text FROM g`
+SELECT g.*, false, pg_notify('` + notifyChannel + `', g.key)::text FROM g`
 
 // Reap expires every lapsed session (outside grace), frees its locks and
 // ends their grants as expired, in one statement; it also frees the other

@@ -1,0 +1,137 @@
+package etcdbackend
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Waiting acquires, seen by every lock-service process: an acquire that
+// waits for a key writes <prefix>/waiting/<key>/<session> on its session's
+// lease while it waits; each process follows that prefix with a watch, so
+// that an end of a key's grant can report that someone waits (Waited) and
+// the lock service hands the key over before it answers the end.
+
+func (b *Backend) waitingPrefix() string { return b.prefix + "/waiting/" }
+
+func (b *Backend) waitingPath(key, sid string) string { return b.waitingPrefix() + key + "/" + sid }
+
+// waitingSet is what the watch has told of the waiting acquires: for each
+// key, the sessions waiting for it.
+type waitingSet struct {
+	mu    sync.Mutex
+	byKey map[string]map[string]struct{}
+}
+
+// parse splits a marker's key into lock key and session (keys hold no "/").
+func (b *Backend) parseWaiting(k []byte) (key, sid string, ok bool) {
+	rest, ok := strings.CutPrefix(string(k), b.waitingPrefix())
+	if !ok {
+		return "", "", false
+	}
+	i := strings.LastIndexByte(rest, '/')
+	if i <= 0 {
+		return "", "", false
+	}
+	return rest[:i], rest[i+1:], true
+}
+
+func (w *waitingSet) set(key, sid string, on bool) {
+	if on {
+		if w.byKey[key] == nil {
+			w.byKey[key] = map[string]struct{}{}
+		}
+		w.byKey[key][sid] = struct{}{}
+		return
+	}
+	delete(w.byKey[key], sid)
+	if len(w.byKey[key]) == 0 {
+		delete(w.byKey, key)
+	}
+}
+
+// has reports whether any session waits for key, as far as the watch has
+// told.
+func (w *waitingSet) has(key string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.byKey[key]) > 0
+}
+
+// Waiting implements backend.Backend: the marker is written now and
+// deleted by done. Its lease is the session's, so a marker whose delete
+// is lost goes with the session.
+func (b *Backend) Waiting(ctx context.Context, key, sid string) func() {
+	lease, ok := parseSessionID(sid)
+	if !ok {
+		return func() {}
+	}
+	path := b.waitingPath(key, sid)
+	if _, err := b.cli.Put(ctx, path, "", clientv3.WithLease(lease)); err != nil {
+		b.log.Debug("could not mark a waiting acquire", "key", key, "session_id", sid, "error", err.Error())
+		return func() {}
+	}
+	return func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := b.cli.Delete(dctx, path); err != nil {
+			b.log.Debug("could not unmark a waiting acquire", "key", key, "session_id", sid, "error", err.Error())
+		}
+	}
+}
+
+// followWaiting keeps the waiting set until ctx ends: it reads the
+// markers, then follows their changes from that revision, and reads them
+// again whenever the watch breaks.
+func (b *Backend) followWaiting(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := b.followWaitingOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		b.log.Warn("etcd watch of waiting acquires failed; retrying", "error", err.Error())
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func (b *Backend) followWaitingOnce(ctx context.Context) error {
+	resp, err := b.cli.Get(ctx, b.waitingPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return err
+	}
+	b.waiting.mu.Lock()
+	b.waiting.byKey = map[string]map[string]struct{}{}
+	for _, kv := range resp.Kvs {
+		if key, sid, ok := b.parseWaiting(kv.Key); ok {
+			b.waiting.set(key, sid, true)
+		}
+	}
+	b.waiting.mu.Unlock()
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for wr := range b.cli.Watch(wctx, b.waitingPrefix(), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+		if err := wr.Err(); err != nil {
+			return err
+		}
+		b.waiting.mu.Lock()
+		for _, ev := range wr.Events {
+			if key, sid, ok := b.parseWaiting(ev.Kv.Key); ok {
+				b.waiting.set(key, sid, ev.Type == mvccpb.PUT)
+			}
+		}
+		b.waiting.mu.Unlock()
+	}
+	return errors.New("watch closed")
+}
+
+// WaitingFor reports whether, as far as this process's watch has told, an
+// acquire on any lock-service process waits for key (introspection).
+func (b *Backend) WaitingFor(key string) bool { return b.waiting.has(key) }
