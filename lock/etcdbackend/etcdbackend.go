@@ -112,6 +112,9 @@ type Backend struct {
 	waiters  backend.Waiters
 	cache    cache
 	waiting  waitingSet // acquires waiting on any process (waiting.go)
+	// waitingRev is the revision Run's watch of the waiting markers starts
+	// from: the one after Open read them.
+	waitingRev int64
 
 	// Releases and revokes that arrive while others are in flight end
 	// their grants together, in one transaction (endMany).
@@ -172,6 +175,12 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 		b.Close()
 		return nil, fmt.Errorf("etcdbackend: watch: %w", err)
 	}
+	rev, err := b.readWaiting(ctx)
+	if err != nil {
+		b.Close()
+		return nil, fmt.Errorf("etcdbackend: read waiting acquires: %w", err)
+	}
+	b.waitingRev = rev
 	return b, nil
 }
 

@@ -57,7 +57,7 @@ func (b *Backend) Run(ctx context.Context) error {
 	}
 	var following sync.WaitGroup
 	defer following.Wait()
-	following.Go(func() { b.followWaiting(ctx) })
+	following.Go(func() { b.followWaiting(ctx, b.waitingRev) })
 	b.sweep(ctx)
 	reportSize()
 	for ctx.Err() == nil {

@@ -85,39 +85,58 @@ func (b *Backend) Waiting(ctx context.Context, key, sid string) func() {
 	}
 }
 
-// followWaiting keeps the waiting set until ctx ends: it reads the
-// markers, then follows their changes from that revision, and reads them
-// again whenever the watch breaks.
-func (b *Backend) followWaiting(ctx context.Context) {
-	for ctx.Err() == nil {
-		err := b.followWaitingOnce(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		b.log.Warn("etcd watch of waiting acquires failed; retrying", "error", err.Error())
-		select {
-		case <-ctx.Done():
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
-func (b *Backend) followWaitingOnce(ctx context.Context) error {
+// readWaiting fills the waiting set from the markers and returns the
+// revision to follow their changes from (Open calls it, and followWaiting
+// again whenever its watch breaks).
+func (b *Backend) readWaiting(ctx context.Context) (int64, error) {
 	resp, err := b.cli.Get(ctx, b.waitingPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		return err
+		return 0, err
 	}
 	b.waiting.mu.Lock()
+	defer b.waiting.mu.Unlock()
 	b.waiting.byKey = map[string]map[string]struct{}{}
 	for _, kv := range resp.Kvs {
 		if key, sid, ok := b.parseWaiting(kv.Key); ok {
 			b.waiting.set(key, sid, true)
 		}
 	}
-	b.waiting.mu.Unlock()
+	return resp.Header.Revision + 1, nil
+}
+
+// followWaiting keeps the waiting set until ctx ends: it follows the
+// markers' changes from rev (readWaiting's), and reads them whole again
+// whenever the watch breaks.
+func (b *Backend) followWaiting(ctx context.Context, rev int64) {
+	for ctx.Err() == nil {
+		err := b.watchWaiting(ctx, rev)
+		if ctx.Err() != nil {
+			return
+		}
+		b.log.Warn("etcd watch of waiting acquires failed; retrying", "error", err.Error())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+		if rev, err = b.readWaiting(ctx); err != nil {
+			rev = 0 // read again on the next round
+		}
+	}
+}
+
+// watchWaiting applies the markers' changes from rev until the watch
+// breaks (rev 0: read them first).
+func (b *Backend) watchWaiting(ctx context.Context, rev int64) error {
+	if rev == 0 {
+		var err error
+		if rev, err = b.readWaiting(ctx); err != nil {
+			return err
+		}
+	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	for wr := range b.cli.Watch(wctx, b.waitingPrefix(), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1)) {
+	for wr := range b.cli.Watch(wctx, b.waitingPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev)) {
 		if err := wr.Err(); err != nil {
 			return err
 		}
