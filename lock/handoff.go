@@ -15,8 +15,10 @@ import (
 //
 // A waiter on this process: the release marks the key before the backend
 // frees it; every waiting acquire woken by a signal after the mark tries
-// once and reports that it did; the release answers when one of them has,
-// or when no waiter is left (one got the key, or gave up).
+// and reports whom it found holding the key; the release answers when a try
+// found someone other than the ended grant's session (a try that found that
+// session started before the end: a late signal of an earlier end), or when
+// no waiter is left (one got the key, or gave up).
 //
 // A waiter on another process: a waiting acquire tells the store
 // (Backend.Waiting), and the end of the grant reports it (Waited); the
@@ -39,8 +41,29 @@ const (
 type keyWaiters struct {
 	n       int           // acquires waiting
 	epoch   uint64        // releases that asked for a hand-off so far
-	tried   uint64        // the latest epoch in which a woken waiter finished a try
-	changed chan struct{} // closed and replaced when n falls or tried rises
+	tries   []try         // the latest tries woken waiters finished that failed (at most maxTries)
+	changed chan struct{} // closed and replaced when n falls or a try is added
+}
+
+// try is a woken waiter's try that found the key held: the hand-off epoch
+// it started in and the session it found holding the key ("" if unknown).
+type try struct {
+	epoch  uint64
+	heldBy string
+}
+
+const maxTries = 16
+
+// triedSince reports whether a try started in epoch e or later found the
+// key held by a session other than ended: one that found the ended grant's
+// session had started before that grant ended.
+func (w *keyWaiters) triedSince(e uint64, ended string) bool {
+	for _, t := range w.tries {
+		if t.epoch >= e && t.heldBy != ended {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *keyWaiters) broadcast() {
@@ -88,14 +111,16 @@ func (s *Service) epochOf(w *keyWaiters) uint64 {
 	return w.epoch
 }
 
-// tried records that a woken waiter finished a try started in epoch e.
-func (s *Service) tried(w *keyWaiters, e uint64) {
+// tried records that a woken waiter's try started in epoch e found the key
+// held by session heldBy.
+func (s *Service) tried(w *keyWaiters, e uint64, heldBy string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e > w.tried {
-		w.tried = e
-		w.broadcast()
+	if len(w.tries) == maxTries {
+		w.tries = append(w.tries[:0], w.tries[1:]...)
 	}
+	w.tries = append(w.tries, try{e, heldBy})
+	w.broadcast()
 }
 
 // handingOver runs end, which frees key (a release or a revoke), and when
@@ -106,7 +131,7 @@ func (s *Service) handingOver(ctx context.Context, key string, end func() (backe
 	switch {
 	case err != nil:
 	case w != nil:
-		s.awaitHandoff(ctx, w, e)
+		s.awaitHandoff(ctx, w, e, rec.SessionID)
 	case rec.Waited:
 		s.awaitTaken(ctx, key)
 	}
@@ -118,7 +143,8 @@ func (s *Service) handingOver(ctx context.Context, key string, end func() (backe
 // store (the releasing client, still waiting for its answer, cannot have
 // taken it). It asks the store every handoffPoll.
 func (s *Service) awaitTaken(ctx context.Context, key string) {
-	deadline := time.Now().Add(handoffWait)
+	ctx, cancel := context.WithTimeout(ctx, handoffWait)
+	defer cancel()
 	t := time.NewTicker(handoffPoll)
 	defer t.Stop()
 	for {
@@ -133,9 +159,9 @@ func (s *Service) awaitTaken(ctx context.Context, key string) {
 		case err == nil && l.Held:
 			s.m.handoffs.WithLabelValues("remote").Inc()
 			return
-		case err != nil || time.Now().After(deadline):
+		case err != nil && ctx.Err() == nil:
 			s.m.handoffs.WithLabelValues("timed_out").Inc()
-			return
+			return // the store does not answer: do not keep asking
 		}
 	}
 }
@@ -154,13 +180,14 @@ func (s *Service) markHandoff(key string) (*keyWaiters, uint64) {
 }
 
 // awaitHandoff waits, at most handoffWait, until a waiter woken after the
-// mark of epoch e has tried, or no waiter is left.
-func (s *Service) awaitHandoff(ctx context.Context, w *keyWaiters, e uint64) {
+// mark of epoch e has tried after the grant of session ended ended, or no
+// waiter is left.
+func (s *Service) awaitHandoff(ctx context.Context, w *keyWaiters, e uint64, ended string) {
 	t := time.NewTimer(handoffWait)
 	defer t.Stop()
 	for {
 		s.mu.Lock()
-		if w.n == 0 || w.tried >= e {
+		if w.n == 0 || w.triedSince(e, ended) {
 			s.mu.Unlock()
 			s.m.handoffs.WithLabelValues("local").Inc()
 			return

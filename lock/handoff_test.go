@@ -25,8 +25,8 @@ type slowFor struct {
 	marked chan<- struct{}
 }
 
-func (b slowFor) Waiting(ctx context.Context, key, sid string) func() {
-	done := b.Backend.Waiting(ctx, key, sid)
+func (b slowFor) Waiting(ctx context.Context, key, sid string, until time.Time) func() {
+	done := b.Backend.Waiting(ctx, key, sid, until)
 	if b.marked != nil {
 		b.marked <- struct{}{}
 	}

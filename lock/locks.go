@@ -2,6 +2,7 @@ package lock
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"time"
@@ -144,15 +145,15 @@ func (s *Service) acquireWaiting(ctx context.Context, key, sid string, wait time
 			return g, err
 		}
 		if woken {
-			s.tried(w, e)
+			s.tried(w, e, heldBy(err))
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			return g, err
 		}
 		if unmark == nil {
-			octx, cancel := context.WithTimeout(ctx, opTimeout)
-			unmark = s.b.Waiting(octx, key, sid) // for a release on another process to hand the key over
+			octx, cancel := context.WithDeadline(ctx, deadline)
+			unmark = s.b.Waiting(octx, key, sid, deadline) // for a release on another process to hand the key over
 			cancel()
 			defer unmark()
 		}
@@ -226,4 +227,15 @@ func (s *Service) revoke(w http.ResponseWriter, r *http.Request) error {
 		obs.KeyHolder, rec.SessionID, "owner", rec.Owner, "actor", p.Name, "reason", req.Reason)
 	httpx.WriteJSON(w, http.StatusOK, grantRecord(rec))
 	return nil
+}
+
+// heldBy is the session a lock_held error names as the holder ("" if none).
+func heldBy(err error) string {
+	var pe *problem.Error
+	if !errors.As(err, &pe) {
+		return ""
+	}
+	var sid string
+	_ = json.Unmarshal(pe.Extensions["holder_session_id"], &sid)
+	return sid
 }

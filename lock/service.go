@@ -116,7 +116,7 @@ func newMetrics(reg prometheus.Registerer, name string) *metrics {
 			Help:        "Calls one store statement or transaction carried, by op (acquire, release): calls that arrive while one is in flight go together (PostgreSQL: acquires and releases; etcd: releases and revokes, as op release).",
 			ConstLabels: l, Buckets: []float64{1, 2, 4, 8, 16, 32, 64}}, []string{"op"}),
 		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "payouts_lock_handoffs_total",
-			Help:        "Releases and revokes that waited, before answering, for an acquire waiting for the key: one on this process tried (local), one on another process took the key (remote), or the wait ended first (timed_out).",
+			Help:        "Releases and revokes that waited, before answering, for an acquire waiting for the key: one on this process tried or none was left (local), the key was taken again, normally by a waiter on another process (remote), or the wait ended first (timed_out).",
 			ConstLabels: l}, []string{"result"}),
 		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "payouts_lock_acquire_duration_seconds", Help: "Acquire latency by result (granted, held, error), waiting included.",
 			ConstLabels: l, Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"result"}),

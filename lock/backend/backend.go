@@ -140,9 +140,10 @@ type Backend interface {
 	// on a timer, so a lost signal only costs latency.
 	Changed(key string) (ch <-chan struct{}, cancel func())
 	// Waiting tells the store, for every lock-service process to see, that
-	// sessionID waits for key (until done is called), so that an end of the
-	// key's grant reports Waited. Best effort: an error only loses that.
-	Waiting(ctx context.Context, key, sessionID string) (done func())
+	// sessionID waits for key until done is called (or, should done be
+	// lost, until until), so that an end of the key's grant reports
+	// Waited. Best effort: an error only loses that.
+	Waiting(ctx context.Context, key, sessionID string, until time.Time) (done func())
 	// Run does the store's background work (reaping expired sessions,
 	// recording grants ended by expiry, failover detection) until ctx ends.
 	Run(ctx context.Context) error

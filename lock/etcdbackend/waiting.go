@@ -9,6 +9,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/payouts/payouts/lock/backend"
 )
 
 // Waiting acquires, seen by every lock-service process: an acquire that
@@ -22,10 +24,11 @@ func (b *Backend) waitingPrefix() string { return b.prefix + "/waiting/" }
 func (b *Backend) waitingPath(key, sid string) string { return b.waitingPrefix() + key + "/" + sid }
 
 // waitingSet is what the watch has told of the waiting acquires: for each
-// key, the sessions waiting for it.
+// key, the sessions waiting for it and until when (a marker whose delete
+// was lost stops counting then, though it stays while its session lives).
 type waitingSet struct {
 	mu    sync.Mutex
-	byKey map[string]map[string]struct{}
+	byKey map[string]map[string]time.Time
 }
 
 // parse splits a marker's key into lock key and session (keys hold no "/").
@@ -41,12 +44,16 @@ func (b *Backend) parseWaiting(k []byte) (key, sid string, ok bool) {
 	return rest[:i], rest[i+1:], true
 }
 
-func (w *waitingSet) set(key, sid string, on bool) {
+func (w *waitingSet) set(key, sid string, until []byte, on bool) {
 	if on {
 		if w.byKey[key] == nil {
-			w.byKey[key] = map[string]struct{}{}
+			w.byKey[key] = map[string]time.Time{}
 		}
-		w.byKey[key][sid] = struct{}{}
+		t, err := time.Parse(time.RFC3339Nano, string(until))
+		if err != nil {
+			t = time.Now().Add(backend.MaxWait) // written by an older build: the longest wait
+		}
+		w.byKey[key][sid] = t
 		return
 	}
 	delete(w.byKey[key], sid)
@@ -60,28 +67,37 @@ func (w *waitingSet) set(key, sid string, on bool) {
 func (w *waitingSet) has(key string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.byKey[key]) > 0
+	now := time.Now()
+	for _, until := range w.byKey[key] {
+		if now.Before(until) {
+			return true
+		}
+	}
+	return false
 }
 
-// Waiting implements backend.Backend: the marker is written now and
-// deleted by done. Its lease is the session's, so a marker whose delete
-// is lost goes with the session.
-func (b *Backend) Waiting(ctx context.Context, key, sid string) func() {
+// Waiting implements backend.Backend: the marker, whose value is until, is
+// written now and deleted by done, in the background (the waiter's answer
+// does not wait for it). Its lease is the session's, so a marker whose
+// delete is lost goes with the session, and stops counting at until.
+func (b *Backend) Waiting(ctx context.Context, key, sid string, until time.Time) func() {
 	lease, ok := parseSessionID(sid)
 	if !ok {
 		return func() {}
 	}
 	path := b.waitingPath(key, sid)
-	if _, err := b.cli.Put(ctx, path, "", clientv3.WithLease(lease)); err != nil {
+	if _, err := b.cli.Put(ctx, path, until.UTC().Format(time.RFC3339Nano), clientv3.WithLease(lease)); err != nil {
 		b.log.Debug("could not mark a waiting acquire", "key", key, "session_id", sid, "error", err.Error())
 		return func() {}
 	}
 	return func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if _, err := b.cli.Delete(dctx, path); err != nil {
-			b.log.Debug("could not unmark a waiting acquire", "key", key, "session_id", sid, "error", err.Error())
-		}
+		go func() {
+			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if _, err := b.cli.Delete(dctx, path); err != nil {
+				b.log.Debug("could not unmark a waiting acquire", "key", key, "session_id", sid, "error", err.Error())
+			}
+		}()
 	}
 }
 
@@ -89,16 +105,16 @@ func (b *Backend) Waiting(ctx context.Context, key, sid string) func() {
 // revision to follow their changes from (Open calls it, and followWaiting
 // again whenever its watch breaks).
 func (b *Backend) readWaiting(ctx context.Context) (int64, error) {
-	resp, err := b.cli.Get(ctx, b.waitingPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := b.cli.Get(ctx, b.waitingPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return 0, err
 	}
 	b.waiting.mu.Lock()
 	defer b.waiting.mu.Unlock()
-	b.waiting.byKey = map[string]map[string]struct{}{}
+	b.waiting.byKey = map[string]map[string]time.Time{}
 	for _, kv := range resp.Kvs {
 		if key, sid, ok := b.parseWaiting(kv.Key); ok {
-			b.waiting.set(key, sid, true)
+			b.waiting.set(key, sid, kv.Value, true)
 		}
 	}
 	return resp.Header.Revision + 1, nil
@@ -143,7 +159,7 @@ func (b *Backend) watchWaiting(ctx context.Context, rev int64) error {
 		b.waiting.mu.Lock()
 		for _, ev := range wr.Events {
 			if key, sid, ok := b.parseWaiting(ev.Kv.Key); ok {
-				b.waiting.set(key, sid, ev.Type == mvccpb.PUT)
+				b.waiting.set(key, sid, ev.Kv.Value, ev.Type == mvccpb.PUT)
 			}
 		}
 		b.waiting.mu.Unlock()

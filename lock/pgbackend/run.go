@@ -20,8 +20,11 @@ func (b *Backend) signal(key string) { b.waiters.Signal(key) }
 
 // Waiting implements backend.Backend. Nothing is written: a waiting
 // acquire that finds the key held marks the grant contended
-// (markContended), and its end reports Waited from that mark.
-func (b *Backend) Waiting(ctx context.Context, key, sessionID string) func() { return func() {} }
+// (markContended), and its end reports Waited from that mark, even if the
+// waiter has given up since.
+func (b *Backend) Waiting(ctx context.Context, key, sessionID string, until time.Time) func() {
+	return func() {}
+}
 
 // Run implements backend.Backend: the reaper, failover detection and the
 // LISTEN loop, until ctx ends.
