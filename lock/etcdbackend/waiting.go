@@ -3,8 +3,10 @@ package etcdbackend
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -14,30 +16,40 @@ import (
 )
 
 // Waiting acquires, seen by every lock-service process: an acquire that
-// waits for a key writes <prefix>/waiting/<key>/<session> on its session's
+// waits for a key writes <prefix>/waiting/<key>/<session>.<n> on its session's
 // lease while it waits; each process follows that prefix with a watch, so
 // that an end of a key's grant can report that someone waits (Waited) and
 // the lock service hands the key over before it answers the end.
 
 func (b *Backend) waitingPrefix() string { return b.prefix + "/waiting/" }
 
-func (b *Backend) waitingPath(key, sid string) string { return b.waitingPrefix() + key + "/" + sid }
+// waitingSeq makes each wait's marker a key of its own: a session that
+// waits for a key again before the last wait's marker is deleted (in the
+// background) keeps its new one.
+var waitingSeq atomic.Uint64
+
+// waitingPath is the marker of one wait of session sid for key:
+// <prefix>/waiting/<key>/<sid>.<n>.
+func (b *Backend) waitingPath(key, sid string) string {
+	return b.waitingPrefix() + key + "/" + sid + "." + strconv.FormatUint(waitingSeq.Add(1), 10)
+}
 
 // waitingSet is what the watch has told of the waiting acquires: for each
-// key, the sessions waiting for it and until when (a marker whose delete
+// key, the waits for it and until when (a marker whose delete
 // was lost stops counting then, though it stays while its session lives).
 type waitingSet struct {
 	mu    sync.Mutex
 	byKey map[string]map[string]time.Time
 }
 
-// parse splits a marker's key into lock key and session (keys hold no "/").
-func (b *Backend) parseWaiting(k []byte) (key, sid string, ok bool) {
+// parseWaiting splits a marker's key into the lock key and the wait (its
+// session and sequence); lock keys hold no "/".
+func (b *Backend) parseWaiting(k []byte) (key, wait string, ok bool) {
 	rest, ok := strings.CutPrefix(string(k), b.waitingPrefix())
 	if !ok {
 		return "", "", false
 	}
-	i := strings.LastIndexByte(rest, '/')
+	i := strings.IndexByte(rest, '/')
 	if i <= 0 {
 		return "", "", false
 	}
