@@ -115,6 +115,7 @@ type Backend struct {
 	// waitingRev is the revision Run's watch of the waiting markers starts
 	// from: the one after Open read them.
 	waitingRev int64
+	unmarks    sync.WaitGroup // deletes of waiting markers in flight
 
 	// Releases and revokes that arrive while others are in flight end
 	// their grants together, in one transaction (endMany).
@@ -289,7 +290,8 @@ func (b *Backend) Ping(ctx context.Context) error {
 
 // Close implements backend.Backend.
 func (b *Backend) Close() error {
-	b.ends.Wait() // ends in flight get their answers before the client goes
+	b.ends.Wait()    // ends in flight get their answers before the client goes
+	b.unmarks.Wait() // and waiting markers being deleted are
 	if b.watchCancel != nil {
 		b.watchCancel()
 	}

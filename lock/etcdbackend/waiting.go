@@ -90,7 +90,7 @@ func (w *waitingSet) has(key string) bool {
 
 // Waiting implements backend.Backend: the marker, whose value is until, is
 // written now and deleted by done, in the background (the waiter's answer
-// does not wait for it). Its lease is the session's, so a marker whose
+// does not wait for it; Close does). Its lease is the session's, so a marker whose
 // delete is lost goes with the session, and stops counting at until.
 func (b *Backend) Waiting(ctx context.Context, key, sid string, until time.Time) func() {
 	lease, ok := parseSessionID(sid)
@@ -103,13 +103,13 @@ func (b *Backend) Waiting(ctx context.Context, key, sid string, until time.Time)
 		return func() {}
 	}
 	return func() {
-		go func() {
+		b.unmarks.Go(func() {
 			dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			if _, err := b.cli.Delete(dctx, path); err != nil {
 				b.log.Debug("could not unmark a waiting acquire", "key", key, "session_id", sid, "error", err.Error())
 			}
-		}()
+		})
 	}
 }
 
