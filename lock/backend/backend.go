@@ -94,7 +94,8 @@ type GrantRecord struct {
 	// Waited, on a grant ended by Release or Revoke, says that an acquire
 	// was waiting for the key, on this lock-service process or another,
 	// when the grant ended (best effort: it may be false for a waiter that
-	// began just before the end, and true for one that has just given up).
+	// began just before the end, and true for one that has given up:
+	// PostgreSQL keeps the grant's contended mark until the grant ends).
 	Waited bool
 }
 

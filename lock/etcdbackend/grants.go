@@ -279,7 +279,9 @@ func (b *Backend) Release(ctx context.Context, key, sid string, token fencing.To
 	if problem.Has(err, problem.NotHeld) {
 		return rec, backend.ErrNotHeld(key, sid, token)
 	}
-	rec.Waited = b.waiting.has(key)
+	if err == nil {
+		rec.Waited = b.waiting.has(key)
+	}
 	return rec, err
 }
 
@@ -299,7 +301,9 @@ func (b *Backend) Revoke(ctx context.Context, key, actor, reason string) (backen
 		if problem.Has(err, problem.NotHeld) && ctx.Err() == nil {
 			continue // the grant changed under us (or what we knew was stale): look again
 		}
-		rec.Waited = b.waiting.has(key)
+		if err == nil {
+			rec.Waited = b.waiting.has(key)
+		}
 		return rec, err
 	}
 }

@@ -56,7 +56,9 @@ func (b *Backend) parseWaiting(k []byte) (key, wait string, ok bool) {
 	return rest[:i], rest[i+1:], true
 }
 
-func (w *waitingSet) set(key, sid string, until []byte, on bool) {
+// set records (on) or forgets one wait for key; until is the marker's
+// value. Called with w.mu held.
+func (w *waitingSet) set(key, wait string, until []byte, on bool) {
 	if on {
 		if w.byKey[key] == nil {
 			w.byKey[key] = map[string]time.Time{}
@@ -65,16 +67,16 @@ func (w *waitingSet) set(key, sid string, until []byte, on bool) {
 		if err != nil {
 			t = time.Now().Add(backend.MaxWait) // written by an older build: the longest wait
 		}
-		w.byKey[key][sid] = t
+		w.byKey[key][wait] = t
 		return
 	}
-	delete(w.byKey[key], sid)
+	delete(w.byKey[key], wait)
 	if len(w.byKey[key]) == 0 {
 		delete(w.byKey, key)
 	}
 }
 
-// has reports whether any session waits for key, as far as the watch has
+// has reports whether a wait for key is still on, as far as the watch has
 // told.
 func (w *waitingSet) has(key string) bool {
 	w.mu.Lock()
@@ -114,8 +116,8 @@ func (b *Backend) Waiting(ctx context.Context, key, sid string, until time.Time)
 }
 
 // readWaiting fills the waiting set from the markers and returns the
-// revision to follow their changes from (Open calls it, and followWaiting
-// again whenever its watch breaks).
+// revision to follow their changes from (Open calls it, and watchWaiting
+// again after its watch broke).
 func (b *Backend) readWaiting(ctx context.Context) (int64, error) {
 	resp, err := b.cli.Get(ctx, b.waitingPrefix(), clientv3.WithPrefix())
 	if err != nil {
@@ -125,16 +127,16 @@ func (b *Backend) readWaiting(ctx context.Context) (int64, error) {
 	defer b.waiting.mu.Unlock()
 	b.waiting.byKey = map[string]map[string]time.Time{}
 	for _, kv := range resp.Kvs {
-		if key, sid, ok := b.parseWaiting(kv.Key); ok {
-			b.waiting.set(key, sid, kv.Value, true)
+		if key, wait, ok := b.parseWaiting(kv.Key); ok {
+			b.waiting.set(key, wait, kv.Value, true)
 		}
 	}
 	return resp.Header.Revision + 1, nil
 }
 
 // followWaiting keeps the waiting set until ctx ends: it follows the
-// markers' changes from rev (readWaiting's), and reads them whole again
-// whenever the watch breaks.
+// markers' changes from rev (Open's readWaiting), and whenever the watch
+// breaks reads them whole again and follows on from there.
 func (b *Backend) followWaiting(ctx context.Context, rev int64) {
 	for ctx.Err() == nil {
 		err := b.watchWaiting(ctx, rev)
@@ -147,14 +149,12 @@ func (b *Backend) followWaiting(ctx context.Context, rev int64) {
 			return
 		case <-time.After(500 * time.Millisecond):
 		}
-		if rev, err = b.readWaiting(ctx); err != nil {
-			rev = 0 // read again on the next round
-		}
+		rev = 0
 	}
 }
 
 // watchWaiting applies the markers' changes from rev until the watch
-// breaks (rev 0: read them first).
+// breaks (rev 0: read them whole first).
 func (b *Backend) watchWaiting(ctx context.Context, rev int64) error {
 	if rev == 0 {
 		var err error
@@ -170,8 +170,8 @@ func (b *Backend) watchWaiting(ctx context.Context, rev int64) error {
 		}
 		b.waiting.mu.Lock()
 		for _, ev := range wr.Events {
-			if key, sid, ok := b.parseWaiting(ev.Kv.Key); ok {
-				b.waiting.set(key, sid, ev.Kv.Value, ev.Type == mvccpb.PUT)
+			if key, wait, ok := b.parseWaiting(ev.Kv.Key); ok {
+				b.waiting.set(key, wait, ev.Kv.Value, ev.Type == mvccpb.PUT)
 			}
 		}
 		b.waiting.mu.Unlock()
