@@ -109,6 +109,9 @@ func (e *Executor) keep(account string, k keptGrant) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.kept[account] = k
+	if end := e.end(k); e.keptDue.IsZero() || end.Before(e.keptDue) {
+		e.keptDue = end
+	}
 	for len(e.kept) > e.keptCap {
 		oldest := ""
 		for a, k := range e.kept {
@@ -136,6 +139,16 @@ func (e *Executor) keep(account string, k keptGrant) bool {
 func (e *Executor) expireKept(now time.Time, all bool) (next time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if len(e.kept) == 0 {
+		return time.Time{}
+	}
+	if !all && !e.keptDue.IsZero() && now.Before(e.keptDue) {
+		// Nothing ends before keptDue: the poll loop runs this after every
+		// dispatch, so a walk of every kept grant each time costs more than
+		// all the rest of a pass.
+		return e.keptDue
+	}
+	defer func() { e.keptDue = next }()
 	for a, k := range e.kept {
 		if e.active[a] {
 			continue
@@ -161,5 +174,6 @@ func (e *Executor) dropKept() {
 	defer e.mu.Unlock()
 	clear(e.unreleased)
 	clear(e.kept)
+	e.keptDue = time.Time{}
 	e.m.keptGrants.Set(0)
 }

@@ -746,3 +746,51 @@ func TestReleasePassesRunInTheBackground(t *testing.T) {
 		t.Fatalf("after the pass: releasing %v, reserved %v", e.releasing, e.active)
 	}
 }
+
+// TestExpireKeptReleasesEachGrantAtItsEnd: expireKept does not walk the
+// kept grants before the earliest end it knows of, and that earliest end
+// follows every grant kept since, whatever the order of their ends: a
+// grant kept later with an earlier end (a shorter time left of its two
+// lingers) is released at its end, and one taken by its worker no longer
+// counts once a walk has passed.
+func TestExpireKeptReleasesEachGrantAtItsEnd(t *testing.T) {
+	e := lingerExecutor(time.Second, 2)
+	t0 := time.Now()
+	ga, gb, gc := &keptTestGrant{key: "payout:a"}, &keptTestGrant{key: "payout:b"}, &keptTestGrant{key: "payout:c"}
+	endRound(t, e, "a", ga, t0) // ends t0+1s
+	if next := e.expireKept(t0.Add(100*time.Millisecond), false); !next.Equal(t0.Add(time.Second)) {
+		t.Fatalf("next wake %v, want a's end at 1s", next.Sub(t0))
+	}
+	// b, acquired 1.7 s before, is kept now: it ends at t0+300ms, before a.
+	e.reserve("b", t0)
+	if !e.keep("b", keptGrant{g: gb, since: t0.Add(200 * time.Millisecond), acquired: t0.Add(-1700 * time.Millisecond)}) {
+		t.Fatal("b was not kept")
+	}
+	e.unreserve("b")
+	if next := e.expireKept(t0.Add(200*time.Millisecond), false); !next.Equal(t0.Add(300 * time.Millisecond)) {
+		t.Fatalf("next wake %v, want b's end at 300ms", next.Sub(t0))
+	}
+	e.expireKept(t0.Add(300*time.Millisecond), false)
+	if _, ok := e.unreleased["b"]; !ok || len(e.kept) != 1 {
+		t.Fatalf("at b's end: b queued %v, %d kept; want b queued and a kept", ok, len(e.kept))
+	}
+	// c ends at t0+1.5s; a is taken by its worker: the next walk finds c.
+	endRound(t, e, "c", gc, t0.Add(500*time.Millisecond))
+	e.reserve("a", t0.Add(600*time.Millisecond))
+	if k, _ := e.takeKept("a", t0.Add(600*time.Millisecond)); k.g != ga {
+		t.Fatal("a's worker did not get its kept grant")
+	}
+	if next := e.expireKept(t0.Add(700*time.Millisecond), false); !next.Equal(t0.Add(time.Second)) {
+		t.Fatalf("next wake %v, want a's old end at 1s: nothing is walked before it", next.Sub(t0))
+	}
+	if next := e.expireKept(t0.Add(time.Second), false); !next.Equal(t0.Add(1500*time.Millisecond)) || len(e.kept) != 1 {
+		t.Fatalf("after a walk: next wake %v with %d kept, want c's end at 1.5s with c kept", next.Sub(t0), len(e.kept))
+	}
+	if _, ok := e.unreleased["a"]; ok {
+		t.Fatal("a, taken by its worker, was queued for release")
+	}
+	// all: every kept grant goes, whatever its end.
+	if next := e.expireKept(t0.Add(time.Second), true); !next.IsZero() || len(e.kept) != 0 {
+		t.Fatalf("all: next wake %v with %d kept, want none", next, len(e.kept))
+	}
+}
