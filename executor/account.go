@@ -39,6 +39,36 @@ var actionable = append(slices.Clone(inFlight), pc.Pending)
 // pendingPage is how many actionable payouts one list call brings.
 const pendingPage = maxPayoutsPerGrant
 
+// workPayouts is GET /work's payouts: an account with at most this many
+// actionable payouts comes with them, and a round under the account's
+// kept grant starts from them instead of a list (workSeen). Work spread
+// thin over many accounts has one or two a round; an account with a
+// backlog is listed a page at a time, as before.
+const workPayouts = 4
+
+// workSeen is what GET /work answered about an account, and when it was
+// asked.
+type workSeen struct {
+	item  pc.WorkItem
+	asked time.Time
+}
+
+// startingPayouts is the account's actionable payouts as GET /work saw
+// them, when a round under k — a grant kept from the account's previous
+// round — can start from them instead of listing them: they are all of
+// them (w.item.Actionable is nil when the account had more), read in the
+// same snapshot as the account's fence, which was k's token — so no other
+// holder had written the account — and asked after k's last round ended,
+// so that snapshot had every write made under k. Payouts created since
+// are found by a later round, as after a list. ok is false when a list is
+// needed.
+func startingPayouts(w workSeen, k keptGrant) (ps []pc.Payout, ok bool) {
+	if k.g == nil || w.item.Actionable == nil || w.item.FenceToken != k.g.Token() || !k.since.Before(w.asked) {
+		return nil, false
+	}
+	return w.item.Actionable, true
+}
+
 // run is one grant's work on one account.
 type run struct {
 	e       *Executor
@@ -75,7 +105,7 @@ type run struct {
 // nothing more to do keeps its grant for the next one (linger.go); so does
 // a round under a kept grant that found nothing to do (its linger runs
 // on); any other round releases it.
-func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (res roundResult) {
+func (e *Executor) workAccount(sess session, log *slog.Logger, account string, seen workSeen) (res roundResult) {
 	key := fencing.Key(account)
 	k, ended := e.takeKept(account, time.Now())
 	if ended != nil && !e.release(log.With(obs.KeyKey, key, obs.KeyAccountID, account), account, ended) {
@@ -105,6 +135,9 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string) (
 	r := &run{e: e, g: g, account: account, log: e.log.With(obs.KeyKey, key, obs.KeyAccountID, account,
 		obs.KeyToken, int64(g.Token()), obs.KeyHolder, string(g.Holder()))}
 	r.log.Debug(how)
+	if ps, ok := startingPayouts(seen, k); ok {
+		r.take(ps, true)
+	}
 	idle := false // the round ended with nothing more to do
 	defer func() {
 		res.moved, res.empty, res.gated = r.moved, idle && r.listed == 0, r.gated
@@ -204,18 +237,7 @@ func (r *run) next(room int) (ps []pc.Payout, pending bool, err error) {
 			return nil, false, err
 		}
 		// A full page may have left some out: look again when it is done.
-		r.listedAll = len(items) < pendingPage
-		r.listed += len(items)
-		for _, p := range items {
-			if p.State == pc.Pending {
-				r.pending = append(r.pending, p)
-			} else {
-				r.queue = append(r.queue, p)
-			}
-		}
-		slices.SortStableFunc(r.queue, func(a, b pc.Payout) int {
-			return slices.Index(inFlight, a.State) - slices.Index(inFlight, b.State)
-		})
+		r.take(items, len(items) < pendingPage)
 	}
 	if len(r.queue) > 0 {
 		p := r.queue[0]
@@ -235,6 +257,24 @@ func (r *run) next(room int) (ps []pc.Payout, pending bool, err error) {
 	// back to r.pending, for the next batch.
 	ps, r.pending = r.pending[:room], r.pending[room:]
 	return ps, true, nil
+}
+
+// take queues items, a page of the account's actionable payouts in id
+// order (all of them when all is set), for next: in-flight ones first, in
+// inFlight's order, then the PENDING ones.
+func (r *run) take(items []pc.Payout, all bool) {
+	r.listedAll = all
+	r.listed += len(items)
+	for _, p := range items {
+		if p.State == pc.Pending {
+			r.pending = append(r.pending, p)
+		} else {
+			r.queue = append(r.queue, p)
+		}
+	}
+	slices.SortStableFunc(r.queue, func(a, b pc.Payout) int {
+		return slices.Index(inFlight, a.State) - slices.Index(inFlight, b.State)
+	})
 }
 
 // list returns a page of the account's payouts in the given states, by id.

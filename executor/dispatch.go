@@ -160,7 +160,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 	ctx, cancel := e.callCtx()
 	// A stop request ends a wait for work at once.
 	unhook := context.AfterFunc(e.stopped, cancel)
-	items, err := e.pay.WaitForWork(ctx, e.workLimit(time.Now(), free), wait)
+	items, err := e.pay.WorkFor(ctx, paymentclient.WorkQuery{Limit: e.workLimit(time.Now(), free), Wait: wait, Payouts: workPayouts})
 	unhook()
 	cancel()
 	if err != nil && e.stopRequested() {
@@ -199,9 +199,9 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 			continue
 		}
 		wg.Add(1)
-		go func(account string) {
+		go func(account string, seen workSeen) {
 			defer wg.Done()
-			res := e.workAccount(sess, log, account)
+			res := e.workAccount(sess, log, account, seen)
 			moved := e.finishRound(log, account, res, time.Now())
 			<-slots
 			if moved {
@@ -210,7 +210,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 				default:
 				}
 			}
-		}(it.AccountID)
+		}(it.AccountID, workSeen{item: it, asked: asked})
 	}
 	return false
 }

@@ -192,7 +192,7 @@ func TestEndedKeptGrantWhoseReleaseGetsNoAnswerIsNotReacquired(t *testing.T) {
 	if !e.reserve("a", time.Now()) {
 		t.Fatal("the account could not be reserved")
 	}
-	res := e.workAccount(noAcquireSession{t: t}, log, "a")
+	res := e.workAccount(noAcquireSession{t: t}, log, "a", workSeen{})
 	e.finishRound(log, "a", res, time.Now())
 	if !res.held || res.acquired || calls != 1 {
 		t.Fatalf("round: %+v after %d release call(s); want the account left (held), one release tried", res, calls)
@@ -492,6 +492,33 @@ func TestGrantLingerInProcess(t *testing.T) {
 		}
 	})
 
+	// A round under the kept grant starts from the payouts GET /work
+	// carried (workSeen): the account's payouts are listed once, by the
+	// round that acquired the grant. The poll interval is long, so the
+	// poll loop asks for work only when a round has ended, as it does
+	// under load, and never while one runs.
+	t.Run("rounds under a kept grant start from what GET /work carried", func(t *testing.T) {
+		account("lg-carried")
+		cfg := lingering("lg-exec-carried", 30*time.Second)
+		cfg.PollInterval = 5 * time.Second
+		before := s.payCalls(t)
+		_, stop := startExecutor(t, cfg)
+		const n = 4
+		for i := range n {
+			id := fmt.Sprintf("lg-carried-%d", i)
+			payout(id, "lg-carried")
+			posted(id)
+		}
+		stop()
+		after := s.payCalls(t)
+		if lists := after["GET /v1/payouts"] - before["GET /v1/payouts"]; lists != 1 {
+			t.Errorf("%d lists of the account's payouts for %d payouts made one after another under one grant, want 1 (the first round's)", lists, n)
+		}
+		if kept := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "kept"); kept != n-1 {
+			t.Errorf("rounds under the kept grant: %v, want %d", kept, n-1)
+		}
+	})
+
 	// The kept grant is given back once idle for the linger, while the
 	// executor runs on: another session can then take the key.
 	t.Run("a kept grant is released after the linger", func(t *testing.T) {
@@ -591,7 +618,7 @@ func TestGrantLingerInProcess(t *testing.T) {
 			if !e.reserve("lg-empty", now) {
 				t.Fatal("the account could not be reserved: cooling down?")
 			}
-			res := e.workAccount(sess, log, "lg-empty")
+			res := e.workAccount(sess, log, "lg-empty", workSeen{})
 			if e.finishRound(log, "lg-empty", res, now) {
 				t.Fatal("a round with nothing to do reported progress")
 			}
@@ -646,7 +673,7 @@ func TestGrantLingerInProcess(t *testing.T) {
 		if !e.reserve("lg-ended", now) {
 			t.Fatal("the account could not be reserved")
 		}
-		res := e.workAccount(sess, log, "lg-ended")
+		res := e.workAccount(sess, log, "lg-ended", workSeen{})
 		e.finishRound(log, "lg-ended", res, now)
 		if res.held || !res.acquired || !res.moved {
 			t.Fatalf("round: %+v; want the key acquired and the payout moved", res)
@@ -792,5 +819,38 @@ func TestExpireKeptReleasesEachGrantAtItsEnd(t *testing.T) {
 	// all: every kept grant goes, whatever its end.
 	if next := e.expireKept(t0.Add(time.Second), true); !next.IsZero() || len(e.kept) != 0 {
 		t.Fatalf("all: next wake %v with %d kept, want none", next, len(e.kept))
+	}
+}
+
+// TestARoundStartsFromWorkOnlyWhatItsKeptGrantLastSaw: a round takes the
+// payouts GET /work carried instead of listing them only under a kept
+// grant whose token was the account's fence in that answer (no other
+// holder wrote since), only when the answer was asked after the grant's
+// last round ended (it saw every write of that round), and only when it
+// carried them all.
+func TestARoundStartsFromWorkOnlyWhatItsKeptGrantLastSaw(t *testing.T) {
+	g := &keptTestGrant{key: "payout:a"} // token 9
+	t0 := time.Now()
+	kept := keptGrant{g: g, since: t0, acquired: t0}
+	ps := []pc.Payout{{ID: "p-1", AccountID: "a", State: pc.Pending}}
+	item := pc.WorkItem{AccountID: "a", Payouts: 1, FenceToken: 9, Actionable: ps}
+	for _, c := range []struct {
+		name string
+		w    workSeen
+		k    keptGrant
+		ok   bool
+	}{
+		{"kept grant, its fence, asked after its round", workSeen{item, t0.Add(time.Millisecond)}, kept, true},
+		{"a grant just acquired", workSeen{item, t0.Add(time.Millisecond)}, keptGrant{}, false},
+		{"asked while its last round ran", workSeen{item, t0.Add(-time.Millisecond)}, kept, false},
+		{"asked as its last round ended", workSeen{item, t0}, kept, false},
+		{"another holder's fence", workSeen{func() pc.WorkItem { i := item; i.FenceToken = 10; return i }(), t0.Add(time.Millisecond)}, kept, false},
+		{"an earlier holder's fence", workSeen{func() pc.WorkItem { i := item; i.FenceToken = 8; return i }(), t0.Add(time.Millisecond)}, kept, false},
+		{"not carried (more than asked for)", workSeen{func() pc.WorkItem { i := item; i.Actionable = nil; return i }(), t0.Add(time.Millisecond)}, kept, false},
+	} {
+		got, ok := startingPayouts(c.w, c.k)
+		if ok != c.ok || (ok && (len(got) != 1 || got[0].ID != "p-1")) {
+			t.Errorf("%s: %v %v, want ok %v", c.name, got, ok, c.ok)
+		}
 	}
 }

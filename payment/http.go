@@ -262,7 +262,7 @@ func (s *Service) handleMutation(op Op) func(w http.ResponseWriter, r *http.Requ
 
 func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 	// skip is the one parameter given once per account it names.
-	q, err := wire.QueryRepeatable(r.URL.RawQuery, []string{"skip"}, "limit", "wait_ms")
+	q, err := wire.QueryRepeatable(r.URL.RawQuery, []string{"skip"}, "limit", "wait_ms", "payouts")
 	if err != nil {
 		return err
 	}
@@ -283,7 +283,11 @@ func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	items, err := s.WaitForWork(r.Context(), limit, skip, wait)
+	payouts, err := payoutsParam(q)
+	if err != nil {
+		return err
+	}
+	items, err := s.WaitForWork(r.Context(), limit, skip, payouts, wait)
 	if err != nil {
 		return err
 	}

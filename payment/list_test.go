@@ -76,10 +76,10 @@ func TestWorkAndAccountListUseTheirIndexes(t *testing.T) {
 	if p := plan(sql, "''", "'acc-1'", "'{RAIL_ACKED,RAIL_SUBMITTED,CLAIMED}'", "50"); !indexedOn(p, "account_id = $2") {
 		t.Errorf("the account's payout list does not look up the account in an index:\n%s", p)
 	}
-	if p := plan(workSQL, "10", "'{}'", "80"); !strings.Contains(p, "payout_waiting_idx") || strings.Contains(p, "payout_state_idx") {
+	if p := plan(workSQL, "10", "'{}'", "80", "0"); !strings.Contains(p, "payout_waiting_idx") || strings.Contains(p, "payout_state_idx") {
 		t.Errorf("GET /work does not read the longest-waiting payouts from payout_waiting_idx:\n%s", p)
 	}
-	if p := plan(workSkipSQL, "10", "'{}'"); !strings.Contains(p, "payout_actionable_idx") || strings.Contains(p, "payout_state_idx") {
+	if p := plan(workSkipSQL, "10", "'{}'", "0"); !strings.Contains(p, "payout_actionable_idx") || strings.Contains(p, "payout_state_idx") {
 		t.Errorf("GET /work's full walk does not skip through payout_actionable_idx:\n%s", p)
 	}
 	for name, q := range map[string]string{"events": payoutEventsSQL, "ambiguous_since": ambiguousSinceSQL} {

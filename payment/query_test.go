@@ -29,7 +29,7 @@ func TestReadsRefuseUnknownAndRepeatedQueryParameters(t *testing.T) {
 		{Path: "/v1/payouts/po-1"},
 		{Path: "/v1/payouts/po-1/events", Params: []querytest.Param{afterID, limit}},
 		{Path: "/v1/payout-digests", Params: []querytest.Param{afterKey, bulkLimit}},
-		{Path: "/v1/work", Params: []querytest.Param{limit, {Name: "wait_ms", A: "0", B: "1"}},
+		{Path: "/v1/work", Params: []querytest.Param{limit, {Name: "wait_ms", A: "0", B: "1"}, {Name: "payouts", A: "0", B: "10"}},
 			Repeatable: []querytest.Param{{Name: "skip", A: "acc-2", B: "acc-3"}}},
 		{Path: "/v1/ledger", Params: []querytest.Param{afterID, bulkLimit}},
 		{Path: "/v1/safety-events", Params: []querytest.Param{afterID, limit}},

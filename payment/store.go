@@ -226,8 +226,12 @@ const workScanFactor = 8
 // unless the $3 payouts named fewer accounts (a few accounts with long
 // queues in front): then the last column, the number of payouts read, is
 // $3, and Work asks workSkipSQL instead. The statement answers one row
-// even when no account has work (id NULL).
-var workSQL = `
+// even when no account has work (id NULL). $4 is GET /work's payouts
+// (withActionable).
+var workSQL = withActionable(workAccountsSQL, "$4")
+
+// workAccountsSQL is workSQL's accounts.
+const workAccountsSQL = `
 WITH seen AS (
 	SELECT account_id, created_at FROM payout WHERE ` + actionableSQL + `
 	 ORDER BY created_at, account_id LIMIT $3
@@ -238,17 +242,20 @@ WITH seen AS (
 ), read AS (
 	SELECT count(*) AS n FROM seen
 )
-SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL + `),
-       o.oldest_at, a.fence_token, read.n
-  FROM read LEFT JOIN (oldest o JOIN account a ON a.id = o.id) ON true
- ORDER BY o.oldest_at, o.id`
+SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL + `) AS n,
+       o.oldest_at, a.fence_token, read.n AS read
+  FROM read LEFT JOIN (oldest o JOIN account a ON a.id = o.id) ON true`
 
 // workSkipSQL answers what workSQL does by skipping from one account to
 // the next in payout_actionable_idx, (account_id, created_at): one index
 // probe per account with work, however many payouts wait, lands on the
 // account's oldest waiting payout. It costs one probe per account with
-// work, so it serves only when workSQL's bounded read was not enough.
-var workSkipSQL = `
+// work, so it serves only when workSQL's bounded read was not enough. $3
+// is GET /work's payouts (withActionable).
+var workSkipSQL = withActionable(workSkipAccountsSQL, "$3")
+
+// workSkipAccountsSQL is workSkipSQL's accounts.
+const workSkipAccountsSQL = `
 WITH RECURSIVE accts(id, oldest_at) AS (
 	(SELECT account_id, created_at FROM payout WHERE ` + actionableSQL + ` ORDER BY account_id, created_at LIMIT 1)
 	UNION ALL
@@ -259,54 +266,98 @@ WITH RECURSIVE accts(id, oldest_at) AS (
 	SELECT id, oldest_at FROM accts WHERE NOT (id = ANY($2))
 	 ORDER BY 2, 1 LIMIT $1
 )
-SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL + `),
-       o.oldest_at, a.fence_token, 0::bigint
-  FROM oldest o JOIN account a ON a.id = o.id
- ORDER BY o.oldest_at, o.id`
+SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL + `) AS n,
+       o.oldest_at, a.fence_token, 0::bigint AS read
+  FROM oldest o JOIN account a ON a.id = o.id`
+
+// withActionable ends a GET /work statement, work, whose rows are the
+// accounts (id, n: its actionable payouts, oldest_at, fence_token, read):
+// each account with at most param actionable payouts comes with them, one
+// row per payout in id order (payoutCols), read in the same statement and
+// so the same snapshot as the account's fence; any other account comes
+// once, with NULL payout columns.
+func withActionable(work, param string) string {
+	return `SELECT w.id, w.n, w.oldest_at, w.fence_token, w.read, p.* FROM (` + work + `) w
+	LEFT JOIN LATERAL (SELECT ` + payoutCols + ` FROM payout p
+		WHERE p.account_id = w.id AND p.` + actionableSQL + ` AND w.n <= ` + param + `
+		ORDER BY p.id LIMIT ` + param + `) p ON true
+	ORDER BY w.oldest_at, w.id, p.id`
+}
 
 // Work lists accounts with actionable payouts, the longest-waiting first,
-// one item per account, leaving out the accounts in skip. It reads about
-// workScanFactor payouts per account asked for (workSQL); only when those
-// name too few accounts does it walk every account with work
-// (workSkipSQL).
-func (s *Service) Work(ctx context.Context, limit int, skip []string) ([]pc.WorkItem, error) {
+// one item per account, leaving out the accounts in skip. An account with
+// at most payouts actionable payouts comes with them (WorkItem.Actionable).
+// It reads about workScanFactor payouts per account asked for (workSQL);
+// only when those name too few accounts does it walk every account with
+// work (workSkipSQL).
+func (s *Service) Work(ctx context.Context, limit int, skip []string, payouts int) ([]pc.WorkItem, error) {
 	if skip == nil {
 		skip = []string{}
 	}
 	budget := int64(limit) * workScanFactor
-	items, read, err := s.work(ctx, workSQL, limit, skip, budget)
+	items, read, err := s.work(ctx, workSQL, limit, skip, budget, payouts)
 	if err != nil || len(items) >= limit || read < budget {
 		return items, err
 	}
 	s.m.workFallbacks.Inc()
-	items, _, err = s.work(ctx, workSkipSQL, limit, skip)
+	items, _, err = s.work(ctx, workSkipSQL, limit, skip, payouts)
 	return items, err
 }
 
-// work runs workSQL or workSkipSQL with args and returns the accounts and
-// the payouts workSQL read.
+// work runs workSQL or workSkipSQL with args and returns the accounts,
+// with their actionable payouts where the statement read them, and the
+// payouts workSQL read.
 func (s *Service) work(ctx context.Context, sql string, args ...any) ([]pc.WorkItem, int64, error) {
 	var read int64
 	rows, err := s.pool.Query(ctx, sql, args...)
-	items, err := collect(rows, err, func(row pgx.Row) (pc.WorkItem, error) {
+	if err != nil {
+		return nil, 0, err
+	}
+	defer rows.Close()
+	items := []pc.WorkItem{}
+	for rows.Next() {
 		var (
-			w       pc.WorkItem
-			id      *string
-			payouts *int
-			oldest  *time.Time
-			token   *int64
+			id     *string
+			n      *int
+			oldest *time.Time
+			token  *int64
+			p      *pc.Payout
 		)
-		err := row.Scan(&id, &payouts, &oldest, &token, &read)
-		if err != nil || id == nil {
-			return w, err
+		head := []any{&id, &n, &oldest, &token, &read}
+		if raw := rows.RawValues(); raw[len(head)] == nil {
+			err = rows.Scan(append(head, make([]any, len(raw)-len(head))...)...) // nil: not scanned
+		} else {
+			var one pc.Payout
+			one, err = scanPayout(tailRow{rows, head})
+			p = &one
 		}
-		w.AccountID, w.Payouts, w.OldestAt, w.FenceToken = *id, *payouts, oldest.UTC(), fencing.Token(*token)
-		return w, nil
-	})
-	// workSQL's one row with no account stands for "no work".
-	items = slices.DeleteFunc(items, func(w pc.WorkItem) bool { return w.AccountID == "" })
-	return items, read, err
+		if err != nil {
+			return nil, 0, err
+		}
+		if id == nil {
+			continue // workSQL's one row with no account stands for "no work"
+		}
+		if last := len(items) - 1; p != nil && last >= 0 && items[last].AccountID == *id {
+			items[last].Actionable = append(items[last].Actionable, *p)
+			continue
+		}
+		w := pc.WorkItem{AccountID: *id, Payouts: *n, OldestAt: oldest.UTC(), FenceToken: fencing.Token(*token)}
+		if p != nil {
+			w.Actionable = []pc.Payout{*p}
+		}
+		items = append(items, w)
+	}
+	return items, read, rows.Err()
 }
+
+// tailRow scans a row whose first columns go to head and the rest to the
+// destinations its Scan is given.
+type tailRow struct {
+	rows pgx.Rows
+	head []any
+}
+
+func (t tailRow) Scan(dest ...any) error { return t.rows.Scan(append(slices.Clip(t.head), dest...)...) }
 
 // Ledger lists ledger entries after entry id after.
 func (s *Service) Ledger(ctx context.Context, after int64, limit int) ([]pc.LedgerEntry, error) {

@@ -2,6 +2,7 @@ package payment
 
 import (
 	"fmt"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -38,6 +39,10 @@ func TestWorkReadsAboutAsManyPayoutsAsItReturnsAccounts(t *testing.T) {
 	budget := limit * workScanFactor
 	if n := payoutRowsRead(t, e.svc.pool, workSQL, limit, budget); n > budget+limit {
 		t.Fatalf("GET /work read %d payout index entries for %d accounts, want at most %d", n, limit, budget+limit)
+	}
+	// Carrying each account's payouts reads them, and no more.
+	if n := rowsReadGeneric(t, e.svc.pool, workSQL, fmt.Sprintf("%d, '{}', %d, %d", limit, budget, 10)); n > budget+2*limit {
+		t.Fatalf("GET /work?payouts=10 read %d payout index entries for %d accounts of one payout each, want at most %d", n, limit, budget+2*limit)
 	}
 	// The measure itself: walking every account reads one entry per account.
 	if n := payoutRowsRead(t, e.svc.pool, workSkipSQL, limit, budget); n < accounts {
@@ -105,9 +110,10 @@ var (
 func payoutRowsRead(t *testing.T, pool *pgxpool.Pool, sql string, limit, budget int) int {
 	t.Helper()
 	args := fmt.Sprintf("%d, '{}'", limit)
-	if strings.Contains(sql, "$3") {
+	if strings.Contains(sql, "$4") { // workSQL: its budget, then payouts
 		args += fmt.Sprintf(", %d", budget)
 	}
+	args += ", 0"
 	return rowsReadGeneric(t, pool, sql, args)
 }
 
@@ -244,5 +250,88 @@ func TestStateListIsPlannedForItsState(t *testing.T) {
 	// What a generic plan does, the reason for planning per call.
 	if n := rowsReadGeneric(t, e.svc.pool, sql, "'', 'RAIL_AMBIGUOUS', 50"); n < 1000 {
 		t.Errorf("the generic plan read only %d payout rows: planning per call would not be needed", n)
+	}
+}
+
+// GET /work?payouts=N brings, with each account that has at most N
+// actionable payouts, those payouts in id order, as the account's payout
+// list shows them; an account with more comes without, and so does every
+// account when N is 0. The full walk answers the same way.
+func TestWorkCarriesTheActionablePayoutsOfAccountsWithFew(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := tctx(t)
+	e.account(t, "acc-a", 1_000)
+	e.account(t, "acc-b", 1_000)
+	e.account(t, "acc-c", 1_000)
+	e.payout(t, "po-a2", "acc-a", 1)
+	e.payout(t, "po-a1", "acc-a", 2)
+	for i := range 3 {
+		e.payout(t, fmt.Sprintf("po-b%d", i), "acc-b", 1)
+	}
+	e.payout(t, "po-c1", "acc-c", 1)
+	e.payout(t, "po-c2", "acc-c", 1)
+	e.drive(t, "po-c1", pc.Posted, 7, "h-7") // terminal: not actionable
+	e.drive(t, "po-c2", pc.RailSubmitted, 7, "h-7")
+	ids := func(ps []pc.Payout) string {
+		var s []string
+		for _, p := range ps {
+			s = append(s, p.ID+":"+string(p.State))
+		}
+		return strings.Join(s, ",")
+	}
+	for _, c := range []struct {
+		q    pc.WorkQuery
+		want map[string]string // account: its actionable payouts, "-" for none carried
+	}{
+		{pc.WorkQuery{Limit: 10}, map[string]string{"acc-a": "-", "acc-b": "-", "acc-c": "-"}},
+		{pc.WorkQuery{Limit: 10, Payouts: 2}, map[string]string{"acc-a": "po-a1:PENDING,po-a2:PENDING", "acc-b": "-", "acc-c": "po-c2:RAIL_SUBMITTED"}},
+		{pc.WorkQuery{Limit: 10, Payouts: 3}, map[string]string{"acc-a": "po-a1:PENDING,po-a2:PENDING", "acc-b": "po-b0:PENDING,po-b1:PENDING,po-b2:PENDING", "acc-c": "po-c2:RAIL_SUBMITTED"}},
+		{pc.WorkQuery{Limit: 10, Payouts: 1, Skip: []string{"acc-a"}}, map[string]string{"acc-b": "-", "acc-c": "po-c2:RAIL_SUBMITTED"}},
+	} {
+		page, err := e.exec.WorkFor(ctx, c.q)
+		if err != nil || len(page) != len(c.want) {
+			t.Fatalf("work %+v: %+v %v, want %d accounts", c.q, page, err, len(c.want))
+		}
+		for _, w := range page {
+			got := ids(w.Actionable)
+			if w.Actionable == nil {
+				got = "-"
+			}
+			if got != c.want[w.AccountID] {
+				t.Errorf("work %+v: %s carries %s, want %s", c.q, w.AccountID, got, c.want[w.AccountID])
+			}
+			if w.Actionable == nil {
+				continue
+			}
+			// As the account's own list shows them, to the last field.
+			list, err := e.exec.Payouts(ctx, pc.PayoutFilter{AccountID: w.AccountID, States: []pc.State{pc.Pending, pc.Claimed, pc.RailSubmitted, pc.RailAcked}, Limit: 10})
+			if err != nil || !reflect.DeepEqual(list.Items, w.Actionable) {
+				t.Errorf("work %+v: %s carries %+v, its list says %+v (%v)", c.q, w.AccountID, w.Actionable, list.Items, err)
+			}
+		}
+	}
+}
+
+// The full walk (workSkipSQL) carries the payouts the same way.
+func TestWorkFullWalkCarriesTheActionablePayouts(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-long", 1_000)
+	for i := range 3 * workScanFactor {
+		e.payout(t, fmt.Sprintf("po-long-%02d", i), "acc-long", 1)
+	}
+	e.account(t, "acc-b", 1_000)
+	e.payout(t, "po-b", "acc-b", 1)
+	walks := counterValue(e.svc.m.workFallbacks)
+	page, err := e.exec.WorkFor(tctx(t), pc.WorkQuery{Limit: 2, Payouts: 1})
+	if err != nil || len(page) != 2 || counterValue(e.svc.m.workFallbacks) != walks+1 {
+		t.Fatalf("work: %+v %v, want two accounts from a full walk", page, err)
+	}
+	if page[0].AccountID != "acc-long" || page[0].Actionable != nil || page[0].Payouts != 3*workScanFactor {
+		t.Errorf("first: %+v, want acc-long with %d payouts and none carried", page[0], 3*workScanFactor)
+	}
+	if page[1].AccountID != "acc-b" || len(page[1].Actionable) != 1 || page[1].Actionable[0].ID != "po-b" {
+		t.Errorf("second: %+v, want acc-b carrying po-b", page[1])
 	}
 }

@@ -56,14 +56,27 @@ func waitParam(q url.Values) (time.Duration, error) {
 	return time.Duration(ms) * time.Millisecond, nil
 }
 
+// payoutsParam reads ?payouts=: 0 (the default) to MaxWorkPayouts.
+func payoutsParam(q url.Values) (int, error) {
+	v := q.Get("payouts")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > pc.MaxWorkPayouts {
+		return 0, badField("payouts", "must be an integer from 0 to %d, got %q", pc.MaxWorkPayouts, v)
+	}
+	return n, nil
+}
+
 // WaitForWork is Work that, when it finds no work, waits up to wait for a
 // payout to be created (workSignal) and asks again, until some work is
 // listed or the wait ends (then it asks a last time). It answers a second
 // before ctx's deadline at the latest, and with no work when ctx ends or
 // the service stops.
-func (s *Service) WaitForWork(ctx context.Context, limit int, skip []string, wait time.Duration) ([]pc.WorkItem, error) {
+func (s *Service) WaitForWork(ctx context.Context, limit int, skip []string, payouts int, wait time.Duration) ([]pc.WorkItem, error) {
 	if wait <= 0 {
-		return s.Work(ctx, limit, skip)
+		return s.Work(ctx, limit, skip, payouts)
 	}
 	end := time.Now().Add(wait)
 	if dl, ok := ctx.Deadline(); ok && dl.Add(-time.Second).Before(end) {
@@ -76,7 +89,7 @@ func (s *Service) WaitForWork(ctx context.Context, limit int, skip []string, wai
 		// Subscribed before asking: a payout created after the question
 		// was asked wakes this call.
 		woken := s.workCreated.subscribe()
-		items, err := s.Work(ctx, limit, skip)
+		items, err := s.Work(ctx, limit, skip, payouts)
 		if err != nil || len(items) > 0 || last {
 			return items, err
 		}

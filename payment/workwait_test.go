@@ -55,11 +55,12 @@ func TestWorkWaitEndsEmpty(t *testing.T) {
 	}
 }
 
-// wait_ms outside 0..10000 or not an integer is 400 invalid_request.
+// wait_ms outside 0..10000, payouts outside 0..10, or either not an
+// integer is 400 invalid_request.
 func TestWorkWaitRefusesBadValues(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	for _, q := range []string{"wait_ms=-1", "wait_ms=10001", "wait_ms=1s", "wait_ms=x"} {
+	for _, q := range []string{"wait_ms=-1", "wait_ms=10001", "wait_ms=1s", "wait_ms=x", "payouts=-1", "payouts=11", "payouts=x"} {
 		if code := e.getStatus(t, "/v1/work?"+q, executorBearer); code != http.StatusBadRequest {
 			t.Errorf("GET /v1/work?%s: %d, want 400", q, code)
 		}
@@ -146,7 +147,7 @@ func TestWorkWaitIsAnsweredAcrossProcesses(t *testing.T) {
 		}
 	})
 	const wait = 8 * time.Second
-	done := waitingCall(t, other, func() ([]pc.WorkItem, error) { return other.WaitForWork(tctx(t), 10, nil, wait) })
+	done := waitingCall(t, other, func() ([]pc.WorkItem, error) { return other.WaitForWork(tctx(t), 10, nil, 0, wait) })
 	e.payout(t, "po-1", "acc-1", 1)
 	a := <-done
 	if a.err != nil || len(a.items) != 1 || a.items[0].AccountID != "acc-1" {

@@ -150,12 +150,21 @@ func (c *Client) WaitForWork(ctx context.Context, limit int, wait time.Duration)
 }
 
 func (c *Client) work(ctx context.Context, limit int, skip []string, wait time.Duration) ([]WorkItem, error) {
-	q := wire.PageQuery("", limit)
-	for _, a := range skip {
+	return c.WorkFor(ctx, WorkQuery{Limit: limit, Skip: skip, Wait: wait})
+}
+
+// WorkFor asks GET /work what q says. The call's own timeout must exceed
+// q.Wait.
+func (c *Client) WorkFor(ctx context.Context, w WorkQuery) ([]WorkItem, error) {
+	q := wire.PageQuery("", w.Limit)
+	for _, a := range w.Skip {
 		q.Add("skip", a)
 	}
-	if ms := wait.Milliseconds(); ms > 0 {
+	if ms := w.Wait.Milliseconds(); ms > 0 {
 		q.Set("wait_ms", strconv.FormatInt(ms, 10))
+	}
+	if w.Payouts > 0 {
+		q.Set("payouts", strconv.Itoa(w.Payouts))
 	}
 	var out List[WorkItem]
 	err := c.c.Get(ctx, "/v1/work", q, &out)

@@ -228,6 +228,24 @@ type WorkItem struct {
 	Payouts    int           `json:"payouts"`     // actionable payouts on the account
 	OldestAt   time.Time     `json:"oldest_at"`   // creation time of the oldest of them
 	FenceToken fencing.Token `json:"fence_token"` // the account's fence; informational only
+	// Actionable, asked for with WorkQuery.Payouts, is the account's
+	// actionable payouts in id order, read in the same snapshot as
+	// FenceToken; nil when not asked for or when the account has more.
+	Actionable []Payout `json:"actionable,omitempty"`
+}
+
+// MaxWorkPayouts bounds GET /work's payouts parameter.
+const MaxWorkPayouts = 10
+
+// WorkQuery is a GET /work: at most Limit accounts, leaving out those in
+// Skip (at most MaxWorkSkip), waiting up to Wait (at most MaxWorkWait,
+// whole milliseconds) when none has work, each account with at most
+// Payouts actionable payouts (at most MaxWorkPayouts) with them.
+type WorkQuery struct {
+	Limit   int
+	Skip    []string
+	Wait    time.Duration
+	Payouts int
 }
 
 // List is a page of items; Next is the cursor for the following page ("" at the end).
