@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/payouts/payouts/internal/obs"
+	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/payment/paymentclient"
 )
 
@@ -160,7 +161,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 	ctx, cancel := e.callCtx()
 	// A stop request ends a wait for work at once.
 	unhook := context.AfterFunc(e.stopped, cancel)
-	items, err := e.pay.WorkFor(ctx, paymentclient.WorkQuery{Limit: e.workLimit(time.Now(), free), Wait: wait, Payouts: workPayouts})
+	items, err := e.pay.WorkFor(ctx, paymentclient.WorkQuery{Limit: e.workLimit(time.Now(), free), Wait: wait, Payouts: e.workPayouts})
 	unhook()
 	cancel()
 	if err != nil && e.stopRequested() {
@@ -172,6 +173,13 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 	if err != nil {
 		if refusedToken(err) {
 			e.refuse("payment resource", e.cfg.PaymentURL, err)
+			return
+		}
+		if e.workPayouts > 0 && refusedParam(err, "payouts") {
+			// A payment resource older than the parameter: work as before
+			// it, every round listing its account's payouts.
+			e.workPayouts = 0
+			log.Warn("the payment resource does not take GET /v1/work's payouts parameter (it is older than this executor); asking without it, every round lists its account's payouts: upgrade the payment resources", obs.KeyError, err.Error())
 			return
 		}
 		log.Warn("could not ask the payment resource for work", obs.KeyError, err.Error())
@@ -213,6 +221,12 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 		}(it.AccountID, workSeen{item: it, asked: asked})
 	}
 	return false
+}
+
+// refusedParam reports a 400 invalid_request naming query parameter name.
+func refusedParam(err error, name string) bool {
+	var field string
+	return problem.Has(err, problem.InvalidRequest) && problem.From(err).Extension("field", &field) && field == name
 }
 
 // heldSkip is how long an account whose lock another session holds is

@@ -150,6 +150,10 @@ type Executor struct {
 	m     *metrics
 	// rail stops claims while the rail gives no usable answer (railgate.go).
 	rail railgate.Gate
+	// workPayouts is GET /work's payouts as dispatch asks it: workPayouts,
+	// or 0 once a payment resource older than that parameter refused it.
+	// Only the poll loop reads and writes it.
+	workPayouts int
 
 	// base is the context of every call: it carries no cancellation, so a
 	// stop request lets the current step finish instead of cutting it off
@@ -193,9 +197,9 @@ type Executor struct {
 	// kept holds grants kept after a round for the account's next one
 	// (linger.go). An account is in at most one of kept and unreleased.
 	kept map[string]keptGrant
-	// keptDue is no later than the earliest end of a grant in kept that
-	// no worker has reserved, zero when unknown: until then expireKept
-	// has nothing to do and does not walk kept.
+	// keptDue is no later than the earliest end still to come of a grant
+	// in kept, zero when unknown: until then expireKept has nothing to do
+	// and does not walk kept.
 	keptDue time.Time
 	// keptCap is how many grants kept may hold (maxKeptGrants).
 	keptCap int
@@ -223,7 +227,7 @@ func New(cfg Config) (*Executor, error) {
 	e := &Executor{
 		cfg: cfg, log: cfg.Logger, pay: pay, proxy: proxy, lock: lk,
 		m: newMetrics(cfg.Registry), active: map[string]bool{}, cooling: map[string]*cooldown{},
-		unreleased: map[string]toRelease{}, inRelease: map[string]bool{}, kept: map[string]keptGrant{}, keptCap: maxKeptGrants,
+		unreleased: map[string]toRelease{}, inRelease: map[string]bool{}, kept: map[string]keptGrant{}, keptCap: maxKeptGrants, workPayouts: workPayouts,
 	}
 	e.stopped, e.stopCancel = context.WithCancel(context.Background())
 	return e, nil

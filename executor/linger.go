@@ -150,11 +150,17 @@ func (e *Executor) expireKept(now time.Time, all bool) (next time.Time) {
 	}
 	defer func() { e.keptDue = next }()
 	for a, k := range e.kept {
-		if e.active[a] {
-			continue
-		}
 		end := e.end(k)
-		if all || !now.Before(end) {
+		switch {
+		case e.active[a]:
+			// Left to the account's worker: one that has just reserved
+			// the account takes the grant (takeKept), one that has just
+			// kept it is leaving the account. Its end, if still to come,
+			// is the next walk's, as for any kept grant.
+			if !now.Before(end) {
+				continue
+			}
+		case all || !now.Before(end):
 			e.unreleased[a] = toRelease{g: k.g}
 			delete(e.kept, a)
 			continue

@@ -5,6 +5,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +20,7 @@ import (
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -517,6 +523,57 @@ func TestGrantLingerInProcess(t *testing.T) {
 		if kept := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "kept"); kept != n-1 {
 			t.Errorf("rounds under the kept grant: %v, want %d", kept, n-1)
 		}
+		// Nothing was stale: no step was refused.
+		events, err := s.pay.SafetyEvents(ctx, 0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range events.Items {
+			if ev.Key == fencing.Key("lg-carried") {
+				t.Errorf("safety event on the account: %+v", ev)
+			}
+		}
+	})
+
+	// A payment resource older than GET /work's payouts refuses it as an
+	// unknown parameter: the executor asks once, then without it, and
+	// pays as before, every round listing its account's payouts.
+	t.Run("a payment resource that does not carry payouts in GET /work", func(t *testing.T) {
+		account("lg-older")
+		target, err := url.Parse(s.st.Ready.PaymentURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var refused, asked atomic.Int32
+		fwd := httputil.NewSingleHostReverseProxy(target)
+		older := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/work" {
+				asked.Add(1)
+				if r.URL.Query().Has("payouts") {
+					refused.Add(1)
+					problem.Write(w, wire.BadField("payouts", "unknown query parameter (limit, wait_ms, skip)"))
+					return
+				}
+			}
+			fwd.ServeHTTP(w, r)
+		}))
+		defer older.Close()
+		log := newSyncBuf()
+		cfg := s.config(t, "lg-exec-older", log)
+		cfg.SessionTTL, cfg.GrantLinger, cfg.PaymentURL = 10*time.Second, 30*time.Second, older.URL
+		_, stop := startExecutor(t, cfg)
+		for i := range 2 {
+			id := fmt.Sprintf("lg-older-%d", i)
+			payout(id, "lg-older")
+			posted(id)
+		}
+		stop()
+		if n, all := refused.Load(), asked.Load(); n != 1 || all < 2 {
+			t.Errorf("GET /work: %d asked with payouts and refused, %d in all; want 1 refused, then asked without", n, all)
+		}
+		if c := strings.Count(log.String(), "does not take GET /v1/work's payouts parameter"); c != 1 {
+			t.Errorf("%d warnings about the older payment resource, want 1", c)
+		}
 	})
 
 	// The kept grant is given back once idle for the linger, while the
@@ -852,5 +909,34 @@ func TestARoundStartsFromWorkOnlyWhatItsKeptGrantLastSaw(t *testing.T) {
 		if ok != c.ok || (ok && (len(got) != 1 || got[0].ID != "p-1")) {
 			t.Errorf("%s: %v %v, want ok %v", c.name, got, ok, c.ok)
 		}
+	}
+}
+
+// TestExpireKeptCountsAGrantKeptWhileItsWorkerLeaves: a walk that finds an
+// account still reserved by the worker that has just kept its grant leaves
+// the grant to it, and still counts its end: the grant is released then,
+// not at a later grant's end.
+func TestExpireKeptCountsAGrantKeptWhileItsWorkerLeaves(t *testing.T) {
+	e := lingerExecutor(time.Second, 3)
+	t0 := time.Now()
+	ga, gb, gc := &keptTestGrant{key: "payout:a"}, &keptTestGrant{key: "payout:b"}, &keptTestGrant{key: "payout:c"}
+	endRound(t, e, "a", ga, t0)                           // ends at 1s
+	endRound(t, e, "b", gb, t0.Add(800*time.Millisecond)) // ends at 1.8s
+	// c's worker keeps its grant (ends at 1.2s) and has not left the
+	// account yet when a's end comes.
+	e.reserve("c", t0.Add(200*time.Millisecond))
+	if !e.keep("c", keptGrant{g: gc, since: t0.Add(200 * time.Millisecond), acquired: t0.Add(200 * time.Millisecond)}) {
+		t.Fatal("c was not kept")
+	}
+	if next := e.expireKept(t0.Add(time.Second), false); !next.Equal(t0.Add(1200 * time.Millisecond)) {
+		t.Fatalf("next wake %v, want c's end at 1.2s", next.Sub(t0))
+	}
+	if _, ok := e.unreleased["c"]; ok {
+		t.Fatal("c was queued for release while its worker was on the account")
+	}
+	e.unreserve("c")
+	e.expireKept(t0.Add(1200*time.Millisecond), false)
+	if _, ok := e.unreleased["c"]; !ok {
+		t.Fatalf("c not queued for release at its end; %d kept", len(e.kept))
 	}
 }
