@@ -197,9 +197,9 @@ type Executor struct {
 	// kept holds grants kept after a round for the account's next one
 	// (linger.go). An account is in at most one of kept and unreleased.
 	kept map[string]keptGrant
-	// keptDue is no later than the earliest end still to come of a grant
-	// in kept, zero when unknown: until then expireKept has nothing to do
-	// and does not walk kept.
+	// keptDue is no later than the earliest end of a grant in kept, zero
+	// when unknown: until then expireKept has nothing to do and does not
+	// walk kept.
 	keptDue time.Time
 	// keptCap is how many grants kept may hold (maxKeptGrants).
 	keptCap int

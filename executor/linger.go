@@ -155,11 +155,9 @@ func (e *Executor) expireKept(now time.Time, all bool) (next time.Time) {
 		case e.active[a]:
 			// Left to the account's worker: one that has just reserved
 			// the account takes the grant (takeKept), one that has just
-			// kept it is leaving the account. Its end, if still to come,
-			// is the next walk's, as for any kept grant.
-			if !now.Before(end) {
-				continue
-			}
+			// kept it is leaving the account. Its end still counts for
+			// the next walk, which finds the account left or the grant
+			// taken.
 		case all || !now.Before(end):
 			e.unreleased[a] = toRelease{g: k.g}
 			delete(e.kept, a)
