@@ -151,7 +151,8 @@ const minWorkWait = 10 * time.Millisecond
 // dispatch asks for accounts with work — waiting up to wait when there is
 // none — and starts a worker on each it can. It reports idle when the
 // answer was no work after the whole wait (a payment resource that does
-// not wait answers at once, and is asked again after the poll interval).
+// not wait answers at once, and is asked again after the poll interval),
+// or when it is to be asked again at once: it refused GET /work's payouts.
 func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{}, progress chan struct{}, wg *sync.WaitGroup, wait time.Duration) (idle bool) {
 	free := cap(slots) - len(slots)
 	if free == 0 {
@@ -177,10 +178,11 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 		}
 		if e.workPayouts > 0 && refusedParam(err, "payouts") {
 			// A payment resource older than the parameter: work as before
-			// it, every round listing its account's payouts.
+			// it, every round listing its account's payouts, and ask again
+			// at once.
 			e.workPayouts = 0
-			log.Warn("the payment resource does not take GET /v1/work's payouts parameter (it is older than this executor); asking without it, every round lists its account's payouts: upgrade the payment resources", obs.KeyError, err.Error())
-			return
+			log.Warn("the payment resource does not take GET /v1/work's payouts parameter (it is older than this executor); asking without it from now on, every round listing its account's payouts: upgrade the payment resources, then restart the executors", obs.KeyError, err.Error())
+			return true
 		}
 		log.Warn("could not ask the payment resource for work", obs.KeyError, err.Error())
 		return

@@ -157,7 +157,9 @@ func (e *Executor) expireKept(now time.Time, all bool) (next time.Time) {
 			// the account takes the grant (takeKept), one that has just
 			// kept it is leaving the account. Its end still counts for
 			// the next walk, which finds the account left or the grant
-			// taken.
+			// taken; one already past comes back keptRecheck later, not
+			// at once, so the loop does not spin while a worker has it.
+			end = later(end, now.Add(keptRecheck))
 		case all || !now.Before(end):
 			e.unreleased[a] = toRelease{g: k.g}
 			delete(e.kept, a)
@@ -169,6 +171,18 @@ func (e *Executor) expireKept(now time.Time, all bool) (next time.Time) {
 	}
 	e.m.keptGrants.Set(float64(len(e.kept)))
 	return next
+}
+
+// keptRecheck is how soon a walk that found a kept grant past its end,
+// its account held by a worker, looks again.
+const keptRecheck = 10 * time.Millisecond
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // dropKept forgets every kept grant and failed release when the session

@@ -502,7 +502,8 @@ func TestGrantLingerInProcess(t *testing.T) {
 	// carried (workSeen): the account's payouts are listed once, by the
 	// round that acquired the grant. The poll interval is long, so the
 	// poll loop asks for work only when a round has ended, as it does
-	// under load, and never while one runs.
+	// under load, and not while one runs unless a round takes longer
+	// than the 5 s poll interval.
 	t.Run("rounds under a kept grant start from what GET /work carried", func(t *testing.T) {
 		account("lg-carried")
 		cfg := lingering("lg-exec-carried", 30*time.Second)
@@ -544,16 +545,19 @@ func TestGrantLingerInProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var refused, asked atomic.Int32
+		var refused, asked, lists atomic.Int32
 		fwd := httputil.NewSingleHostReverseProxy(target)
 		older := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == "/v1/work" {
+			switch r.URL.Path {
+			case "/v1/work":
 				asked.Add(1)
 				if r.URL.Query().Has("payouts") {
 					refused.Add(1)
 					problem.Write(w, wire.BadField("payouts", "unknown query parameter (limit, wait_ms, skip)"))
 					return
 				}
+			case "/v1/payouts":
+				lists.Add(1)
 			}
 			fwd.ServeHTTP(w, r)
 		}))
@@ -570,6 +574,10 @@ func TestGrantLingerInProcess(t *testing.T) {
 		stop()
 		if n, all := refused.Load(), asked.Load(); n != 1 || all < 2 {
 			t.Errorf("GET /work: %d asked with payouts and refused, %d in all; want 1 refused, then asked without", n, all)
+		}
+		// Each round lists the account's payouts, the kept grant's too.
+		if n := lists.Load(); n < 2 {
+			t.Errorf("%d lists of the account's payouts for 2 rounds, want one a round", n)
 		}
 		if c := strings.Count(log.String(), "does not take GET /v1/work's payouts parameter"); c != 1 {
 			t.Errorf("%d warnings about the older payment resource, want 1", c)
@@ -938,5 +946,26 @@ func TestExpireKeptCountsAGrantKeptWhileItsWorkerLeaves(t *testing.T) {
 	e.expireKept(t0.Add(1200*time.Millisecond), false)
 	if _, ok := e.unreleased["c"]; !ok {
 		t.Fatalf("c not queued for release at its end; %d kept", len(e.kept))
+	}
+}
+
+// TestExpireKeptLooksAgainSoonAtAGrantItsWorkerHolds: a kept grant past its
+// end whose account a worker has just reserved is that worker's to release
+// (takeKept); the walk leaves it and looks again keptRecheck later, not at
+// once, so the poll loop does not spin while the worker gets to it.
+func TestExpireKeptLooksAgainSoonAtAGrantItsWorkerHolds(t *testing.T) {
+	e := lingerExecutor(time.Second, 1)
+	t0 := time.Now()
+	endRound(t, e, "a", &keptTestGrant{key: "payout:a"}, t0) // ends at 1s
+	at := t0.Add(1500 * time.Millisecond)
+	e.reserve("a", at)
+	if next := e.expireKept(at, false); !next.Equal(at.Add(keptRecheck)) {
+		t.Fatalf("next wake %v after the walk, want keptRecheck (%v) later", next.Sub(at), keptRecheck)
+	}
+	if _, ok := e.unreleased["a"]; ok || len(e.kept) != 1 {
+		t.Fatal("the walk took a grant whose account a worker holds")
+	}
+	if k, ended := e.takeKept("a", at); k.g != nil || ended == nil {
+		t.Fatal("the worker did not get the grant past its end to release")
 	}
 }

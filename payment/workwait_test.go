@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/payouts/payouts/internal/problem"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
@@ -64,6 +65,13 @@ func TestWorkWaitRefusesBadValues(t *testing.T) {
 		if code := e.getStatus(t, "/v1/work?"+q, executorBearer); code != http.StatusBadRequest {
 			t.Errorf("GET /v1/work?%s: %d, want 400", q, code)
 		}
+	}
+	// The executor reads the field of a refused payouts (an older payment
+	// resource refuses it as an unknown parameter, naming it the same way).
+	_, err := e.exec.WorkFor(tctx(t), pc.WorkQuery{Limit: 1, Payouts: pc.MaxWorkPayouts + 1})
+	var field string
+	if !problem.Has(err, problem.InvalidRequest) || !problem.From(err).Extension("field", &field) || field != "payouts" {
+		t.Errorf("GET /v1/work?payouts=%d: %v (field %q), want invalid_request naming payouts", pc.MaxWorkPayouts+1, err, field)
 	}
 }
 
