@@ -445,6 +445,16 @@ func TestGrantLingerInProcess(t *testing.T) {
 		t.Helper()
 		waitFor(t, time.Minute, id+" to be posted", func() bool { return s.state(t, id) == pc.Posted })
 	}
+	// oneAfterAnother makes n payouts of acc (acc-0 ... acc-n-1), each
+	// once the one before is posted.
+	oneAfterAnother := func(acc string, n int) {
+		t.Helper()
+		for i := range n {
+			id := fmt.Sprintf("%s-%d", acc, i)
+			payout(id, acc)
+			posted(id)
+		}
+	}
 	// The session TTL leaves keepalives room on a loaded machine: a
 	// failed one (jeopardy) drops every kept grant.
 	lingering := func(owner string, linger time.Duration) Config {
@@ -482,11 +492,7 @@ func TestGrantLingerInProcess(t *testing.T) {
 		cfg := lingering("lg-exec-seq", 30*time.Second)
 		_, stop := startExecutor(t, cfg)
 		const n = 4
-		for i := range n {
-			id := fmt.Sprintf("lg-seq-%d", i)
-			payout(id, "lg-seq")
-			posted(id)
-		}
+		oneAfterAnother("lg-seq", n)
 		stop()
 		if grants := s.grantsOfKey(t, "lg-seq"); len(grants) != 1 {
 			t.Errorf("the lock service granted payout:lg-seq %d times for %d payouts made one after another, want once", len(grants), n)
@@ -511,11 +517,7 @@ func TestGrantLingerInProcess(t *testing.T) {
 		before := s.payCalls(t)
 		_, stop := startExecutor(t, cfg)
 		const n = 4
-		for i := range n {
-			id := fmt.Sprintf("lg-carried-%d", i)
-			payout(id, "lg-carried")
-			posted(id)
-		}
+		oneAfterAnother("lg-carried", n)
 		stop()
 		after := s.payCalls(t)
 		if lists := after["GET /v1/payouts"] - before["GET /v1/payouts"]; lists != 1 {
@@ -566,11 +568,7 @@ func TestGrantLingerInProcess(t *testing.T) {
 		cfg := s.config(t, "lg-exec-older", log)
 		cfg.SessionTTL, cfg.GrantLinger, cfg.PaymentURL = 10*time.Second, 30*time.Second, older.URL
 		_, stop := startExecutor(t, cfg)
-		for i := range 2 {
-			id := fmt.Sprintf("lg-older-%d", i)
-			payout(id, "lg-older")
-			posted(id)
-		}
+		oneAfterAnother("lg-older", 2)
 		stop()
 		if n, all := refused.Load(), asked.Load(); n != 1 || all < 2 {
 			t.Errorf("GET /work: %d asked with payouts and refused, %d in all; want 1 refused, then asked without", n, all)
