@@ -45,26 +45,23 @@ func (w *workSignal) broadcast() {
 
 // waitParam reads ?wait_ms=: 0 (the default) to MaxWorkWait.
 func waitParam(q url.Values) (time.Duration, error) {
-	v := q.Get("wait_ms")
-	if v == "" {
-		return 0, nil
-	}
-	ms, err := strconv.Atoi(v)
-	if err != nil || ms < 0 || ms > int(pc.MaxWorkWait.Milliseconds()) {
-		return 0, badField("wait_ms", "must be an integer from 0 to %d, got %q", pc.MaxWorkWait.Milliseconds(), v)
-	}
-	return time.Duration(ms) * time.Millisecond, nil
+	ms, err := countParam(q, "wait_ms", int(pc.MaxWorkWait.Milliseconds()))
+	return time.Duration(ms) * time.Millisecond, err
 }
 
 // payoutsParam reads ?payouts=: 0 (the default) to MaxWorkPayouts.
-func payoutsParam(q url.Values) (int, error) {
-	v := q.Get("payouts")
+func payoutsParam(q url.Values) (int, error) { return countParam(q, "payouts", pc.MaxWorkPayouts) }
+
+// countParam reads query parameter name: an integer from 0 (the default)
+// to maxN.
+func countParam(q url.Values, name string, maxN int) (int, error) {
+	v := q.Get(name)
 	if v == "" {
 		return 0, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 || n > pc.MaxWorkPayouts {
-		return 0, badField("payouts", "must be an integer from 0 to %d, got %q", pc.MaxWorkPayouts, v)
+	if err != nil || n < 0 || n > maxN {
+		return 0, badField(name, "must be an integer from 0 to %d, got %q", maxN, v)
 	}
 	return n, nil
 }

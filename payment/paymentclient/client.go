@@ -138,7 +138,7 @@ func (c *Client) Work(ctx context.Context, limit int) ([]WorkItem, error) {
 // MaxWorkSkip): pass the accounts being backed off, so accounts that cannot
 // progress never take the places of those that can.
 func (c *Client) WorkSkipping(ctx context.Context, limit int, skip []string) ([]WorkItem, error) {
-	return c.work(ctx, limit, skip, 0)
+	return c.WorkFor(ctx, WorkQuery{Limit: limit, Skip: skip})
 }
 
 // WaitForWork is Work that, when no account has work, waits up to wait
@@ -146,11 +146,7 @@ func (c *Client) WorkSkipping(ctx context.Context, limit int, skip []string) ([]
 // answers then: an empty list means none came. The call's own timeout must
 // exceed wait.
 func (c *Client) WaitForWork(ctx context.Context, limit int, wait time.Duration) ([]WorkItem, error) {
-	return c.work(ctx, limit, nil, wait)
-}
-
-func (c *Client) work(ctx context.Context, limit int, skip []string, wait time.Duration) ([]WorkItem, error) {
-	return c.WorkFor(ctx, WorkQuery{Limit: limit, Skip: skip, Wait: wait})
+	return c.WorkFor(ctx, WorkQuery{Limit: limit, Wait: wait})
 }
 
 // WorkFor asks GET /work what q says. The call's own timeout must exceed
