@@ -110,6 +110,6 @@ on --listen. docs/operations.md explains every finding.`,
 	fl.IntVar(&cfg.BulkPageSize, "bulk-page-size", reconcile.DefaultBulkPageSize, "page size of the payout, submission, settlement-report and ledger streams (1..10000)")
 	fl.IntVar(&cfg.MaxFindings, "max-findings", reconcile.DefaultMaxFindings, "list at most this many findings (all are counted)")
 	fl.DurationVar(&cfg.RequestTimeout, "request-timeout", 30*time.Second, "timeout of each call to a service")
-	fl.StringVar(&cfg.StateFile, "state-file", "", "remember which safety events were reported, so each fenced_out, token_regression, rejected_transition or duplicate_attempt event is reported (exit 1) by one pass only; without it every pass reports every event ever recorded")
+	fl.StringVar(&cfg.StateFile, "state-file", "", "remember which safety events were reported, so each fenced_out, token_regression, rejected_transition or duplicate_attempt event is reported (exit 1) by one pass only; without it every --once run, and the first pass of a continuous reconciler, reports every event ever recorded")
 	return c
 }

@@ -250,7 +250,9 @@ func TestComposePrometheusConfig(t *testing.T) {
 // root filesystem is read-only, and anything else would be lost with the
 // container. The rail stub keeps its payments so, as postgres keeps the
 // payouts they paid for; otherwise a restarted stub makes every earlier
-// payout read as posted but never settled.
+// payout read as posted but never settled. The reconciler keeps how far it
+// reported the guards' safety events, so a restarted one does not page
+// again for every event ever recorded.
 func TestComposeStateOnVolumes(t *testing.T) {
 	project := loadCompose(t)
 	stateFiles := map[string]string{}
@@ -285,5 +287,8 @@ func TestComposeStateOnVolumes(t *testing.T) {
 	}
 	if !strings.HasPrefix(stateFiles["rail"], "/var/lib/payouts/") {
 		t.Errorf("the rail stub keeps no state file under the image's /var/lib/payouts: %v", stateFiles)
+	}
+	if !strings.HasPrefix(stateFiles["reconciler"], "/var/lib/payouts/") {
+		t.Errorf("the reconciler keeps no state file under the image's /var/lib/payouts: %v", stateFiles)
 	}
 }

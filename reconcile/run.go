@@ -295,14 +295,16 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 }
 
 // saveState records how far the safety-event logs were reported, after the
-// report is out; the next pass (this process's or the next cron run's)
-// starts after it. Without a state file every pass reports every event.
+// report is out; the next pass starts after it. This process's next pass
+// does so with or without a state file; the next cron run, or this
+// reconciler restarted, only with one. A state file that cannot be written
+// keeps the cursor where it was, so the events are reported again rather
+// than lost.
 func (r *Reconciler) saveState(cfg Config, rep *Report) error {
-	if cfg.StateFile == "" {
-		return nil
-	}
-	if err := SaveState(cfg.StateFile, State{SafetyEventsAfter: rep.SafetyEventsSeen}); err != nil {
-		return cannotRun("save the state file", err)
+	if cfg.StateFile != "" {
+		if err := SaveState(cfg.StateFile, State{SafetyEventsAfter: rep.SafetyEventsSeen}); err != nil {
+			return cannotRun("save the state file", err)
+		}
 	}
 	r.opts.SafetyEventsAfter = rep.SafetyEventsSeen
 	return nil

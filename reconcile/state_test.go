@@ -1,9 +1,15 @@
 package reconcile_test
 
 import (
+	"bytes"
+	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
@@ -64,4 +70,88 @@ func TestSafetyEventsReportedOncePerCursor(t *testing.T) {
 	third := pass(t, e.reconciler(t, reconcile.Options{SafetyEventsAfter: second.SafetyEventsSeen}, e.st.Ready.Tokens.Operator))
 	mustFind(t, third, reconcile.INV05, reconcile.CheckFencedOut, map[string]any{"key": key, "holder": "stale-2"})
 	mustNotFind(t, third, reconcile.CheckFencedOut, map[string]any{"key": key, "holder": "stale-1"})
+}
+
+// TestContinuousReportsEachSafetyEventOnce: a reconciler running without
+// --state-file reports a safety event in its first pass and not in the
+// passes after it (it would otherwise hold payouts_reconcile_findings up,
+// and PayoutsFencedOut firing, for as long as it runs).
+func TestContinuousReportsEachSafetyEventOnce(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	done := e.payOut(t, e.newPayout(t, acc, 10))
+	p := e.newPayout(t, acc, 10)
+	g := e.grant(t, acc)
+	defer e.release(t, g)
+	ctx := ctxT(t)
+	if _, err := e.pay.Claim(ctx, p.ID, g.Token, g.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	stale := uniq("stale")
+	if _, err := e.pay.Claim(ctx, p.ID, done.Token, fencing.Holder(stale)); !problem.Has(err, problem.FencedOut) {
+		t.Fatalf("stale claim: %v, want fenced_out", err)
+	}
+
+	logs := &lockedBuffer{}
+	r := e.st.Ready
+	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: r.RailURL,
+		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, Interval: 50 * time.Millisecond, Listen: "127.0.0.1:0",
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	exited := make(chan error, 1)
+	go func() {
+		_, err := reconcile.Run(runCtx, cfg)
+		exited <- err
+	}()
+	const passes = 3
+	for logs.lines("reconciliation pass done") < passes {
+		select {
+		case err := <-exited:
+			t.Fatalf("the reconciler stopped: %v\n%s", err, logs.String())
+		case <-ctx.Done():
+			t.Fatalf("fewer than %d passes in time:\n%s", passes, logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	stop()
+	if err := <-exited; err != nil {
+		t.Fatalf("the reconciler: %v", err)
+	}
+	if n := logs.lines("reconcile finding", stale); n != 1 {
+		t.Fatalf("the fenced_out event of %s was reported by %d of at least %d passes, want 1:\n%s", stale, n, passes, logs.String())
+	}
+}
+
+// lockedBuffer collects log output written from another goroutine.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// lines counts the lines that contain every one of parts.
+func (b *lockedBuffer) lines(parts ...string) int {
+	n := 0
+	for line := range strings.Lines(b.String()) {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
 }
