@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -175,6 +176,7 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	held := reqs[admitted:]
 	reqs = reqs[:admitted]
+	begun := time.Now()
 	ctx, cancel := context.WithTimeout(detached, dbTimeout)
 	recs, res, hw, fenced, err := s.st.writeIntents(ctx, reqs)
 	cancel()
@@ -200,7 +202,7 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 			continue
 		}
 		ilog.Info("submission intent recorded", "submission_id", recs[i].ID, "client_ref", recs[i].ClientRef)
-		done[i] = s.startForward(detached, ilog, recs[i], sem)
+		done[i] = s.startForward(detached, ilog, recs[i], sem, begun)
 	}
 	for i, ch := range done {
 		if ch == nil {

@@ -17,22 +17,41 @@ import (
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
+// codeNotForwardedInTime is the error code of a submission recorded
+// REJECTED without being sent: its rail call could not start within the
+// send window (forward).
+const codeNotForwardedInTime = "not_forwarded_in_time"
+
 type forwardResult struct {
 	rec proxyclient.Record
 	err error
 }
 
 // forward makes the submission's one rail call and records its outcome.
-// It runs detached from the caller and is never retried.
-func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.Record) forwardResult {
+// It runs detached from the caller and is never retried. begun is when the
+// transaction that wrote the intent began, on this process's clock: a
+// submission whose turn comes later than the send window after it (its
+// batch's other calls took the slots meanwhile) is not sent, and is
+// recorded REJECTED with error code not_forwarded_in_time. A lookup takes a
+// submission without outcome as finished once it is older than the send
+// window and the rail timeout together (resolvableAge); a rail call begun
+// later could still pay after a lookup had recorded it ABSENT.
+func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.Record, begun time.Time) forwardResult {
 	start := time.Now()
-	p, err := s.rail.Pay(ctx, railclient.PaymentRequest{
-		ClientRef: rec.ClientRef, Amount: rec.Amount, Currency: rec.Currency, BeneficiaryRef: rec.BeneficiaryRef,
-	})
-	outcome, railRef, code, why := classify(rec, p, err)
-	s.m.railLatency.WithLabelValues(string(outcome)).Observe(time.Since(start).Seconds())
-	s.railAnswer(log, outcome != proxyclient.OutcomeTimeout)
-	s.crash(log, CrashAfterRailAnswer)
+	var outcome proxyclient.Outcome
+	var railRef, code, why string
+	if waited := start.Sub(begun); waited > s.sendWindow() {
+		outcome, code = proxyclient.OutcomeRejected, codeNotForwardedInTime
+		why = fmt.Sprintf("not sent: its rail call could not start within %s of its intent (waited %s for a slot)", s.sendWindow(), waited.Round(time.Millisecond))
+	} else {
+		p, err := s.rail.Pay(ctx, railclient.PaymentRequest{
+			ClientRef: rec.ClientRef, Amount: rec.Amount, Currency: rec.Currency, BeneficiaryRef: rec.BeneficiaryRef,
+		})
+		outcome, railRef, code, why = classify(rec, p, err)
+		s.m.railLatency.WithLabelValues(string(outcome)).Observe(time.Since(start).Seconds())
+		s.railAnswer(log, outcome != proxyclient.OutcomeTimeout)
+		s.crash(log, CrashAfterRailAnswer)
+	}
 
 	// Recording is a local write with no external effect: safe to retry.
 	var (
@@ -68,7 +87,7 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 	}
 	s.m.submissions.WithLabelValues(string(outcome)).Inc()
 	lvl := slog.LevelInfo
-	if outcome == proxyclient.OutcomeTimeout {
+	if outcome == proxyclient.OutcomeTimeout || code == codeNotForwardedInTime {
 		lvl = slog.LevelWarn
 	}
 	log.Log(ctx, lvl, "submission outcome recorded", "submission_id", out.ID, "outcome", string(outcome),

@@ -88,6 +88,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	if s.gate.Admit(s.now(), 1) == 0 {
 		return s.paused(detached, w, log, req, 1)
 	}
+	begun := time.Now()
 	ctx, cancel := context.WithTimeout(detached, dbTimeout)
 	rec, hw, res, err := s.st.writeIntent(ctx, req)
 	cancel()
@@ -108,7 +109,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	s.crash(log, CrashAfterIntent)
 
 	select {
-	case fr := <-s.startForward(detached, log, rec, nil):
+	case fr := <-s.startForward(detached, log, rec, nil, begun):
 		if fr.err != nil {
 			return forwardFailed(fr.err)
 		}
@@ -122,8 +123,9 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 
 // startForward runs forward for a committed intent in a goroutine of its
 // own, detached from the caller (the server's shutdown waits for it); with
-// sem, at most cap(sem) such calls run at once.
-func (s *Server) startForward(ctx context.Context, log *slog.Logger, rec proxyclient.Record, sem chan struct{}) <-chan forwardResult {
+// sem, at most cap(sem) such calls run at once. begun is when the intent's
+// transaction began (forward).
+func (s *Server) startForward(ctx context.Context, log *slog.Logger, rec proxyclient.Record, sem chan struct{}, begun time.Time) <-chan forwardResult {
 	done := make(chan forwardResult, 1)
 	s.forwards.Add(1)
 	s.inflight.Store(rec.PayoutID, struct{}{})
@@ -134,7 +136,7 @@ func (s *Server) startForward(ctx context.Context, log *slog.Logger, rec proxycl
 			sem <- struct{}{}
 			defer func() { <-sem }()
 		}
-		done <- s.forward(ctx, log, rec)
+		done <- s.forward(ctx, log, rec, begun)
 	}()
 	return done
 }

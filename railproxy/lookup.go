@@ -105,7 +105,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 	defer cancel()
 	// Recorded only if the outcome is still the one read before the rail was
 	// asked: a forward that finished meanwhile makes this evidence stale.
-	updated, ok, err := s.st.recordResolution(wctx, rec.ID, rec.Outcome, out.Resolution, raw, s.cfg.RailTimeout)
+	updated, ok, err := s.st.recordResolution(wctx, rec.ID, rec.Outcome, out.Resolution, raw, s.resolvableAge())
 	if err != nil {
 		return problem.Wrap(problem.Unavailable, err, "could not record the resolution")
 	}
@@ -134,7 +134,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 			outcomeText(rec.Outcome), outcomeText(now.Outcome))
 	default:
 		out.Final, out.Resolution = false, proxyclient.ResolutionNone
-		out.Detail = fmt.Sprintf("the submission has no outcome and is younger than the rail timeout (%s): its forwarding may still be under way; nothing recorded", s.cfg.RailTimeout)
+		out.Detail = fmt.Sprintf("the submission has no outcome and is younger than %s (its send window and the rail timeout): its forwarding may still be under way; nothing recorded", s.resolvableAge())
 	}
 	httpx.WriteJSON(w, http.StatusOK, out)
 	return nil

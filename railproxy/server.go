@@ -52,7 +52,8 @@ type Config struct {
 	// nil: the default client.
 	HTTPClient *http.Client
 	// RailTimeout bounds the one rail call of a submission; past it the
-	// outcome is TIMEOUT. Default 10s.
+	// outcome is TIMEOUT. It also bounds how long after its intent a
+	// submission's rail call may start (sendWindow). Default 10s.
 	RailTimeout time.Duration
 	// RequestTimeout is the per-request deadline of the HTTP API (default
 	// 30s). A submission whose rail call outlives it is still finished and
@@ -94,6 +95,16 @@ type Server struct {
 	afterRefusal atomic.Pointer[func()]
 }
 
+// sendWindow bounds how late after its intent's transaction began a
+// submission's rail call may start (forward): the rail timeout.
+func (s *Server) sendWindow() time.Duration { return s.cfg.RailTimeout }
+
+// resolvableAge is the age past which a submission without outcome has no
+// rail call running any more: any call started within the send window and
+// has ended within the rail timeout after that. Only then may a lookup
+// record a resolution for it, or /metrics count it as stuck.
+func (s *Server) resolvableAge() time.Duration { return s.sendWindow() + s.cfg.RailTimeout }
+
 // New connects to proxydb and builds the proxy. Close releases the pool.
 func New(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
@@ -133,7 +144,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	m := newMetrics(cfg.Registry)
 	st := newStore(pool, func(n int) { m.outcomeGroup.Observe(float64(n)) })
 	s := &Server{cfg: cfg, log: cfg.Logger, pool: pool, st: st, rail: rail, m: m}
-	cfg.Registry.MustRegister(newUnresolvedCollector(s.st, cfg.RailTimeout, cfg.Logger))
+	cfg.Registry.MustRegister(newUnresolvedCollector(s.st, s.resolvableAge(), cfg.Logger))
 	s.http = httpx.NewServer(httpx.Config{
 		Role: "proxy", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,
 		RequestTimeout: cfg.RequestTimeout,

@@ -1,0 +1,137 @@
+package railproxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/dev/pgtest"
+	"github.com/payouts/payouts/migrations"
+	"github.com/payouts/payouts/railproxy/proxyclient"
+)
+
+// silentRail never answers a payment (the proxy's rail timeout ends each
+// call) and counts them; a lookup finds no payment, as final.
+func silentRail(t *testing.T) (url string, payments func() int) {
+	t.Helper()
+	var mu sync.Mutex
+	n := 0
+	rail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			mu.Lock()
+			n++
+			mu.Unlock()
+			// Read to the end: only then does the server watch the
+			// connection, and end the request when the proxy gives up.
+			_, _ = io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"items":[],"final":true}`))
+	}))
+	t.Cleanup(rail.Close)
+	return rail.URL, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
+}
+
+// TestABatchItemLateForItsSlotIsNotSent: the items of a batch past the
+// first maxBatchForwards wait for a slot. With a rail that never answers,
+// the slots come free only when the rail timeout ends each call: by then the
+// send window (the rail timeout, from the intent) has passed, and the item is
+// recorded REJECTED not_forwarded_in_time without reaching the rail. Sent
+// that late, it could pay after another proxy's lookup, finding the rail
+// empty and the intent older than the rail timeout, had resolved it ABSENT.
+func TestABatchItemLateForItsSlotIsNotSent(t *testing.T) {
+	t.Parallel()
+	railURL, calls := silentRail(t)
+	dbURL := pgtest.NewDB(t, migrations.ProxyDB)
+	b := setup(t, options{railURL: railURL, dbURL: dbURL, railTimeout: 500 * time.Millisecond})
+	other := setup(t, options{railURL: railURL, dbURL: dbURL, railTimeout: 500 * time.Millisecond})
+
+	items := make([]proxyclient.BatchItem, maxBatchForwards+1)
+	for i := range items {
+		s := sub(fmt.Sprintf("p-late-%02d", i), "acc-late")
+		items[i] = proxyclient.BatchItem{PayoutID: s.PayoutID, ClientRef: s.ClientRef, Amount: s.Amount, Currency: s.Currency, BeneficiaryRef: s.BeneficiaryRef}
+	}
+	res, err := b.pc.SubmitBatch(ctxFor(t), "acc-late", 3, holder(1), items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := calls(); got != maxBatchForwards {
+		t.Errorf("the rail got %d payments, want %d: the item that waited for a slot past its send window was sent", got, maxBatchForwards)
+	}
+	// The slots are taken in no set order: one item, whichever came last,
+	// is the late one.
+	var late []string
+	for i, r := range res {
+		switch {
+		case r.Err != nil:
+			t.Fatalf("item %d: %v", i, r.Err)
+		case r.Record.Outcome == proxyclient.OutcomeRejected && r.Record.ErrorCode == codeNotForwardedInTime:
+			late = append(late, r.Record.PayoutID)
+		case r.Record.Outcome != proxyclient.OutcomeTimeout || r.Record.ErrorCode != "rail_timeout":
+			t.Errorf("item %d: outcome %q error code %q, want TIMEOUT rail_timeout, or REJECTED %s", i, r.Record.Outcome, r.Record.ErrorCode, codeNotForwardedInTime)
+		}
+	}
+	if len(late) != 1 {
+		t.Fatalf("items recorded REJECTED %s: %v, want exactly the one past the slots", codeNotForwardedInTime, late)
+	}
+	last := late[0]
+	l, err := other.recon.Lookup(ctxFor(t), last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Recorded || l.Submission.Resolution != proxyclient.ResolutionNone {
+		t.Fatalf("lookup of the unsent item from another proxy: %+v; want nothing recorded (its outcome is not ambiguous)", l)
+	}
+}
+
+// TestLookupWaitsForTheSendWindowAndTheRailCall: a submission without
+// outcome (its forward still running somewhere, or died) is resolved by a
+// lookup only once older than the send window and the rail timeout together:
+// until then a rail call may have started late in its window and still be
+// running. Rows are planted with their age; the rail finds nothing, final.
+func TestLookupWaitsForTheSendWindowAndTheRailCall(t *testing.T) {
+	t.Parallel()
+	railURL, _ := silentRail(t)
+	dbURL := pgtest.NewDB(t, migrations.ProxyDB)
+	const railTimeout = 2 * time.Second
+	b := setup(t, options{railURL: railURL, dbURL: dbURL, railTimeout: railTimeout})
+	conn := pgtest.Conn(t, dbURL)
+	plant := func(payoutID string, age time.Duration) {
+		t.Helper()
+		s := sub(payoutID, "acc-age")
+		if _, err := conn.Exec(context.Background(), `
+			INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, created_at)
+			VALUES ($1, $2, 3, 'session-1', $3, $4, $5, $6, now() - make_interval(secs => $7))`,
+			s.PayoutID, s.AccountID, s.ClientRef, s.Amount, s.Currency, s.BeneficiaryRef, age.Seconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plant("p-age-young", railTimeout+railTimeout/2)
+	plant("p-age-old", 2*railTimeout+railTimeout/2)
+
+	young, err := b.recon.Lookup(ctxFor(t), "p-age-young")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if young.Recorded || young.Resolution != proxyclient.ResolutionNone {
+		t.Errorf("lookup of a submission without outcome, older than the rail timeout but within the send window and the rail timeout: %+v; want nothing recorded", young)
+	}
+	old, err := b.recon.Lookup(ctxFor(t), "p-age-old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !old.Recorded || old.Resolution != proxyclient.ResolutionAbsent {
+		t.Errorf("lookup of a submission without outcome past the send window and the rail timeout: %+v; want ABSENT recorded", old)
+	}
+}
