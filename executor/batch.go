@@ -234,6 +234,19 @@ func (b *batch) sendAll(ps []pc.Payout) ([]pc.Payout, []pc.StepItem) {
 	if len(ps) == 0 {
 		return nil, nil
 	}
+	// As before every step: the claim call may have outlived the grant, or
+	// put the session in jeopardy. The payouts stay RAIL_SUBMITTED, for the
+	// next holder to settle (D-4).
+	if err := r.check(); err != nil {
+		b.fatal = err
+		return nil, nil
+	}
+	var reported []pc.Payout
+	var items []pc.StepItem
+	collect := func(p pc.Payout, rec proxyclient.Record) (pc.Payout, error) {
+		reported, items = append(reported, p), append(items, r.outcomeItem(p, rec))
+		return p, errQueued
+	}
 	var answers []submitAnswer
 	res, err := r.sendBatch(ps)
 	switch {
@@ -253,29 +266,58 @@ func (b *batch) sendAll(ps []pc.Payout) ([]pc.Payout, []pc.StepItem) {
 		r.log.Warn("the proxy refused the batch submission for its input; sending its payouts one at a time",
 			"items", len(ps), obs.KeyError, err.Error())
 		answers = b.sendEach(ps)
+	case noUsableAnswer(err):
+		b.unclear(ps, err, collect)
+		return reported, items
 	default:
 		answers = make([]submitAnswer, len(ps))
 		for i := range answers {
 			answers[i].err = err
 		}
 	}
-	var reported []pc.Payout
-	var items []pc.StepItem
-	collect := func(p pc.Payout, rec proxyclient.Record) (pc.Payout, error) {
-		reported, items = append(reported, p), append(items, r.outcomeItem(p, rec))
-		return p, errQueued
-	}
 	for i, p := range ps {
 		next, err := r.answered(p, answers[i].rec, answers[i].err, collect)
-		if err == nil && !next.State.Terminal() && next.State != pc.RailAmbiguous {
-			// Handled alone (a refusal, an unclear answer) and not done yet:
-			// finished alone too.
-			b.loose = append(b.loose, next)
-			continue
-		}
-		b.settle(p, err)
+		b.file(p, next, err)
 	}
 	return reported, items
+}
+
+// file files a payout the batch's submission handled as a single
+// submission's answer would be: one not done yet, and not ended by an
+// error, is finished alone (a refusal, an unclear answer).
+func (b *batch) file(p, next pc.Payout, err error) {
+	if err == nil && !next.State.Terminal() && next.State != pc.RailAmbiguous {
+		b.loose = append(b.loose, next)
+		return
+	}
+	b.settle(p, err)
+}
+
+// unclear settles the payouts of a batch submission that got no usable
+// answer (no connection, a timeout, a 5xx): which were forwarded is
+// unknown, so each is settled from the proxy's record (D-4), never sent
+// again. They share one wait for the outcomes to be recorded; once it has
+// passed and a payout is still unclear, the rest are left RAIL_SUBMITTED
+// for the next pass without asking, so that a proxy that does not answer
+// holds the account for one wait and one call, not one per payout.
+func (b *batch) unclear(ps []pc.Payout, err error, collect func(pc.Payout, proxyclient.Record) (pc.Payout, error)) {
+	r := b.r
+	r.e.m.steps.WithLabelValues("submit", resultTransient).Add(float64(len(ps)))
+	r.log.Warn("the batch submission got no usable answer; asking the proxy what happened to each payout (never resent)",
+		"items", len(ps), obs.KeyError, err.Error())
+	r.e.railAnswer(r.log, false)
+	deadline := time.Now().Add(unknownSubmitWait)
+	for i, p := range ps {
+		if b.fatal != nil {
+			return
+		}
+		if b.leave != nil && time.Now().After(deadline) {
+			r.log.Warn("left the rest of the unclear batch RAIL_SUBMITTED for the next pass", "left", len(ps)-i)
+			return
+		}
+		next, err := r.settleUnknown(p, deadline, collect)
+		b.file(p, next, err)
+	}
 }
 
 // sendEach submits each payout on its own, at most maxSubmitsAtOnce at a

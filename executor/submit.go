@@ -161,8 +161,7 @@ func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report fu
 		r.e.railAnswer(log, false)
 		return p, errLeave
 	}
-	var pe *problem.Error
-	if errors.As(err, &pe) && pe.Status() < 500 && pe.Code != problem.Unavailable {
+	if !noUsableAnswer(err) {
 		return p, r.failed("submit", "proxy", p, err)
 	}
 	// No usable answer: the submission may or may not have been forwarded.
@@ -171,6 +170,19 @@ func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report fu
 	log.Warn("the submission got no usable answer; asking the proxy what happened (never resent)", obs.KeyError, err.Error())
 	r.e.railAnswer(log, false)
 	return r.afterUnknownSubmit(p)
+}
+
+// noUsableAnswer reports whether err, a submission's error, leaves unknown
+// whether it was forwarded: no answer, a timeout, a 5xx or unavailable —
+// not a refusal the proxy explains (fenced out, exists, refused or paused
+// unforwarded, or another 4xx).
+func noUsableAnswer(err error) bool {
+	if err == nil || problem.Has(err, problem.SubmissionExists) || problem.Has(err, problem.FencedOut) ||
+		proxyclient.RefusedUnforwarded(err) || proxyclient.PausedUnforwarded(err) {
+		return false
+	}
+	var pe *problem.Error
+	return !errors.As(err, &pe) || pe.Status() >= 500 || pe.Code == problem.Unavailable
 }
 
 // maxErrorCode bounds the error_code sent with /refuse (one line).
@@ -219,16 +231,26 @@ func (r *run) refused(p pc.Payout, refusal error) (pc.Payout, error) {
 // afterUnknownSubmit settles an unclear submission from the proxy's record,
 // waiting a while for the rail's outcome to be recorded.
 func (r *run) afterUnknownSubmit(p pc.Payout) (pc.Payout, error) {
-	deadline := time.Now().Add(unknownSubmitWait)
+	return r.settleUnknown(p, time.Now().Add(unknownSubmitWait), r.apply)
+}
+
+// settleUnknown settles an unclear submission from the proxy's record,
+// asking until deadline for the rail's outcome to be recorded; the record
+// goes to report (r.apply, or a batch's collection of outcomes). A stop
+// request ends the wait.
+func (r *run) settleUnknown(p pc.Payout, deadline time.Time, report func(pc.Payout, proxyclient.Record) (pc.Payout, error)) (pc.Payout, error) {
 	bo := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
+		if r.e.stopRequested() {
+			return p, errStop
+		}
 		rec, found, err := r.lookup(p)
 		switch {
 		case err == nil && found && rec.Outcome != proxyclient.OutcomeNone:
-			return r.apply(p, rec)
+			return report(p, rec)
 		case err == nil && found && time.Now().After(deadline):
 			// Forwarded, no outcome recorded: as ambiguous as a timeout.
-			return r.apply(p, rec)
+			return report(p, rec)
 		case err == nil && !found && time.Now().After(deadline):
 			// Intent is written before forwarding: no record, not forwarded.
 			// The payout stays RAIL_SUBMITTED; the next pass applies D-4.

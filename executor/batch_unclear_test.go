@@ -1,0 +1,168 @@
+package executor
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pc "github.com/payouts/payouts/payment/paymentclient"
+)
+
+// A batch submission that never reaches the proxy (its connection closes
+// before the proxy sees it) leaves every payout unclear. The batch shares
+// one wait for the proxy's records: once that has passed with a payout still
+// unknown, the rest are left RAIL_SUBMITTED for the next pass, which asks
+// once each (D-4) and submits them. Each payout waiting out its own 10 s in
+// turn held the account for n × 10 s, asking the proxy about ten times per
+// payout.
+func TestUnclearBatchSubmissionSharesOneWait(t *testing.T) {
+	t.Parallel() // owns its stack and databases
+	const n = 20
+	var dropped, lookups atomic.Int32
+	runWithProxyFront(t, "unclear", n, func(real http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch {
+			case isBatchSubmission(r) && dropped.Add(1) == 1:
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					t.Errorf("hijack: %v", err)
+					return
+				}
+				conn.Close()
+				return
+			case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/submissions/"):
+				lookups.Add(1)
+			}
+			real.ServeHTTP(w, r)
+		})
+	})
+	if dropped.Load() == 0 {
+		t.Fatal("no batch submission was made: the test exercised nothing")
+	}
+	// One wait's polls (about ten over unknownSubmitWait) and one ask per
+	// payout in the next pass, with room to spare; not ten per payout.
+	t.Logf("%d lookups for %d payouts", lookups.Load(), n)
+	if got, most := lookups.Load(), int32(2*n+10); got > most {
+		t.Errorf("the proxy was asked %d times about the payouts of one unclear batch of %d, want at most %d", got, n, most)
+	}
+}
+
+// poisonLocker hands out grants that turn invalid once, at the first check
+// after poisoned is set: a grant lost (or its session in jeopardy) while a
+// call was in flight.
+type poisonLocker struct {
+	locker
+	poisoned *atomic.Bool
+}
+
+func (l poisonLocker) Open(ctx context.Context, owner string) (session, error) {
+	s, err := l.locker.Open(ctx, owner)
+	if err != nil {
+		return nil, err
+	}
+	return poisonSession{session: s, poisoned: l.poisoned}, nil
+}
+
+type poisonSession struct {
+	session
+	poisoned *atomic.Bool
+}
+
+func (s poisonSession) TryAcquire(ctx context.Context, key string) (grant, error) {
+	g, err := s.session.TryAcquire(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return poisonGrant{grant: g, poisoned: s.poisoned}, nil
+}
+
+func (s poisonSession) Acquire(ctx context.Context, key string, wait time.Duration) (grant, error) {
+	g, err := s.session.Acquire(ctx, key, wait)
+	if err != nil {
+		return nil, err
+	}
+	return poisonGrant{grant: g, poisoned: s.poisoned}, nil
+}
+
+type poisonGrant struct {
+	grant
+	poisoned *atomic.Bool
+}
+
+func (g poisonGrant) Valid() bool { return !g.poisoned.CompareAndSwap(true, false) && g.grant.Valid() }
+
+// The grant is checked between the batched claim and the batch submission,
+// as before every step: a grant that became invalid during the claim call
+// sends nothing to the rail proxy. The payouts stay RAIL_SUBMITTED and a
+// later pass settles them (D-4): each asked about, submitted alone, paid
+// once.
+func TestBatchSubmissionChecksTheGrantAfterTheClaim(t *testing.T) {
+	t.Parallel() // owns its stack and databases
+	s := setup(t)
+	ctx := context.Background()
+	const n = 4
+	ids := s.fundedPage(t, "poison", n)
+	var poisoned atomic.Bool
+	var claims, batches atomic.Int32
+	front := func(target string, fn func(r *http.Request)) string {
+		u, err := url.Parse(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		real := httputil.NewSingleHostReverseProxy(u)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fn(r)
+			real.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	cfg := s.config(t, "poison-exec", io.Discard)
+	cfg.PaymentURL = front(s.st.Ready.PaymentURL, func(r *http.Request) {
+		// The first batched claim: the grant turns invalid while it runs.
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/steps") && claims.Add(1) == 1 {
+			poisoned.Store(true)
+		}
+	})
+	cfg.ProxyURL = front(s.st.Ready.ProxyURL, func(r *http.Request) {
+		if isBatchSubmission(r) {
+			batches.Add(1)
+		}
+	})
+	lk, err := newLockService(cfg.LockURL, cfg.Token, cfg.SessionTTL, 10*time.Second, cfg.Logger, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.locker = poisonLocker{locker: lk, poisoned: &poisoned}
+	runUntil(t, cfg, "every payout to be posted", s.allIn(t, ids, pc.Posted))
+	if claims.Load() == 0 || poisoned.Load() {
+		t.Fatalf("claims %d, poison still armed %t: the test exercised nothing", claims.Load(), poisoned.Load())
+	}
+	if got := batches.Load(); got != 0 {
+		t.Errorf("%d batch submissions reached the proxy, want 0: the batch went out under a grant that had turned invalid", got)
+	}
+	report, err := s.rail.SettlementReport(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paid := map[string]int{}
+	for _, pm := range report {
+		paid[pm.ClientRef]++
+	}
+	for _, id := range ids {
+		p, err := s.pay.Payout(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if paid[p.ClientRef] != 1 {
+			t.Errorf("payout %s reached the rail %d times, want exactly once", id, paid[p.ClientRef])
+		}
+	}
+}
