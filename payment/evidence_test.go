@@ -147,3 +147,29 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A rejected transition whose fence cannot be read afterwards (here: the
+// database gone between the refusal and its evidence) is still a rejected
+// transition: answered invalid_transition, counted, and its evidence's
+// failure to be stored counted too. It was a 500 internal with no counter.
+func TestRejectedTransitionSurvivesAFenceItCannotRead(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 100)
+	e.payout(t, "po-1", "acc-1", 500) // more than the account holds
+	if p, err := e.exec.Claim(tctx(t), "po-1", 1, "h1"); err != nil || p.State != pc.Failed {
+		t.Fatalf("claim: %+v %v; want FAILED (insufficient funds)", p, err)
+	}
+	rej0 := counterValue(e.svc.m.rejectedTransitions.WithLabelValues(string(pc.Failed), string(EvClaim)))
+	fail0 := counterValue(e.svc.m.safetyWriteFailures)
+	gone := func() { e.svc.pool.Close() }
+	e.svc.afterRefusal.Store(&gone)
+	_, err := e.exec.Claim(tctx(t), "po-1", 2, "h2")
+	wantCode(t, err, problem.InvalidTransition)
+	if d := counterValue(e.svc.m.rejectedTransitions.WithLabelValues(string(pc.Failed), string(EvClaim))) - rej0; d != 1 {
+		t.Errorf("rejected transitions counted %v, want 1", d)
+	}
+	if d := counterValue(e.svc.m.safetyWriteFailures) - fail0; d != 1 {
+		t.Errorf("safety evidence write failures counted %v, want 1", d)
+	}
+}

@@ -186,15 +186,25 @@ func (s *Service) reject(ctx context.Context, accountID, payoutID string, cmd Co
 	// since and hide a token regression. A rejected transition passed the
 	// guard inside a transaction that was rolled back; its evidence shows
 	// the fence as it stands.
+	// A fence that cannot be read does not swallow the rejection: its
+	// evidence then carries the fence the guard returned in the rolled-back
+	// transaction, and the answer stays invalid_transition.
 	stored, storedHolder := int64(rej.fence.token), string(rej.fence.holder)
+	var readErr error
 	if !rej.fenced {
-		if err := s.pool.QueryRow(ctx, `SELECT fence_token, fence_holder FROM account WHERE id = $1`, accountID).Scan(&stored, &storedHolder); err != nil {
-			return fmt.Errorf("read fence after rejection: %w", err)
+		var t int64
+		var h string
+		if readErr = s.pool.QueryRow(ctx, `SELECT fence_token, fence_holder FROM account WHERE id = $1`, accountID).Scan(&t, &h); readErr == nil {
+			stored, storedHolder = t, h
 		}
 	}
 	log := s.logFor(ctx).With(obs.KeyKey, key, obs.KeyToken, int64(cmd.Token), "stored_token", stored,
 		obs.KeyHolder, string(cmd.Holder), "stored_holder", storedHolder,
 		obs.KeyPayoutID, payoutID, obs.KeyAccountID, accountID, "op", string(cmd.Op), "actor", cmd.Actor)
+	if readErr != nil {
+		log.Warn("could not read the fence after a rejected transition; its evidence carries the fence the guard returned",
+			obs.KeyError, readErr.Error())
+	}
 	ev := safetylog.Event{Key: key, Presented: cmd.Token, Stored: fencing.Token(stored), Holder: cmd.Holder, StoredHolder: fencing.Holder(storedHolder), PayoutID: payoutID}
 
 	if rej.fenced {
