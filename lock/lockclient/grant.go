@@ -101,7 +101,18 @@ func (s *Session) register(info GrantInfo) (*Grant, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Grant{Key: info.Key, Owner: info.Owner, Token: info.Token, SessionID: info.SessionID,
 		ServerExpiry: info.ServerExpiry, Deadline: s.deadline, s: s, ctx: ctx, cancel: cancel}
+	// A session holds at most one grant of a key: a new Grant of a key it
+	// already has a Grant for is either the same lock (an acquire of a key
+	// it holds answers the same token) or one granted after the earlier
+	// ended. Either way it supersedes the earlier Grant, which is cancelled
+	// and no longer tracked: a key acquired again and again is tracked
+	// once, not once per acquire for the session's life.
+	if old := s.byKey[g.Key]; old != nil {
+		delete(s.grants, old)
+		old.cancel()
+	}
 	s.grants[g] = struct{}{}
+	s.byKey[g.Key] = g
 	return g, nil
 }
 
@@ -114,6 +125,9 @@ func (s *Session) Release(ctx context.Context, g *Grant) error {
 	}
 	s.mu.Lock()
 	delete(s.grants, g)
+	if s.byKey[g.Key] == g {
+		delete(s.byKey, g.Key)
+	}
 	s.mu.Unlock()
 	g.cancel()
 	return s.c.hc.Post(ctx, lockPath(g.Key)+"/release", ReleaseRequest{SessionID: s.id, Token: g.Token}, nil)

@@ -49,6 +49,7 @@ type Session struct {
 	deadline time.Time // monotonic: from time.Now()
 	lostErr  error
 	grants   map[*Grant]struct{}
+	byKey    map[string]*Grant // the newest grant of each key in grants
 	done     chan struct{}
 
 	stop     chan struct{}
@@ -82,6 +83,7 @@ func (c *Client) Open(ctx context.Context, owner string) (*Session, error) {
 		c: c, id: info.SessionID, owner: owner, ttl: ttl,
 		deadline: sent.Add(ttl - c.o.margin),
 		grants:   map[*Grant]struct{}{},
+		byKey:    map[string]*Grant{},
 		done:     make(chan struct{}),
 		stop:     make(chan struct{}),
 	}
@@ -147,6 +149,7 @@ func (s *Session) loseLocked(why error) {
 		g.cancel()
 	}
 	s.grants = map[*Grant]struct{}{}
+	s.byKey = map[string]*Grant{}
 	if !errors.Is(why, errClosed) {
 		s.c.o.logger.Warn("lock session lost", "session_id", s.id, "owner", s.owner, "error", why.Error())
 	}
