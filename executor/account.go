@@ -195,6 +195,18 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string, s
 // had: held by another session (held true; normal) or the lock service
 // failing.
 func (e *Executor) acquire(sess session, log *slog.Logger, account, key string) (g grant, held bool) {
+	e.mu.Lock()
+	queued, ok := e.unreleased[account]
+	e.mu.Unlock()
+	if ok && queued.failed {
+		// A release of this session's grant got no verdict and may still
+		// land: an acquire now would hand the session the same token, and
+		// the release, landing late, would free it under this round. Leave
+		// the account until the release pass has settled it, as when
+		// another session holds it.
+		log.Debug("account's last release got no verdict; leaving it until that release is settled", obs.KeyKey, key, obs.KeyAccountID, account)
+		return nil, true
+	}
 	ctx, cancel := e.callCtx()
 	g, err := sess.TryAcquire(ctx, key)
 	cancel()
@@ -216,7 +228,8 @@ func (e *Executor) acquire(sess session, log *slog.Logger, account, key string) 
 	}
 	e.m.acquires.WithLabelValues("acquired").Inc()
 	// A re-acquire by this session returns the same grant, released or
-	// kept like any other: an earlier queued release of it is superseded.
+	// kept like any other: an earlier queued release of it, never sent
+	// (above), is superseded.
 	e.mu.Lock()
 	delete(e.unreleased, account)
 	e.mu.Unlock()

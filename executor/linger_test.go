@@ -212,6 +212,35 @@ func TestEndedKeptGrantWhoseReleaseGetsNoAnswerIsNotReacquired(t *testing.T) {
 	}
 }
 
+// TestGrantWhoseReleaseGetsNoAnswerIsNotReacquired: a grant whose release
+// got no verdict is queued for the release pass; a worker that comes to the
+// account meanwhile does not acquire it (the same token would come back,
+// and the release, landing late, would free it under the round): it leaves
+// the account, as when another session holds it, and the release pass
+// settles the queued release once the worker has gone.
+func TestGrantWhoseReleaseGetsNoAnswerIsNotReacquired(t *testing.T) {
+	e := lingerExecutor(time.Second, 1)
+	log := slog.New(slog.DiscardHandler)
+	calls := 0
+	g := &flakyGrant{key: "payout:a", calls: &calls}
+	e.releaseLater("a", g)
+	if !e.reserve("a", time.Now()) {
+		t.Fatal("the account could not be reserved")
+	}
+	res := e.workAccount(noAcquireSession{t: t}, log, "a", workSeen{})
+	e.finishRound(log, "a", res, time.Now())
+	if !res.held || res.acquired {
+		t.Fatalf("round: %+v; want the account left (held), nothing acquired", res)
+	}
+	if p, ok := e.unreleased["a"]; !ok || p.g != g {
+		t.Fatalf("queued release: %+v (%v); want the grant still queued", p, ok)
+	}
+	e.retryReleases(log)
+	if calls != 1 || len(e.unreleased) != 0 {
+		t.Fatalf("after the release pass: %d release call(s), %d queued; want 1, 0", calls, len(e.unreleased))
+	}
+}
+
 // TestGrantNotKept: lingering off, a stop requested, or a grant no longer
 // valid: the round releases as before.
 func TestGrantNotKept(t *testing.T) {
