@@ -228,6 +228,8 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{"payout", "cancel", " ", "--reason", "r"},
 		{"serve", "lock"},
 		{"serve", "lock", "--backend", "zookeeper"},
+		{"serve", "lock", "--backend", "etcd", "--insecure-no-auth"},
+		{"serve", "lock", "--backend", "etcd", "--insecure-no-auth", "--etcd-endpoints", "http://127.0.0.1:1", "--etcd-embed-dir", "unused"},
 		{"bench", "lock", "--duration", "1s"},
 	} {
 		if code, _, errOut := runArgs(t, args...); code != 2 {

@@ -31,6 +31,9 @@ func newServeLockCmd(a *app) *cobra.Command {
 			if err := checkLockBackend(backend); err != nil {
 				return err
 			}
+			if err := checkEtcdFlags(backend, endpoints, embedDir); err != nil {
+				return err
+			}
 			if err := checkNonNegativeDurations(cmd, "grant-retention"); err != nil {
 				return err
 			}
@@ -63,6 +66,21 @@ func newServeLockCmd(a *app) *cobra.Command {
 	c.Flags().StringVar(&prefix, "etcd-prefix", etcdbackend.DefaultPrefix, "etcd key prefix of the lock service")
 	c.Flags().DurationVar(&retention, "grant-retention", 7*24*time.Hour, "how long ended grants stay in the grant log before compaction deletes them (0: forever); keep the reconciler's window within it")
 	return c
+}
+
+// checkEtcdFlags refuses an etcd backend with neither or both of its
+// stores named: a usage error, before anything starts.
+func checkEtcdFlags(backend, endpoints, embedDir string) error {
+	if backend != "etcd" {
+		return nil
+	}
+	switch hasEndpoints := strings.TrimSpace(strings.ReplaceAll(endpoints, ",", "")) != ""; {
+	case !hasEndpoints && embedDir == "":
+		return &ExitError{Code: 2, Err: errors.New("--backend etcd needs --etcd-endpoints or --etcd-embed-dir")}
+	case hasEndpoints && embedDir != "":
+		return &ExitError{Code: 2, Err: errors.New("--etcd-endpoints and --etcd-embed-dir are mutually exclusive")}
+	}
+	return nil
 }
 
 // checkLockBackend refuses a --backend the lock service has no store for,
