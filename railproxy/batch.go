@@ -187,8 +187,9 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 		if hook := s.afterRefusal.Load(); hook != nil {
 			(*hook)()
 		}
-		// One refusal, one piece of evidence: for the first item's payout.
-		return s.fencedOut(detached, log.With(obs.KeyPayoutID, reqs[0].PayoutID, "items", len(reqs)+len(held)), reqs[0], hw)
+		// One refusal, one event, for the first item's payout; a FENCED row
+		// for each item, the evidence that a stale holder tried to send it.
+		return s.fencedOut(detached, log.With(obs.KeyPayoutID, reqs[0].PayoutID, "items", len(reqs)+len(held)), reqs, hw)
 	}
 	s.crash(log, CrashAfterIntent)
 

@@ -174,8 +174,10 @@ func TestSubmissionDigestsPageByPayout(t *testing.T) {
 }
 
 // A batch under a stale token is refused whole, as a single submission is:
-// 409 fenced_out, nothing forwarded, no intent written, and its evidence
-// (one FENCED row, one fenced_out event) recorded once.
+// 409 fenced_out, nothing forwarded, no intent written. Its evidence: a
+// FENCED row for each item (D-5: a postmortem of any of its payouts shows
+// the stale holder tried to send it), and one fenced_out event for the one
+// refusal.
 func TestBatchFencedForwardsNothingAndLeavesEvidence(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{})
@@ -199,13 +201,10 @@ func TestBatchFencedForwardsNothingAndLeavesEvidence(t *testing.T) {
 	if n := countKind(b.safetyEvents(t), proxyclient.KindFencedOut); n != 1 {
 		t.Fatalf("fenced_out events: %d, want 1 for the whole batch", n)
 	}
-	rec, err := b.pc.Get(ctx, "p-a")
-	if err != nil || rec.Outcome != proxyclient.OutcomeFenced || rec.FenceToken != 5 {
-		t.Fatalf("evidence row of the fenced batch: %+v %v, want FENCED at token 5", rec, err)
-	}
-	for _, id := range []string{"p-b", "p-c"} {
-		if _, err := b.pc.Get(ctx, id); !problem.Has(err, problem.NotFound) {
-			t.Fatalf("%s after the fenced batch: %v, want not_found", id, err)
+	for _, id := range []string{"p-a", "p-b", "p-c"} {
+		rec, err := b.pc.Get(ctx, id)
+		if err != nil || rec.Outcome != proxyclient.OutcomeFenced || rec.FenceToken != 5 || rec.Holder != holder(2) {
+			t.Fatalf("evidence row of %s in the fenced batch: %+v %v, want FENCED at token 5 by %s", id, rec, err, holder(2))
 		}
 	}
 	if hw, _ := b.highWater(t, "acc-f"); hw.Token != 10 || hw.Holder != holder(1) {

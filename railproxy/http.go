@@ -100,7 +100,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 		if hook := s.afterRefusal.Load(); hook != nil {
 			(*hook)()
 		}
-		return s.fencedOut(detached, log, req, hw)
+		return s.fencedOut(detached, log, []proxyclient.SubmitRequest{req}, hw)
 	case intentExists:
 		return s.duplicate(detached, log, req)
 	}
@@ -148,11 +148,15 @@ func forwardFailed(err error) error {
 		"the submission was forwarded to the rail but its outcome could not be recorded; treat it as ambiguous")
 }
 
-func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, req proxyclient.SubmitRequest, refusedBy mark) error {
+// fencedOut records and answers a refused submission: reqs is the one
+// submission, or the written items of a refused batch (each gets its FENCED
+// row; the refusal is one event, counted once, for the first).
+func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, reqs []proxyclient.SubmitRequest, refusedBy mark) error {
+	req := reqs[0]
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	key := fencing.Key(req.AccountID)
-	ev, err := s.st.recordFenced(ctx, req, refusedBy, fmt.Sprintf("submission of payout %s refused at the proxy: token %d is not above the account's high-water mark", req.PayoutID, req.Token))
+	ev, err := s.st.recordFenced(ctx, reqs, refusedBy, fmt.Sprintf("submission of payout %s refused at the proxy: token %d is not above the account's high-water mark", req.PayoutID, req.Token))
 	s.m.fencedOut.Inc()
 	s.m.submissions.WithLabelValues(string(proxyclient.OutcomeFenced)).Inc()
 	s.m.safetyEvents.WithLabelValues(proxyclient.KindFencedOut).Inc()

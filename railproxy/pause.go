@@ -70,7 +70,7 @@ func (s *Server) paused(ctx context.Context, w http.ResponseWriter, log *slog.Lo
 			With(proxyclient.ForwardedExtension, false)
 	}
 	if fenced {
-		return s.fencedOut(ctx, log, req, hw)
+		return s.fencedOut(ctx, log, []proxyclient.SubmitRequest{req}, hw)
 	}
 	wait := s.retryIn()
 	why := pausedProblem(wait)

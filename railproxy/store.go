@@ -146,24 +146,31 @@ type fencedEvidence struct {
 }
 
 // recordFenced writes, in a transaction of its own, the FENCED row (D-5)
-// and the safety event(s) for a refused submission, judged from refusedBy:
-// the mark guard 2's statement refused the token against.
-func (st *store) recordFenced(ctx context.Context, req proxyclient.SubmitRequest, refusedBy mark, detail string) (fencedEvidence, error) {
+// of each refused submission — one, or each item of a refused batch — and
+// the safety event(s) of the refusal, once, for the first: one request, one
+// refusal. It is judged from refusedBy, the mark guard 2's statement
+// refused the token against. The evidence returned carries the first's row.
+func (st *store) recordFenced(ctx context.Context, reqs []proxyclient.SubmitRequest, refusedBy mark, detail string) (fencedEvidence, error) {
+	first := reqs[0]
 	ev := fencedEvidence{StoredToken: refusedBy.token, StoredHolder: refusedBy.holder}
-	ev.Regression = ev.StoredToken == req.Token && ev.StoredHolder != req.Holder
+	ev.Regression = ev.StoredToken == first.Token && ev.StoredHolder != first.Holder
 	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
-		var err error
-		ev.Record, err = scanRecord(tx.QueryRow(ctx, `
-			INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, outcome, error_code)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'FENCED', 'fenced_out')
-			RETURNING `+recordCols,
-			req.PayoutID, req.AccountID, int64(req.Token), string(req.Holder), req.ClientRef, req.Amount, req.Currency, req.BeneficiaryRef))
-		if err != nil {
-			return fmt.Errorf("insert FENCED row: %w", err)
+		for i, req := range reqs {
+			rec, err := scanRecord(tx.QueryRow(ctx, `
+				INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, outcome, error_code)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'FENCED', 'fenced_out')
+				RETURNING `+recordCols,
+				req.PayoutID, req.AccountID, int64(req.Token), string(req.Holder), req.ClientRef, req.Amount, req.Currency, req.BeneficiaryRef))
+			if err != nil {
+				return fmt.Errorf("insert FENCED row of payout %s: %w", req.PayoutID, err)
+			}
+			if i == 0 {
+				ev.Record = rec
+			}
 		}
-		events := []safetylog.Event{safetyEvent(proxyclient.KindFencedOut, req, ev.StoredToken, ev.StoredHolder, detail)}
+		events := []safetylog.Event{safetyEvent(proxyclient.KindFencedOut, first, ev.StoredToken, ev.StoredHolder, detail)}
 		if ev.Regression {
-			events = append(events, safetyEvent(proxyclient.KindTokenRegression, req, ev.StoredToken, ev.StoredHolder, detail))
+			events = append(events, safetyEvent(proxyclient.KindTokenRegression, first, ev.StoredToken, ev.StoredHolder, detail))
 		}
 		return safetylog.Insert(ctx, tx, events...)
 	})
