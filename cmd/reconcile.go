@@ -41,7 +41,7 @@ on --listen. docs/operations.md explains every finding.`,
 				"request-timeout", "ambiguity-sla"); err != nil {
 				return err
 			}
-			if err := checkNonNegativeDurations(cmd, "settlement-window", "lock-wait"); err != nil {
+			if err := checkNonNegativeDurations(cmd, "settlement-window", "lock-wait", "grant-retention"); err != nil {
 				return err
 			}
 			if cfg.LockWait > backend.MaxWait {
@@ -99,6 +99,7 @@ on --listen. docs/operations.md explains every finding.`,
 	fl.StringVar(&cfg.MetricsFile, "metrics-file", "", "after every pass, write the findings in the Prometheus text format to this file (atomic rename; node_exporter textfile collector)")
 	fl.DurationVar(&cfg.SettlementWindow, "settlement-window", reconcile.DefaultSettlementWindow, "look an ambiguous payout up at the rail once it has been ambiguous this long (the rail's own final flag still decides)")
 	fl.DurationVar(&cfg.LockWait, "lock-wait", reconcile.DefaultLockWait, "how long resolving an ambiguous payout waits for its account's lock when another session holds it (an executor keeps a grant between its rounds); 0: not at all, the payout is left for a later pass")
+	fl.DurationVar(&cfg.GrantRetention, "grant-retention", backend.DefaultGrantRetention, "the lock service's --grant-retention: ledger entries and submissions written before it (less "+reconcile.GrantClockSkew.String()+" for clock skew) are not checked against the grant log, whose grants of them may have been compacted; 0 checks them all")
 	fl.DurationVar(&cfg.AmbiguitySLA, "ambiguity-sla", reconcile.DefaultAmbiguitySLA, "report ambiguous payouts older than this for an operator")
 	fl.StringVar(&cfg.RailToken, "rail-token", "", "the rail credential: bearer of every lookup at the rail (a reconciler-role token of the rail), and of its settlement report without --rail-report-token-file; required (visible in ps: prefer --rail-token-file)")
 	fl.StringVar(&railTokenFile, "rail-token-file", "", "file holding the rail credential (required unless --rail-token is given); the reconciler never sends its own --token to the rail")

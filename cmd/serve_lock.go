@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/payouts/payouts/lock"
+	lockbackend "github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/etcdbackend"
 	"github.com/payouts/payouts/migrations"
 )
@@ -64,7 +65,7 @@ func newServeLockCmd(a *app) *cobra.Command {
 	c.Flags().StringVar(&endpoints, "etcd-endpoints", "", "etcd client URLs, comma-separated (--backend etcd)")
 	c.Flags().StringVar(&embedDir, "etcd-embed-dir", "", "run a single-node embedded etcd with data in DIR (development; --backend etcd)")
 	c.Flags().StringVar(&prefix, "etcd-prefix", etcdbackend.DefaultPrefix, "etcd key prefix of the lock service")
-	c.Flags().DurationVar(&retention, "grant-retention", 7*24*time.Hour, "how long ended grants stay in the grant log before compaction deletes them (0: forever); keep the reconciler's window within it")
+	c.Flags().DurationVar(&retention, "grant-retention", lockbackend.DefaultGrantRetention, "how long ended grants stay in the grant log before compaction deletes them (0: forever); payouts reconcile --grant-retention must not exceed it")
 	return c
 }
 

@@ -38,7 +38,7 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 			rep.HighestFence, lockHigh, rep.HighestFence)
 	}
 
-	grants := newGrantIndex(r.c.Lock, r.opts.PageSize)
+	grants := newGrantIndex(r.c.Lock, r.opts.PageSize).withRetention(r.opts.GrantRetention, r.opts.Now())
 	if err := grants.load(ctx); err != nil {
 		return cannotRun("read the lock service's grant log", err)
 	}
@@ -72,6 +72,7 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 		return err
 	}
 	rep.Scanned.Grants = grants.len()
+	grants.noteBeyond(rep)
 	return nil
 }
 

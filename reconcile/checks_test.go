@@ -373,6 +373,40 @@ func TestWritesWithoutGrant(t *testing.T) {
 	mustFind(t, rep, reconcile.INV07, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID, "account_id": "payout-clearing", "token": never})
 }
 
+// TestWritesBeyondTheGrantRetentionAreNotChecked: the lock service
+// compacts ended grants after its retention, so a write older than that
+// may have lost its grant's record. Such a write is not reported as
+// without a grant (a healthy system a week old would page on every payout
+// it ever made); it is counted in a note. Without a retention the same
+// writes are findings, as in TestWritesWithoutGrant.
+func TestWritesBeyondTheGrantRetentionAreNotChecked(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.newPayout(t, acc, 10)
+	const never = 4_100_000_000_000 // far above anything the lock service issued
+	e.exec(t, "paydb", true, `UPDATE payout SET submitted_at = now() - interval '8 days' WHERE id = $1`, p.ID)
+	e.exec(t, "proxydb", false, `INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
+		VALUES ($1, $2, $3, 'compacted', $4, $5, 'EUR', 'BEN-x')`, p.ID, acc, never, p.ClientRef, p.Amount)
+	group := uniq("compacted")
+	e.exec(t, "paydb", false, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id, payout_id, token, created_at) VALUES
+		($1, $2, -10, 'payout-clearing', $3, $4, now() - interval '8 days'), ($1, 'payout-clearing', 10, $2, $3, $4, now() - interval '8 days')`, group, acc, p.ID, never)
+
+	rep := pass(t, e.reconciler(t, reconcile.Options{GrantRetention: 7 * 24 * time.Hour}, e.st.Ready.Tokens.Operator))
+	mustNotFind(t, rep, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID})
+	mustNotFind(t, rep, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID})
+	noted := false
+	for _, n := range rep.Notes {
+		noted = noted || strings.Contains(n, "not checked against the grant log")
+	}
+	if !noted {
+		t.Errorf("no note of the writes left unchecked; notes: %q", rep.Notes)
+	}
+
+	rep = pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV07, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID, "token": never})
+	mustFind(t, rep, reconcile.INV07, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID, "account_id": acc, "token": never})
+}
+
 // TestSubmissionUnderAnotherSessionsToken: a token the lock service granted
 // for the right key, but to a different session than the submission's
 // holder (a token issued twice), is flagged.

@@ -191,6 +191,10 @@ func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, 
 // service granted for its account, to the session that wrote it (INV-07).
 func (r *Reconciler) checkSubmissionGrant(ctx context.Context, rep *Report, p pc.Payout, s proxyclient.Record, grants *grantIndex) error {
 	key := lockKey(s.AccountID)
+	// Forwarded no earlier than the payout became RAIL_SUBMITTED.
+	if p.SubmittedAt != nil && grants.beyondRetention(*p.SubmittedAt, "submission") {
+		return nil
+	}
 	ok, other, err := grants.granted(ctx, s.FenceToken, key)
 	if err != nil {
 		return cannotRun("read the lock service's grant log", err)

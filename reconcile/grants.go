@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/payouts/payouts/lock/fencing"
 )
@@ -29,12 +30,54 @@ type grantIndex struct {
 	// late are grants looked up on their own (below last when found).
 	late map[fencing.Token][2]uint32
 	last fencing.Token
+	// horizon: a write made before it may have outlived its grant's
+	// record (compacted by the lock service's retention); zero: none.
+	horizon time.Time
+	// beyond counts the writes not checked for that reason, by kind.
+	beyond map[string]int
 	// mu serialises lookups: payouts are checked concurrently.
 	mu sync.Mutex
 }
 
+// GrantClockSkew is the margin the retention window allows between the
+// clocks of the lock service and of the databases that date the writes.
+const GrantClockSkew = time.Hour
+
+// withRetention sets the horizon for a lock service that compacts ended
+// grants after retention (0: never), seen at now.
+func (g *grantIndex) withRetention(retention time.Duration, now time.Time) *grantIndex {
+	if retention > 0 {
+		g.horizon = now.Add(-retention + GrantClockSkew)
+	}
+	return g
+}
+
+// beyondRetention reports whether a write of kind made at `at` is older
+// than the grant log's retention, and counts it if so. Its grant ended
+// after it was written, so a grant the lock service may have compacted
+// (ended before now less the retention) belongs to a write older than that.
+func (g *grantIndex) beyondRetention(at time.Time, kind string) bool {
+	if g.horizon.IsZero() || !at.Before(g.horizon) {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.beyond[kind]++
+	return true
+}
+
+// noteBeyond notes on rep how many writes the retention kept from the check.
+func (g *grantIndex) noteBeyond(rep *Report) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if n := g.beyond["ledger"] + g.beyond["submission"]; n > 0 {
+		rep.note("%d ledger entries and %d submissions written before %s (the grant retention, less %s for clock skew) were not checked against the grant log: their grants may have been compacted",
+			g.beyond["ledger"], g.beyond["submission"], g.horizon.UTC().Format(time.RFC3339), GrantClockSkew)
+	}
+}
+
 func newGrantIndex(svc LockService, limit int) *grantIndex {
-	return &grantIndex{svc: svc, limit: limit, nameIdx: map[string]uint32{}, late: map[fencing.Token][2]uint32{}}
+	return &grantIndex{svc: svc, limit: limit, nameIdx: map[string]uint32{}, late: map[fencing.Token][2]uint32{}, beyond: map[string]int{}}
 }
 
 // name is s's index in names, added when new.

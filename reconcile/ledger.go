@@ -133,6 +133,9 @@ func (r *Reconciler) checkLedgerGrant(ctx context.Context, rep *Report, e pc.Led
 		rep.add(CheckLedgerWithoutGrant, objs(), "ledger entry %d of payout %s carries no token: it was posted outside any grant", e.ID, e.PayoutID)
 		return nil
 	}
+	if grants.beyondRetention(e.CreatedAt, "ledger") {
+		return nil
+	}
 	ok, other, err := grants.granted(ctx, e.Token, key)
 	if err != nil {
 		return cannotRun("read the lock service's grant log", err)

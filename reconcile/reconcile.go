@@ -84,6 +84,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock for ages (tests); time.Now when nil.
 	Now func() time.Time
+	// GrantRetention is the lock service's --grant-retention: how long it
+	// keeps ended grants before compacting them away. A ledger entry or
+	// submission written before then, less GrantClockSkew, may have lost
+	// its grant to compaction and is not checked against the grant log
+	// (INV-07); 0 checks every one, for a lock service that keeps them all.
+	GrantRetention time.Duration
 	// SafetyEventsAfter skips the safety events an earlier pass already
 	// reported (ids at or below the cursor, per guard). The zero value
 	// reports every event ever recorded.

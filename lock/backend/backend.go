@@ -18,6 +18,11 @@ import (
 	"github.com/payouts/payouts/lock/fencing"
 )
 
+// DefaultGrantRetention is how long `payouts serve lock` keeps ended grants
+// in the grant log by default (--grant-retention), and the window
+// `payouts reconcile` checks writes against it by default.
+const DefaultGrantRetention = 7 * 24 * time.Hour
+
 // Limits on caller input (DESIGN §4, issue "Bad input").
 const (
 	MinTTL      = time.Second
