@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -172,7 +173,7 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 	// one: the probe) are answered without being written or forwarded.
 	admitted := s.gate.Admit(s.now(), len(reqs))
 	if admitted == 0 {
-		return s.paused(detached, w, log.With(obs.KeyPayoutID, reqs[0].PayoutID, "items", len(reqs)), reqs[0], len(reqs))
+		return s.paused(detached, w, log.With(obs.KeyPayoutID, reqs[0].PayoutID, "items", len(reqs)), reqs)
 	}
 	held := reqs[admitted:]
 	reqs = reqs[:admitted]
@@ -188,8 +189,9 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 			(*hook)()
 		}
 		// One refusal, one event, for the first item's payout; a FENCED row
-		// for each item, the evidence that a stale holder tried to send it.
-		return s.fencedOut(detached, log.With(obs.KeyPayoutID, reqs[0].PayoutID, "items", len(reqs)+len(held)), reqs, hw)
+		// for each item, held ones included (the same token sent them),
+		// the evidence that a stale holder tried to send it.
+		return s.fencedOut(detached, log.With(obs.KeyPayoutID, reqs[0].PayoutID, "items", len(reqs)+len(held)), slices.Concat(reqs, held), hw)
 	}
 	s.crash(log, CrashAfterIntent)
 

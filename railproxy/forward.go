@@ -17,11 +17,6 @@ import (
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
-// codeNotForwardedInTime is the error code of a submission recorded
-// REJECTED without being sent: its rail call could not start within the
-// send window (forward).
-const codeNotForwardedInTime = "not_forwarded_in_time"
-
 type forwardResult struct {
 	rec proxyclient.Record
 	err error
@@ -41,7 +36,7 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 	var outcome proxyclient.Outcome
 	var railRef, code, why string
 	if waited := start.Sub(begun); waited > s.sendWindow() {
-		outcome, code = proxyclient.OutcomeRejected, codeNotForwardedInTime
+		outcome, code = proxyclient.OutcomeRejected, proxyclient.ErrorCodeNotForwardedInTime
 		why = fmt.Sprintf("not sent: its rail call could not start within %s of its intent (waited %s for a slot)", s.sendWindow(), waited.Round(time.Millisecond))
 	} else {
 		p, err := s.rail.Pay(ctx, railclient.PaymentRequest{
@@ -87,7 +82,7 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 	}
 	s.m.submissions.WithLabelValues(string(outcome)).Inc()
 	lvl := slog.LevelInfo
-	if outcome == proxyclient.OutcomeTimeout || code == codeNotForwardedInTime {
+	if outcome == proxyclient.OutcomeTimeout || code == proxyclient.ErrorCodeNotForwardedInTime {
 		lvl = slog.LevelWarn
 	}
 	log.Log(ctx, lvl, "submission outcome recorded", "submission_id", out.ID, "outcome", string(outcome),

@@ -117,6 +117,8 @@ type bundle struct {
 	url     string
 	logs    *syncBuffer
 	now     func() time.Time // the proxy's clock (nil: the real one)
+	// sendWindow is the proxy's SendWindow (0: its default).
+	sendWindow time.Duration
 }
 
 type options struct {
@@ -126,6 +128,8 @@ type options struct {
 	dbURL       string // reuse a database (restart)
 	// now is the proxy's clock for the rail pause (default: the real one).
 	now func() time.Time
+	// sendWindow is the proxy's SendWindow (default: its own).
+	sendWindow time.Duration
 }
 
 func ctxFor(t *testing.T) context.Context {
@@ -187,7 +191,7 @@ func setup(t *testing.T, o options) *bundle {
 	if b.rail, err = railclient.New(b.railURL, operatorBearer); err != nil {
 		t.Fatal(err)
 	}
-	b.now = o.now
+	b.now, b.sendWindow = o.now, o.sendWindow
 	b.startProxy(t, o.railTimeout, "")
 	return b
 }
@@ -196,8 +200,8 @@ func (b *bundle) startProxy(t *testing.T, railTimeout time.Duration, crashPoint 
 	t.Helper()
 	s, err := New(ctxFor(t), Config{
 		Addr: "127.0.0.1:0", Logger: obs.NewLogger(b.logs, slog.LevelDebug, "proxy"), Auth: testAuth(),
-		DatabaseURL: b.dbURL, RailURL: b.railURL, RailToken: proxyBearer, RailTimeout: railTimeout, crashPoint: crashPoint,
-		now: b.now,
+		DatabaseURL: b.dbURL, RailURL: b.railURL, RailToken: proxyBearer, RailTimeout: railTimeout, SendWindow: b.sendWindow,
+		crashPoint: crashPoint, now: b.now,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -86,7 +86,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	// commit would leave us not knowing whether the intent was written.
 	detached := context.WithoutCancel(r.Context())
 	if s.gate.Admit(s.now(), 1) == 0 {
-		return s.paused(detached, w, log, req, 1)
+		return s.paused(detached, w, log, []proxyclient.SubmitRequest{req})
 	}
 	begun := time.Now()
 	ctx, cancel := context.WithTimeout(detached, dbTimeout)
@@ -158,7 +158,7 @@ func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, reqs []proxycl
 	key := fencing.Key(req.AccountID)
 	ev, err := s.st.recordFenced(ctx, reqs, refusedBy, fmt.Sprintf("submission of payout %s refused at the proxy: token %d is not above the account's high-water mark", req.PayoutID, req.Token))
 	s.m.fencedOut.Inc()
-	s.m.submissions.WithLabelValues(string(proxyclient.OutcomeFenced)).Inc()
+	s.m.submissions.WithLabelValues(string(proxyclient.OutcomeFenced)).Add(float64(len(reqs)))
 	s.m.safetyEvents.WithLabelValues(proxyclient.KindFencedOut).Inc()
 	attrs := []any{obs.KeyEvent, proxyclient.KindFencedOut, "stored_token", int64(ev.StoredToken), "stored_holder", string(ev.StoredHolder)}
 	if err != nil {

@@ -63,6 +63,21 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 		})
 		return nil
 	}
+	// A submission without outcome is judged only once older than its send
+	// window and rail call together, and that before the rail is asked:
+	// evidence gathered earlier could predate a call still to come.
+	if rec.Outcome == proxyclient.OutcomeNone {
+		old, err := s.st.olderThan(ctx, rec.ID, s.resolvableAge())
+		if err != nil {
+			return problem.Wrap(problem.Unavailable, err, "could not read the submission's age; nothing recorded")
+		}
+		if !old {
+			httpx.WriteJSON(w, http.StatusOK, proxyclient.LookupResult{
+				RailItems: []proxyclient.RailPayment{}, Submission: rec, Detail: s.tooYoung(),
+			})
+			return nil
+		}
+	}
 	l, err := s.rail.Find(ctx, rec.ClientRef)
 	if err != nil {
 		return problem.Wrap(problem.Unavailable, err, "could not ask the rail about client reference %s; nothing recorded", rec.ClientRef)
@@ -145,4 +160,10 @@ func nonNil(p []proxyclient.RailPayment) []proxyclient.RailPayment {
 		return []proxyclient.RailPayment{}
 	}
 	return p
+}
+
+// tooYoung is a lookup's answer for a submission without outcome that may
+// still be forwarded.
+func (s *Server) tooYoung() string {
+	return fmt.Sprintf("the submission has no outcome and is younger than %s (its send window and the rail timeout): its forwarding may still be under way; the rail was not asked and nothing recorded", s.resolvableAge())
 }

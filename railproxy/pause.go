@@ -58,10 +58,11 @@ func pausedProblem(wait time.Duration) *problem.Error {
 		wait.Round(time.Millisecond)).With(proxyclient.ForwardedExtension, false)
 }
 
-// paused answers a submission of n payouts (one, or a whole batch: req is
-// its first item) not admitted while the rail is paused: guard 2 first, so
-// that a stale token is fenced out as always, then 503 with Retry-After.
-func (s *Server) paused(ctx context.Context, w http.ResponseWriter, log *slog.Logger, req proxyclient.SubmitRequest, n int) error {
+// paused answers a submission of reqs (one, or a whole batch) not admitted
+// while the rail is paused: guard 2 first, so that a stale token is fenced
+// out as always, then 503 with Retry-After.
+func (s *Server) paused(ctx context.Context, w http.ResponseWriter, log *slog.Logger, reqs []proxyclient.SubmitRequest) error {
+	req, n := reqs[0], len(reqs)
 	cctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	hw, fenced, err := s.st.checkFence(cctx, req)
 	cancel()
@@ -70,7 +71,7 @@ func (s *Server) paused(ctx context.Context, w http.ResponseWriter, log *slog.Lo
 			With(proxyclient.ForwardedExtension, false)
 	}
 	if fenced {
-		return s.fencedOut(ctx, log, []proxyclient.SubmitRequest{req}, hw)
+		return s.fencedOut(ctx, log, reqs, hw)
 	}
 	wait := s.retryIn()
 	why := pausedProblem(wait)

@@ -16,16 +16,20 @@ import (
 )
 
 // silentRail never answers a payment (the proxy's rail timeout ends each
-// call) and counts them; a lookup finds no payment, as final.
-func silentRail(t *testing.T) (url string, payments func() int) {
+// call); a lookup finds no payment, as final. It counts both.
+func silentRail(t *testing.T) (url string, payments, lookups func() int) {
 	t.Helper()
 	var mu sync.Mutex
-	n := 0
+	pays, looks := 0, 0
 	rail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
 		if r.Method == http.MethodPost {
-			mu.Lock()
-			n++
-			mu.Unlock()
+			pays++
+		} else {
+			looks++
+		}
+		mu.Unlock()
+		if r.Method == http.MethodPost {
 			// Read to the end: only then does the server watch the
 			// connection, and end the request when the proxy gives up.
 			_, _ = io.Copy(io.Discard, r.Body)
@@ -36,26 +40,28 @@ func silentRail(t *testing.T) (url string, payments func() int) {
 		_, _ = w.Write([]byte(`{"items":[],"final":true}`))
 	}))
 	t.Cleanup(rail.Close)
-	return rail.URL, func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return n
+	count := func(n *int) func() int {
+		return func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			return *n
+		}
 	}
+	return rail.URL, count(&pays), count(&looks)
 }
 
 // TestABatchItemLateForItsSlotIsNotSent: the items of a batch past the
 // first maxBatchForwards wait for a slot. With a rail that never answers,
-// the slots come free only when the rail timeout ends each call: by then the
-// send window (the rail timeout, from the intent) has passed, and the item is
-// recorded REJECTED not_forwarded_in_time without reaching the rail. Sent
-// that late, it could pay after another proxy's lookup, finding the rail
-// empty and the intent older than the rail timeout, had resolved it ABSENT.
+// the slots come free only when the rail timeout ends each call: with a
+// send window no longer than the rail timeout, that is past the window, and
+// the item is recorded REJECTED not_forwarded_in_time without reaching the
+// rail. Sent that late, it could pay after another proxy's lookup, finding
+// the rail empty and the intent old enough, had resolved it ABSENT.
 func TestABatchItemLateForItsSlotIsNotSent(t *testing.T) {
 	t.Parallel()
-	railURL, calls := silentRail(t)
-	dbURL := pgtest.NewDB(t, migrations.ProxyDB)
-	b := setup(t, options{railURL: railURL, dbURL: dbURL, railTimeout: 500 * time.Millisecond})
-	other := setup(t, options{railURL: railURL, dbURL: dbURL, railTimeout: 500 * time.Millisecond})
+	railURL, calls, _ := silentRail(t)
+	const railTimeout = 2 * time.Second
+	b := setup(t, options{railURL: railURL, railTimeout: railTimeout, sendWindow: railTimeout})
 
 	items := make([]proxyclient.BatchItem, maxBatchForwards+1)
 	for i := range items {
@@ -76,36 +82,29 @@ func TestABatchItemLateForItsSlotIsNotSent(t *testing.T) {
 		switch {
 		case r.Err != nil:
 			t.Fatalf("item %d: %v", i, r.Err)
-		case r.Record.Outcome == proxyclient.OutcomeRejected && r.Record.ErrorCode == codeNotForwardedInTime:
+		case r.Record.Outcome == proxyclient.OutcomeRejected && r.Record.ErrorCode == proxyclient.ErrorCodeNotForwardedInTime:
 			late = append(late, r.Record.PayoutID)
 		case r.Record.Outcome != proxyclient.OutcomeTimeout || r.Record.ErrorCode != "rail_timeout":
-			t.Errorf("item %d: outcome %q error code %q, want TIMEOUT rail_timeout, or REJECTED %s", i, r.Record.Outcome, r.Record.ErrorCode, codeNotForwardedInTime)
+			t.Errorf("item %d: outcome %q error code %q, want TIMEOUT rail_timeout, or REJECTED %s", i, r.Record.Outcome, r.Record.ErrorCode, proxyclient.ErrorCodeNotForwardedInTime)
 		}
 	}
 	if len(late) != 1 {
-		t.Fatalf("items recorded REJECTED %s: %v, want exactly the one past the slots", codeNotForwardedInTime, late)
-	}
-	last := late[0]
-	l, err := other.recon.Lookup(ctxFor(t), last)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if l.Recorded || l.Submission.Resolution != proxyclient.ResolutionNone {
-		t.Fatalf("lookup of the unsent item from another proxy: %+v; want nothing recorded (its outcome is not ambiguous)", l)
+		t.Fatalf("items recorded REJECTED %s: %v, want exactly the one past the slots", proxyclient.ErrorCodeNotForwardedInTime, late)
 	}
 }
 
 // TestLookupWaitsForTheSendWindowAndTheRailCall: a submission without
 // outcome (its forward still running somewhere, or died) is resolved by a
-// lookup only once older than the send window and the rail timeout together:
-// until then a rail call may have started late in its window and still be
-// running. Rows are planted with their age; the rail finds nothing, final.
+// lookup only once older than the send window and the rail timeout
+// together, judged before the rail is asked: until then a rail call may
+// have started late in its window and still be running, or be still to
+// come. Rows are planted with their age; the rail finds nothing, final.
 func TestLookupWaitsForTheSendWindowAndTheRailCall(t *testing.T) {
 	t.Parallel()
-	railURL, _ := silentRail(t)
+	railURL, _, lookups := silentRail(t)
 	dbURL := pgtest.NewDB(t, migrations.ProxyDB)
-	const railTimeout = 2 * time.Second
-	b := setup(t, options{railURL: railURL, dbURL: dbURL, railTimeout: railTimeout})
+	const railTimeout, sendWindow = 4 * time.Second, 4 * time.Second
+	b := setup(t, options{railURL: railURL, dbURL: dbURL, railTimeout: railTimeout, sendWindow: sendWindow})
 	conn := pgtest.Conn(t, dbURL)
 	plant := func(payoutID string, age time.Duration) {
 		t.Helper()
@@ -117,21 +116,26 @@ func TestLookupWaitsForTheSendWindowAndTheRailCall(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	plant("p-age-young", railTimeout+railTimeout/2)
-	plant("p-age-old", 2*railTimeout+railTimeout/2)
+	// Older than the rail timeout, and than the send window, but not than
+	// both together (8 s): 3 s of margin for the lookup on a loaded machine.
+	plant("p-age-young", sendWindow+time.Second)
+	plant("p-age-old", 2*(sendWindow+railTimeout))
 
 	young, err := b.recon.Lookup(ctxFor(t), "p-age-young")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if young.Recorded || young.Resolution != proxyclient.ResolutionNone {
-		t.Errorf("lookup of a submission without outcome, older than the rail timeout but within the send window and the rail timeout: %+v; want nothing recorded", young)
+	if young.Recorded || young.Resolution != proxyclient.ResolutionNone || young.Final {
+		t.Errorf("lookup of a submission without outcome within its send window and rail timeout: %+v; want nothing recorded, not final", young)
+	}
+	if n := lookups(); n != 0 {
+		t.Errorf("the rail was asked %d time(s) about the young submission, want 0: its answer could predate a call still to come", n)
 	}
 	old, err := b.recon.Lookup(ctxFor(t), "p-age-old")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !old.Recorded || old.Resolution != proxyclient.ResolutionAbsent {
-		t.Errorf("lookup of a submission without outcome past the send window and the rail timeout: %+v; want ABSENT recorded", old)
+		t.Errorf("lookup of a submission without outcome past its send window and rail timeout: %+v; want ABSENT recorded", old)
 	}
 }

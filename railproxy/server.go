@@ -52,9 +52,14 @@ type Config struct {
 	// nil: the default client.
 	HTTPClient *http.Client
 	// RailTimeout bounds the one rail call of a submission; past it the
-	// outcome is TIMEOUT. It also bounds how long after its intent a
-	// submission's rail call may start (sendWindow). Default 10s.
+	// outcome is TIMEOUT. Default 10s.
 	RailTimeout time.Duration
+	// SendWindow bounds how long after its intent's transaction began a
+	// submission's rail call may start; one that cannot start by then is
+	// not sent (REJECTED not_forwarded_in_time). Default: the time the
+	// last wave of a full batch may wait behind the others, each call
+	// running to the rail timeout (defaultSendWindow).
+	SendWindow time.Duration
 	// RequestTimeout is the per-request deadline of the HTTP API (default
 	// 30s). A submission whose rail call outlives it is still finished and
 	// recorded.
@@ -96,8 +101,17 @@ type Server struct {
 }
 
 // sendWindow bounds how late after its intent's transaction began a
-// submission's rail call may start (forward): the rail timeout.
-func (s *Server) sendWindow() time.Duration { return s.cfg.RailTimeout }
+// submission's rail call may start (forward).
+func (s *Server) sendWindow() time.Duration { return s.cfg.SendWindow }
+
+// defaultSendWindow: a batch of MaxBatchItems runs in waves of
+// maxBatchForwards calls; its last wave starts once the waves before it
+// have ended, each within the rail timeout. One wave more covers the
+// intent's transaction itself.
+func defaultSendWindow(railTimeout time.Duration) time.Duration {
+	waves := (proxyclient.MaxBatchItems + maxBatchForwards - 1) / maxBatchForwards
+	return time.Duration(waves) * railTimeout
+}
 
 // resolvableAge is the age past which a submission without outcome has no
 // rail call running any more: any call started within the send window and
@@ -118,6 +132,12 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.RailTimeout < 0 {
 		return nil, fmt.Errorf("railproxy: rail timeout %s is negative", cfg.RailTimeout)
+	}
+	if cfg.SendWindow == 0 {
+		cfg.SendWindow = defaultSendWindow(cfg.RailTimeout)
+	}
+	if cfg.SendWindow < 0 {
+		return nil, fmt.Errorf("railproxy: send window %s is negative", cfg.SendWindow)
 	}
 	if cfg.crashPoint == "" {
 		cfg.crashPoint = crashPointFromEnv()

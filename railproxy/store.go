@@ -233,6 +233,15 @@ func (st *store) recordResolution(ctx context.Context, id int64, read proxyclien
 	return rec, err == nil, err
 }
 
+// olderThan reports whether submission id was written more than age ago,
+// by the database's clock (the one that dated it).
+func (st *store) olderThan(ctx context.Context, id int64, age time.Duration) (bool, error) {
+	var old bool
+	err := st.pool.QueryRow(ctx, `SELECT created_at < now() - make_interval(secs => $2) FROM rail_submission WHERE id = $1`,
+		id, age.Seconds()).Scan(&old)
+	return old, err
+}
+
 // forwarded returns the payout's forwarded submission (pgx.ErrNoRows if none).
 func (st *store) forwarded(ctx context.Context, payoutID string) (proxyclient.Record, error) {
 	return scanRecord(st.pool.QueryRow(ctx, `SELECT `+recordCols+` FROM rail_submission

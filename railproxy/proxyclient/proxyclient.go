@@ -36,6 +36,11 @@ const (
 	OutcomeFenced   Outcome = "FENCED"   // stale token: never forwarded (evidence only)
 )
 
+// ErrorCodeNotForwardedInTime is the error code of a submission recorded
+// REJECTED without being sent: its rail call could not start within the
+// proxy's send window. The rail never saw it; it says nothing of the rail.
+const ErrorCodeNotForwardedInTime = "not_forwarded_in_time"
+
 // Ambiguous reports whether money may have moved without us knowing.
 func (o Outcome) Ambiguous() bool { return o == OutcomeNone || o == OutcomeTimeout }
 
