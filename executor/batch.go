@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"cmp"
 	"errors"
 	"strings"
 	"sync"
@@ -266,18 +267,25 @@ func (b *batch) sendAll(ps []pc.Payout) ([]pc.Payout, []pc.StepItem) {
 		r.log.Warn("the proxy refused the batch submission for its input; sending its payouts one at a time",
 			"items", len(ps), obs.KeyError, err.Error())
 		answers = b.sendEach(ps)
-	case noUsableAnswer(err):
-		b.unclear(ps, err, collect)
-		return reported, items
 	default:
 		answers = make([]submitAnswer, len(ps))
 		for i := range answers {
 			answers[i].err = err
 		}
 	}
+	var unclear []pc.Payout
+	var unclearErr error
 	for i, p := range ps {
+		if noUsableAnswer(answers[i].err) {
+			unclear = append(unclear, p)
+			unclearErr = cmp.Or(unclearErr, answers[i].err)
+			continue
+		}
 		next, err := r.answered(p, answers[i].rec, answers[i].err, collect)
 		b.file(p, next, err)
+	}
+	if len(unclear) > 0 {
+		b.unclear(unclear, unclearErr, collect)
 	}
 	return reported, items
 }
@@ -294,12 +302,15 @@ func (b *batch) file(p, next pc.Payout, err error) {
 }
 
 // unclear settles the payouts of a batch submission that got no usable
-// answer (no connection, a timeout, a 5xx): which were forwarded is
-// unknown, so each is settled from the proxy's record (D-4), never sent
-// again. They share one wait for the outcomes to be recorded; once it has
-// passed and a payout is still unclear, the rest are left RAIL_SUBMITTED
-// for the next pass without asking, so that a proxy that does not answer
-// holds the account for one wait and one call, not one per payout.
+// answer for them (no connection, a timeout, a 5xx, an item answered
+// unavailable): whether they were forwarded is unknown, so each is settled
+// from the proxy's record (D-4), never sent again. They share one wait for
+// the outcomes to be recorded. Once it has passed, each remaining payout is
+// asked about once (one forwarded without outcome is then RAIL_AMBIGUOUS),
+// until one must be left RAIL_SUBMITTED (the proxy holds no record of it or
+// does not answer): the rest are then left for the next pass without
+// asking, so that a proxy that does not answer holds the account for one
+// wait and one call, not one per payout.
 func (b *batch) unclear(ps []pc.Payout, err error, collect func(pc.Payout, proxyclient.Record) (pc.Payout, error)) {
 	r := b.r
 	r.e.m.steps.WithLabelValues("submit", resultTransient).Add(float64(len(ps)))
@@ -307,15 +318,17 @@ func (b *batch) unclear(ps []pc.Payout, err error, collect func(pc.Payout, proxy
 		"items", len(ps), obs.KeyError, err.Error())
 	r.e.railAnswer(r.log, false)
 	deadline := time.Now().Add(unknownSubmitWait)
+	left := false
 	for i, p := range ps {
 		if b.fatal != nil {
 			return
 		}
-		if b.leave != nil && time.Now().After(deadline) {
+		if left && time.Now().After(deadline) {
 			r.log.Warn("left the rest of the unclear batch RAIL_SUBMITTED for the next pass", "left", len(ps)-i)
 			return
 		}
 		next, err := r.settleUnknown(p, deadline, collect)
+		left = left || errors.Is(err, errLeave)
 		b.file(p, next, err)
 	}
 }

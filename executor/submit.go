@@ -119,10 +119,12 @@ func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report fu
 	case err == nil:
 		r.e.m.steps.WithLabelValues("submit", resultOK).Inc()
 		log.Debug("the proxy answered", "outcome", outcomeText(rec.Outcome), "rail_ref", rec.RailRef, "error_code", rec.ErrorCode)
-		switch rec.Outcome {
-		case proxyclient.OutcomeAcked, proxyclient.OutcomeRejected:
+		switch {
+		case rec.ErrorCode == proxyclient.ErrorCodeNotForwardedInTime:
+			// Not sent: it says nothing of the rail.
+		case rec.Outcome == proxyclient.OutcomeAcked, rec.Outcome == proxyclient.OutcomeRejected:
 			r.e.railAnswer(log, true)
-		case proxyclient.OutcomeTimeout:
+		case rec.Outcome == proxyclient.OutcomeTimeout:
 			r.e.railAnswer(log, false)
 		}
 		r.hook(AfterSubmitted, p)
