@@ -28,6 +28,8 @@ type Grant struct {
 	s      *Session
 	ctx    context.Context
 	cancel context.CancelFunc
+	// superseded (under s.mu): a later Grant of the key replaced this one.
+	superseded bool
 }
 
 // Holder is the holder identity to present with the token (the session id).
@@ -109,6 +111,7 @@ func (s *Session) register(info GrantInfo) (*Grant, error) {
 	// once, not once per acquire for the session's life.
 	if old := s.byKey[g.Key]; old != nil {
 		delete(s.grants, old)
+		old.superseded = true
 		old.cancel()
 	}
 	s.grants[g] = struct{}{}
@@ -118,17 +121,23 @@ func (s *Session) register(info GrantInfo) (*Grant, error) {
 
 // Release releases g (compare-and-delete on key, session and token). Its
 // context is cancelled whatever the outcome; ErrNotHeld when the grant was
-// no longer current (revoked or expired).
+// no longer current (revoked or expired). A Grant a later one of its key
+// superseded is released here only: on the service, its token may be the
+// later Grant's, which stays held.
 func (s *Session) Release(ctx context.Context, g *Grant) error {
 	if g == nil || g.s != s {
 		return errors.New("lockclient: release of a grant from another session")
 	}
 	s.mu.Lock()
+	superseded := g.superseded
 	delete(s.grants, g)
 	if s.byKey[g.Key] == g {
 		delete(s.byKey, g.Key)
 	}
 	s.mu.Unlock()
 	g.cancel()
+	if superseded {
+		return nil
+	}
 	return s.c.hc.Post(ctx, lockPath(g.Key)+"/release", ReleaseRequest{SessionID: s.id, Token: g.Token}, nil)
 }

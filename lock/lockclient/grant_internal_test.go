@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -13,7 +14,7 @@ import (
 // sameTokenService answers as a lock service whose acquires, for one
 // session, always grant the same token: a session acquiring a key it
 // already holds gets the same lock back.
-func sameTokenService(t *testing.T) string {
+func sameTokenService(t *testing.T, releases *atomic.Int32) string {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -26,6 +27,7 @@ func sameTokenService(t *testing.T) string {
 			key := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v1/locks/"), "/acquire")
 			_ = json.NewEncoder(w).Encode(GrantInfo{Key: key, Owner: "test", Token: 7, SessionID: "s-1", ServerExpiry: time.Now().Add(time.Minute)})
 		case strings.HasSuffix(r.URL.Path, "/release"):
+			releases.Add(1)
 			_, _ = w.Write([]byte(`{}`))
 		default:
 			t.Errorf("unexpected request %s %s", r.Method, r.URL.Path)
@@ -48,7 +50,8 @@ func (s *Session) tracked() int {
 // and again does not make the session track one Grant more each time, for
 // as long as it lives.
 func TestReacquireSupersedesTheEarlierGrant(t *testing.T) {
-	c, err := New(sameTokenService(t), WithToken("x"), WithTTL(time.Minute))
+	var releases atomic.Int32
+	c, err := New(sameTokenService(t, &releases), WithToken("x"), WithTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,6 +76,14 @@ func TestReacquireSupersedesTheEarlierGrant(t *testing.T) {
 	}
 	if !last.Valid() {
 		t.Error("the newest Grant is not valid")
+	}
+	// Released, the superseded Grant must not free the lock its successor
+	// holds under the same token.
+	if err := s.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if n := releases.Load(); n != 0 {
+		t.Fatalf("releasing the superseded Grant sent %d release(s) to the service, want 0", n)
 	}
 	other, err := s.TryAcquire(ctx, "payout:b")
 	if err != nil {
