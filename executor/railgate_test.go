@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/payouts/payouts/internal/railgate"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
 // TestRailOutagePausesClaims: while the rail drops every connection, an
@@ -165,4 +167,36 @@ func scraped(t *testing.T, baseURL, series string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestANotSentAnswerSaysNothingOfTheRail: a submission the proxy recorded
+// REJECTED not_forwarded_in_time never reached the rail, so it neither
+// ends the executor's rail pause nor counts toward it; a real decline does
+// end it.
+func TestANotSentAnswerSaysNothingOfTheRail(t *testing.T) {
+	e := newBareExecutor()
+	log := slog.New(slog.DiscardHandler)
+	for range railgate.TripAfter {
+		e.railAnswer(log, false)
+	}
+	if e.rail.PausedUntil().IsZero() {
+		t.Fatal("the rail gate did not pause after TripAfter answers without use")
+	}
+	r := &run{e: e, log: log}
+	report := func(p pc.Payout, _ proxyclient.Record) (pc.Payout, error) { return p, nil }
+	p := pc.Payout{ID: "po-1", State: pc.RailSubmitted}
+	notSent := proxyclient.Record{PayoutID: "po-1", Outcome: proxyclient.OutcomeRejected, ErrorCode: proxyclient.ErrorCodeNotForwardedInTime}
+	if _, err := r.answered(p, notSent, nil, report); err != nil {
+		t.Fatal(err)
+	}
+	if e.rail.PausedUntil().IsZero() {
+		t.Fatal("a submission that was never sent ended the rail pause")
+	}
+	declined := proxyclient.Record{PayoutID: "po-1", Outcome: proxyclient.OutcomeRejected, ErrorCode: "beneficiary_declined"}
+	if _, err := r.answered(p, declined, nil, report); err != nil {
+		t.Fatal(err)
+	}
+	if !e.rail.PausedUntil().IsZero() {
+		t.Fatal("the rail's own decline did not end the pause")
+	}
 }
