@@ -312,9 +312,13 @@ func classify(what string, err error) error {
 	return backend.Unavailable(what, err)
 }
 
+// parseSessionID is the lease of session id, given in its one spelling
+// (sessionID): "0N" or "+N" names no session, so that no request reaches
+// session N's lease under an id whose session record (and owner) does not
+// exist.
 func parseSessionID(id string) (clientv3.LeaseID, bool) {
 	n, err := strconv.ParseInt(id, 10, 64)
-	if err != nil || n <= 0 {
+	if err != nil || n <= 0 || sessionID(clientv3.LeaseID(n)) != id {
 		return 0, false
 	}
 	return clientv3.LeaseID(n), true

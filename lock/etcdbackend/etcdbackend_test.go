@@ -81,3 +81,31 @@ func TestBehaviour(t *testing.T) {
 	t.Parallel()
 	backendtest.Run(t, setup)
 }
+
+// TestSessionIDsAreCanonical: a session id is a lease id in its one decimal
+// spelling. "0N" or "+N" names no session: it must not reach session N's
+// lease, which would let any principal release another's lock (the owner
+// check finds no session "0N" and lets the request through).
+func TestSessionIDsAreCanonical(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b := uncountedBackend(t, ctx, fmt.Sprintf("/test/%d", seq.Add(1)))
+	s, grants := heldGrants(t, ctx, b, "canonical", 1)
+	g := grants[0]
+	for _, alias := range []string{"0" + s.ID, "+" + s.ID, "00" + s.ID} {
+		if _, err := b.Release(ctx, g.Key, alias, g.Token); err == nil {
+			t.Fatalf("release of %s under session id %q (session %s) succeeded", g.Key, alias, s.ID)
+		}
+		if _, err := b.Acquire(ctx, "canonical:other", alias); err == nil {
+			t.Fatalf("acquire under session id %q (session %s) succeeded", alias, s.ID)
+		}
+	}
+	l, err := b.Lock(ctx, g.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.Held || l.Token != g.Token || l.SessionID != s.ID {
+		t.Fatalf("%s after releases under other spellings of its session: %+v, want still held by %s at token %d", g.Key, l, s.ID, g.Token)
+	}
+}
