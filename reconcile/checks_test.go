@@ -305,6 +305,35 @@ func TestHighWaterAboveFence(t *testing.T) {
 	mustFind(t, rep, reconcile.INV04, reconcile.CheckHighWaterAboveFence, map[string]any{"account_id": acc})
 }
 
+// TestHighWaterOfAResubmissionIsNotARestore: a later holder that finds a
+// payout RAIL_SUBMITTED and never forwarded submits it at once (D-4), so
+// the proxy sees its token before paydb does (with the outcome). That is
+// the design, not a paydb restored from an older backup.
+func TestHighWaterOfAResubmissionIsNotARestore(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.newPayout(t, acc, 10)
+	ctx := ctxT(t)
+	first := e.grant(t, acc)
+	if _, err := e.pay.Claim(ctx, p.ID, first.Token, first.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pay.Submitting(ctx, p.ID, first.Token, first.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	e.release(t, first) // the holder is gone before it forwarded the payout
+	later := e.grant(t, acc)
+	defer e.release(t, later)
+	if _, err := e.proxy.Submit(ctx, proxyclient.Submission{PayoutID: p.ID, AccountID: acc, ClientRef: p.ClientRef,
+		Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}, later.Token, later.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	// The later holder has not reported the outcome yet: paydb's fence is
+	// still the first holder's.
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustNotFind(t, rep, reconcile.CheckHighWaterAboveFence, map[string]any{"account_id": acc})
+}
+
 func TestFencedOutAndTokenRegressionEvents(t *testing.T) {
 	e := setup(t)
 	acc := e.newAccount(t, 10_000)
