@@ -436,6 +436,23 @@ func TestWritesBeyondTheGrantRetentionAreNotChecked(t *testing.T) {
 	mustFind(t, rep, reconcile.INV07, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID, "account_id": acc, "token": never})
 }
 
+// TestSubmissionOfAPayoutPaydbDoesNotHold: the proxy forwarded a payout
+// that paydb does not hold (lost by a restore, or sent around paydb):
+// nothing accounts for what the rail may have paid for it. It is reported,
+// and its submission checked against the grant log as any other; it was
+// dropped unseen.
+func TestSubmissionOfAPayoutPaydbDoesNotHold(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	ghost := uniq("ghost")
+	const never = 4_200_000_000_000 // far above anything the lock service issued
+	e.exec(t, "proxydb", false, `INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, outcome, outcome_at, rail_ref)
+		VALUES ($1, $2, $3, 'nobody', $4, 10, 'EUR', 'BEN-x', 'ACKED', now(), 'r-ghost')`, ghost, acc, never, pc.ClientRefPrefix+ghost)
+	rep := pass(t, e.reconciler(t, reconcile.Options{RailPerPayout: true}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV03, reconcile.CheckSubmissionStateMismatch, map[string]any{"payout_id": ghost, "token": never})
+	mustFind(t, rep, reconcile.INV07, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": ghost, "token": never})
+}
+
 // TestSubmissionUnderAnotherSessionsToken: a token the lock service granted
 // for the right key, but to a different session than the submission's
 // holder (a token issued twice), is flagged.

@@ -3,6 +3,8 @@ package reconcile
 import (
 	"cmp"
 	"context"
+	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -48,6 +50,15 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 		})
 	pool := r.startChecks(ctx, rep, ri, grants)
 	now := r.opts.Now()
+	// Attempts for payouts the list does not hold: created after it went
+	// by (the next pass checks them), or unknown to paydb (reported by
+	// reportUnknownPayouts). At most MaxFindings payouts are kept.
+	unknown := map[string][]proxyclient.SubmissionDigest{}
+	skip := func(d proxyclient.SubmissionDigest) {
+		if _, seen := unknown[d.PayoutID]; seen || len(unknown) < r.opts.MaxFindings {
+			unknown[d.PayoutID] = append(unknown[d.PayoutID], d)
+		}
+	}
 	flying := map[string][]string{} // account -> payouts seen in flight
 	for {
 		d, ok, err := payouts.head()
@@ -70,9 +81,7 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 					"payout %s has been RAIL_AMBIGUOUS for %s, longer than the SLA %s: the rail has not given final evidence; an operator must decide (abandon to finance)", p.ID, age.Round(time.Second), r.opts.AmbiguitySLA)
 			}
 		}
-		// Attempts for payouts the list does not hold (created after it
-		// went by) are skipped: the next pass checks them.
-		recs, err := subs.takeUpTo(p.ID, nil)
+		recs, err := subs.takeUpTo(p.ID, skip)
 		if err != nil {
 			return pool.stop(err)
 		}
@@ -89,6 +98,12 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 		}
 	}
 	if err := pool.stop(nil); err != nil {
+		return err
+	}
+	if err := subs.rest(skip); err != nil {
+		return err
+	}
+	if err := r.reportUnknownPayouts(ctx, rep, unknown, grants); err != nil {
 		return err
 	}
 	if err := ri.drain(); err != nil {
@@ -326,4 +341,47 @@ func (r *Reconciler) payoutEvents(ctx context.Context, id string) ([]pc.PayoutEv
 			after = n
 		}
 	}
+}
+
+// reportUnknownPayouts reports the submissions the proxy forwarded for
+// payouts paydb does not hold, read again now (a payout created after the
+// list went by is left for the next pass): paydb cannot account for what
+// the rail may have paid (submission_state_mismatch), and the submissions
+// are checked as any other against the grant log (INV-07) and for being
+// more than one (INV-02).
+func (r *Reconciler) reportUnknownPayouts(ctx context.Context, rep *Report, unknown map[string][]proxyclient.SubmissionDigest, grants *grantIndex) error {
+	ids := slices.Sorted(maps.Keys(unknown))
+	for _, id := range ids {
+		var forwarded []proxyclient.Record
+		for _, d := range unknown[id] {
+			if rec := d.Record(); rec.Forwarded() {
+				forwarded = append(forwarded, rec)
+			}
+		}
+		if len(forwarded) == 0 {
+			continue
+		}
+		_, err := r.c.Payment.Payout(ctx, id)
+		switch {
+		case err == nil:
+			continue
+		case !isNotFound(err):
+			return cannotRun("read payout "+id, err)
+		}
+		first := forwarded[0]
+		objs := map[string]any{"payout_id": id, "account_id": first.AccountID, "submission": fmt.Sprintf("submission %d outcome %s", first.ID, orNone(string(first.Outcome))), "token": first.FenceToken}
+		rep.add(CheckSubmissionStateMismatch, objs,
+			"the proxy forwarded payout %s (submission %d, token %d, outcome %s), which paydb does not hold: what the rail paid for it is in no ledger", id, first.ID, first.FenceToken, orNone(string(first.Outcome)))
+		if len(forwarded) > 1 {
+			rep.add(CheckForwardedSubmissions, map[string]any{"payout_id": id, "forwarded": len(forwarded)},
+				"the proxy holds %d forwarded submissions for payout %s, which paydb does not hold", len(forwarded), id)
+		}
+		p := pc.Payout{ID: id, AccountID: first.AccountID}
+		for _, rec := range forwarded {
+			if err := r.checkSubmissionGrant(ctx, rep, p, rec, grants); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -88,6 +88,18 @@ func (s *stream[T]) head() (item T, ok bool, err error) {
 // next moves past the current item.
 func (s *stream[T]) next() { s.i++ }
 
+// rest calls fn for every item left.
+func (s *stream[T]) rest(fn func(T)) error {
+	for {
+		it, ok, err := s.head()
+		if err != nil || !ok {
+			return err
+		}
+		fn(it)
+		s.next()
+	}
+}
+
 // takeUpTo calls skip for every item whose key is below key, then returns
 // the items whose key equals it (a fresh slice).
 func (s *stream[T]) takeUpTo(key string, skip func(T)) ([]T, error) {
