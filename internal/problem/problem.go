@@ -186,6 +186,10 @@ func message(format string, args []any) string {
 	return clip(fmt.Sprintf(format, clipped...), MaxMessage)
 }
 
+// Echo is s as a problem may repeat it: cut at MaxEchoArg bytes, the cut
+// marked (for input echoed outside a message, such as a field name).
+func Echo(s string) string { return clip(s, MaxEchoArg) }
+
 // clip cuts s to at most n bytes on a UTF-8 boundary and says how many
 // bytes it left out.
 func clip(s string, n int) string {

@@ -105,7 +105,10 @@ func ParseKeyCursor(q url.Values) (string, error) {
 	return v, nil
 }
 
-// BadField is an invalid_request naming the field it is about.
+// BadField is an invalid_request naming the field it is about. The field
+// may be the caller's own input (an unknown query parameter): it is an
+// argument of the message, never part of its format, and both the message
+// and the field member repeat at most problem.MaxEchoArg bytes of it.
 func BadField(field, format string, args ...any) *problem.Error {
-	return problem.New(problem.InvalidRequest, field+": "+format, args...).With("field", field)
+	return problem.New(problem.InvalidRequest, "%s: "+format, append([]any{field}, args...)...).With("field", problem.Echo(field))
 }

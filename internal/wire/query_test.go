@@ -3,6 +3,7 @@ package wire
 import (
 	"net/url"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/payouts/payouts/internal/problem"
@@ -55,5 +56,34 @@ func TestQueryRefusesUnknownRepeatedAndMalformedParameters(t *testing.T) {
 	// An endpoint that takes nothing says so.
 	if _, err := Query("x=1"); err == nil || problem.From(err).Message != "x: unknown query parameter (this endpoint takes no query parameters)" {
 		t.Errorf("Query(x=1) with no parameters: %v", err)
+	}
+}
+
+// A parameter name is the caller's input: the problem repeats at most
+// problem.MaxEchoArg bytes of it, in its message and in its field member,
+// and never reads it as a format ("%d" in a name stays "%d").
+func TestRefusedParameterNamesAreEchoedBoundedAndVerbatim(t *testing.T) {
+	long := strings.Repeat("a", 3000)
+	for _, raw := range []string{long + "=1", "%25d%25s=1", "limit=1&limit=2&" + long + "=1"} {
+		_, err := Query(raw, "limit")
+		pe, ok := err.(*problem.Error)
+		if !ok {
+			t.Fatalf("Query(%.40q…): %v, want a problem", raw, err)
+		}
+		var field string
+		pe.Extension("field", &field)
+		if strings.Contains(pe.Message, "%!") {
+			t.Errorf("Query(%.40q…): message %q reads the caller's input as a format", raw, pe.Message)
+		}
+		if n := strings.Count(pe.Message, "a"); n > problem.MaxEchoArg+40 {
+			t.Errorf("Query(%.40q…): message repeats %d bytes of the input, want at most about %d", raw, n, problem.MaxEchoArg)
+		}
+		if len(field) > problem.MaxEchoArg+40 {
+			t.Errorf("Query(%.40q…): field member of %d bytes, want at most about %d", raw, len(field), problem.MaxEchoArg)
+		}
+	}
+	_, err := Query("%25d=1", "limit")
+	if pe := err.(*problem.Error); !strings.HasPrefix(pe.Message, "%d: ") {
+		t.Errorf("message %q, want it to name the parameter %%d as given", pe.Message)
 	}
 }
