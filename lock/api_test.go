@@ -387,3 +387,53 @@ func TestSessionShapeAfterEnd(t *testing.T) {
 		}
 	})
 }
+
+// TestUnroutedAndOversizeAndNULAnswers: an unknown path is 404 and a
+// method a path lacks 405 with Allow, with or without a token (the role
+// check sits behind routing); a keepalive body over 1 MiB is 413 however
+// much of it is whitespace; a revoke reason with a NUL is 400 on the
+// reason, not a 500 from the store.
+func TestUnroutedAndOversizeAndNULAnswers(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, kind string) {
+		svc := setup(t, kind).svc
+		ctx := testCtx(t)
+		do := func(method, path, token, body string) (int, http.Header, string) {
+			t.Helper()
+			req, _ := http.NewRequest(method, svc.URL+path, strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := httpClient().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, resp.Header, string(b)
+		}
+		for _, token := range []string{"", executorToken} {
+			if code, _, body := do(http.MethodGet, "/v1/nowhere", token, ""); code != http.StatusNotFound {
+				t.Errorf("GET /v1/nowhere (token %t): %d %s, want 404", token != "", code, body)
+			}
+			if code, h, body := do(http.MethodDelete, "/v1/sessions", token, ""); code != http.StatusMethodNotAllowed || h.Get("Allow") != "POST" {
+				t.Errorf("DELETE /v1/sessions (token %t): %d Allow=%q %s, want 405 Allow=POST", token != "", code, h.Get("Allow"), body)
+			}
+		}
+		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		if code, _, body := do(http.MethodPost, "/v1/sessions/"+s.ID()+"/keepalive", executorToken, "{}"+strings.Repeat(" ", 2<<20)); code != http.StatusRequestEntityTooLarge {
+			t.Errorf("keepalive with a 2 MiB body: %d %s, want 413", code, body)
+		}
+		if _, err := s.TryAcquire(ctx, "payout:nul"); err != nil {
+			t.Fatal(err)
+		}
+		code, _, body := do(http.MethodPost, "/v1/locks/payout:nul/revoke", operatorToken, `{"reason":"a\u0000b"}`)
+		if code != http.StatusBadRequest || !strings.Contains(body, `"field":"reason"`) {
+			t.Errorf("revoke with a NUL in its reason: %d %s, want 400 on reason", code, body)
+		}
+	})
+}

@@ -212,8 +212,8 @@ func (s *Service) revoke(w http.ResponseWriter, r *http.Request) error {
 	if req.Reason == "" {
 		return wire.BadField("reason", "required: say why the lock is being revoked")
 	}
-	if len(req.Reason) > backend.MaxReason {
-		return wire.BadField("reason", "longer than %d characters", backend.MaxReason)
+	if err := wire.ValidText("reason", req.Reason, backend.MaxReason, true, false); err != nil {
+		return err
 	}
 	p, _ := auth.FromContext(r.Context())
 	ctx, cancel := op(r)

@@ -165,18 +165,23 @@ func (o observer) StoreBatch(op string, calls int) {
 // Mount adds the /v1 routes to r (an authenticated router).
 func (s *Service) Mount(r chi.Router) {
 	r.Route("/v1", func(r chi.Router) {
-		r.Use(auth.Require(auth.Executor, auth.Reconciler, auth.Operator)) // the proxy role is a credential at the rail only
-		r.Post("/sessions", httpx.Handler(s.createSession))
-		r.Get("/sessions/{id}", httpx.Handler(s.getSession))
-		r.Delete("/sessions/{id}", httpx.Handler(s.closeSession))
-		r.Post("/sessions/{id}/keepalive", httpx.Handler(s.keepAlive))
-		r.Get("/locks", httpx.Handler(s.listLocks))
-		r.Get("/locks/{key}", httpx.Handler(s.getLock))
-		r.Post("/locks/{key}/acquire", httpx.Handler(s.acquire))
-		r.Post("/locks/{key}/release", httpx.Handler(s.release))
-		r.With(auth.Require(auth.Operator)).Post("/locks/{key}/revoke", httpx.Handler(s.revoke))
-		r.Get("/grants", httpx.Handler(s.grants))
-		r.Get("/tokens/high", httpx.Handler(s.highToken))
+		// In a group, not on /v1 itself: middleware of a subrouter runs
+		// before it routes, and would answer an unrouted path or method
+		// 401/403 instead of 404/405.
+		r.Group(func(r chi.Router) {
+			r.Use(auth.Require(auth.Executor, auth.Reconciler, auth.Operator)) // the proxy role is a credential at the rail only
+			r.Post("/sessions", httpx.Handler(s.createSession))
+			r.Get("/sessions/{id}", httpx.Handler(s.getSession))
+			r.Delete("/sessions/{id}", httpx.Handler(s.closeSession))
+			r.Post("/sessions/{id}/keepalive", httpx.Handler(s.keepAlive))
+			r.Get("/locks", httpx.Handler(s.listLocks))
+			r.Get("/locks/{key}", httpx.Handler(s.getLock))
+			r.Post("/locks/{key}/acquire", httpx.Handler(s.acquire))
+			r.Post("/locks/{key}/release", httpx.Handler(s.release))
+			r.With(auth.Require(auth.Operator)).Post("/locks/{key}/revoke", httpx.Handler(s.revoke))
+			r.Get("/grants", httpx.Handler(s.grants))
+			r.Get("/tokens/high", httpx.Handler(s.highToken))
+		})
 	})
 }
 

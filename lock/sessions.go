@@ -2,7 +2,6 @@ package lock
 
 import (
 	"bytes"
-	"io"
 	"net/http"
 
 	"github.com/payouts/payouts/internal/auth"
@@ -111,9 +110,9 @@ func (s *Service) keepAlive(w http.ResponseWriter, r *http.Request) error {
 // emptyBody accepts a request body that is empty or the empty JSON object
 // {} (a keepalive carries nothing), and refuses anything else.
 func emptyBody(r *http.Request) error {
-	body, err := io.ReadAll(io.LimitReader(r.Body, httpx.MaxBodyBytes+1))
+	body, err := httpx.ReadBody(r)
 	if err != nil {
-		return problem.Wrap(problem.InvalidRequest, err, "could not read the request body")
+		return err
 	}
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 {

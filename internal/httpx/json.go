@@ -23,16 +23,26 @@ func DecodeJSON(r *http.Request, v any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
 		return problem.New(problem.InvalidRequest, "Content-Type must be application/json, got %q", ct)
 	}
+	body, err := ReadBody(r)
+	if err != nil {
+		return err
+	}
+	return DecodeStrict(body, v)
+}
+
+// ReadBody reads the request body whole: a body over MaxBodyBytes is 413,
+// one that cannot be read an invalid_request.
+func ReadBody(r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
 	if err != nil {
-		return problem.Wrap(problem.InvalidRequest, err, "could not read the request body")
+		return nil, problem.Wrap(problem.InvalidRequest, err, "could not read the request body")
 	}
 	if len(body) > MaxBodyBytes {
 		e := problem.New(problem.InvalidRequest, "request body is larger than %d bytes", MaxBodyBytes)
 		e.HTTPStatus = http.StatusRequestEntityTooLarge
-		return e
+		return nil, e
 	}
-	return DecodeStrict(body, v)
+	return body, nil
 }
 
 // DecodeStrict is DecodeJSON's rules applied to bytes.
