@@ -396,7 +396,8 @@ func TestWritesWithoutGrant(t *testing.T) {
 	group := uniq("nogrant")
 	e.exec(t, "paydb", false, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id, payout_id, token) VALUES
 		($1, $2, -10, 'payout-clearing', $3, $4), ($1, 'payout-clearing', 10, $2, $3, $4)`, group, acc, p.ID, never)
-	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	// Written now, well inside the grant retention: checked.
+	rep := pass(t, e.reconciler(t, reconcile.Options{GrantRetention: 7 * 24 * time.Hour}, e.st.Ready.Tokens.Operator))
 	mustFind(t, rep, reconcile.INV07, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID, "token": never})
 	mustFind(t, rep, reconcile.INV07, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID, "account_id": acc, "token": never})
 	mustFind(t, rep, reconcile.INV07, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID, "account_id": "payout-clearing", "token": never})

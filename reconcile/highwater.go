@@ -48,6 +48,15 @@ func (r *Reconciler) checkHighWater(ctx context.Context, rep *Report, fences map
 				if explained {
 					continue
 				}
+				// The holder may have reported its outcome since the fence
+				// was read (the payout left RAIL_SUBMITTED, the fence rose
+				// in the same write): read it once more.
+				if a, err = r.c.Payment.Account(ctx, hw.AccountID); err != nil {
+					return cannotRun("read account "+hw.AccountID, err)
+				}
+				if hw.Token <= a.FenceToken {
+					continue
+				}
 				rep.add(CheckHighWaterAboveFence, map[string]any{"account_id": hw.AccountID, "key": lockKey(hw.AccountID), "high_water": hw.Token, "high_water_holder": string(hw.Holder), "paydb_fence": a.FenceToken, "paydb_fence_holder": string(a.FenceHolder)},
 					"the proxy's high-water %d for account %s is above paydb's fence %d: paydb was restored from an older backup or written around the guard", hw.Token, hw.AccountID, a.FenceToken)
 			}
@@ -60,8 +69,9 @@ func (r *Reconciler) checkHighWater(ctx context.Context, rep *Report, fences map
 }
 
 // resubmittedUnder reports whether a payout of account that paydb holds
-// RAIL_SUBMITTED was forwarded under token: a later holder's D-4
-// submission, whose token paydb learns with the outcome.
+// RAIL_SUBMITTED, marked so under an earlier token, was forwarded under
+// token: a later holder's D-4 submission, whose token paydb learns with the
+// outcome.
 func (r *Reconciler) resubmittedUnder(ctx context.Context, account string, token fencing.Token) (bool, error) {
 	f := pc.PayoutFilter{State: pc.RailSubmitted, AccountID: account, Limit: r.opts.PageSize}
 	for {
@@ -77,7 +87,7 @@ func (r *Reconciler) resubmittedUnder(ctx context.Context, account string, token
 			case err != nil:
 				return false, cannotRun("read the submission of payout "+p.ID, err)
 			}
-			if rec.Forwarded() && rec.FenceToken == token {
+			if rec.Forwarded() && rec.FenceToken == token && p.Token < token {
 				return true, nil
 			}
 		}

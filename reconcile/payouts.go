@@ -50,14 +50,21 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 		})
 	pool := r.startChecks(ctx, rep, ri, grants)
 	now := r.opts.Now()
-	// Attempts for payouts the list does not hold: created after it went
-	// by (the next pass checks them), or unknown to paydb (reported by
-	// reportUnknownPayouts). At most MaxFindings payouts are kept.
+	// Forwarded submissions of payouts the list does not hold: created
+	// after it went by (the next pass checks them), or unknown to paydb
+	// (reportUnknownPayouts). At most MaxFindings payouts are kept; those
+	// past it are counted in a note.
 	unknown := map[string][]proxyclient.SubmissionDigest{}
+	overflow := 0
 	skip := func(d proxyclient.SubmissionDigest) {
+		if !d.Record().Forwarded() {
+			return
+		}
 		if _, seen := unknown[d.PayoutID]; seen || len(unknown) < r.opts.MaxFindings {
 			unknown[d.PayoutID] = append(unknown[d.PayoutID], d)
+			return
 		}
+		overflow++
 	}
 	flying := map[string][]string{} // account -> payouts seen in flight
 	for {
@@ -105,6 +112,9 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 	}
 	if err := r.reportUnknownPayouts(ctx, rep, unknown, grants); err != nil {
 		return err
+	}
+	if overflow > 0 {
+		rep.note("%d more forwarded submissions name payouts the payouts list did not hold: not checked in this pass (only the first %d such payouts are)", overflow, r.opts.MaxFindings)
 	}
 	if err := ri.drain(); err != nil {
 		return err
@@ -354,12 +364,7 @@ func (r *Reconciler) reportUnknownPayouts(ctx context.Context, rep *Report, unkn
 	for _, id := range ids {
 		var forwarded []proxyclient.Record
 		for _, d := range unknown[id] {
-			if rec := d.Record(); rec.Forwarded() {
-				forwarded = append(forwarded, rec)
-			}
-		}
-		if len(forwarded) == 0 {
-			continue
+			forwarded = append(forwarded, d.Record())
 		}
 		_, err := r.c.Payment.Payout(ctx, id)
 		switch {
@@ -369,6 +374,16 @@ func (r *Reconciler) reportUnknownPayouts(ctx context.Context, rep *Report, unkn
 			return cannotRun("read payout "+id, err)
 		}
 		first := forwarded[0]
+		// When it was forwarded, for the grant log's retention: the intent
+		// is written before the rail is called.
+		full, err := r.c.Proxy.Get(ctx, id)
+		if err != nil && !isNotFound(err) {
+			return cannotRun("read the submission of payout "+id, err)
+		}
+		var since *time.Time
+		if err == nil && !full.CreatedAt.IsZero() {
+			since = &full.CreatedAt
+		}
 		objs := map[string]any{"payout_id": id, "account_id": first.AccountID, "submission": fmt.Sprintf("submission %d outcome %s", first.ID, orNone(string(first.Outcome))), "token": first.FenceToken}
 		rep.add(CheckSubmissionStateMismatch, objs,
 			"the proxy forwarded payout %s (submission %d, token %d, outcome %s), which paydb does not hold: what the rail paid for it is in no ledger", id, first.ID, first.FenceToken, orNone(string(first.Outcome)))
@@ -376,7 +391,7 @@ func (r *Reconciler) reportUnknownPayouts(ctx context.Context, rep *Report, unkn
 			rep.add(CheckForwardedSubmissions, map[string]any{"payout_id": id, "forwarded": len(forwarded)},
 				"the proxy holds %d forwarded submissions for payout %s, which paydb does not hold", len(forwarded), id)
 		}
-		p := pc.Payout{ID: id, AccountID: first.AccountID}
+		p := pc.Payout{ID: id, AccountID: first.AccountID, SubmittedAt: since}
 		for _, rec := range forwarded {
 			if err := r.checkSubmissionGrant(ctx, rep, p, rec, grants); err != nil {
 				return err
