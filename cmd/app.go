@@ -65,16 +65,9 @@ func interruptContext() (context.Context, context.CancelFunc) {
 	}
 }
 
-// reloadOnHangup calls every reload on each SIGHUP until ctx ends: a server
-// re-reads its auth file and its TLS certificate and key. A failed reload
-// is logged and keeps what is in force.
-func reloadOnHangup(ctx context.Context, log *slog.Logger, reloads map[string]func() error) error {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	return reloadOn(ctx, hup, log, reloads)
-}
-
+// reloadOn calls every reload on each SIGHUP (hup) until ctx ends: a
+// server re-reads its auth file and its TLS certificate and key. A failed
+// reload is logged and keeps what is in force.
 func reloadOn(ctx context.Context, hup <-chan os.Signal, log *slog.Logger, reloads map[string]func() error) error {
 	for {
 		select {

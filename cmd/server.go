@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,6 +59,11 @@ type serverEnv struct {
 	DatabaseURL string
 	pprof       string
 	reloads     map[string]func() error // on SIGHUP
+	// hup receives SIGHUP from setup on, for the life of the process: it
+	// reloads while the server runs, and is dropped before and after; its
+	// default action would end the server (mid-migration, or while it
+	// drains and records its last outcomes).
+	hup <-chan os.Signal
 }
 
 // setup validates the common flags, builds the authenticator and the TLS
@@ -63,6 +71,9 @@ type serverEnv struct {
 func (f *serverFlags) setup(cmd *cobra.Command, a *app) (*serverEnv, error) {
 	usage := func(err error) error { return &ExitError{Code: 2, Err: err} }
 	env := &serverEnv{Logger: a.logger(cmd, f.role), Registry: a.registry, pprof: f.pprof.addr, reloads: map[string]func() error{}}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	env.hup = hup
 	if err := f.pprof.check(); err != nil {
 		return nil, usage(err)
 	}
@@ -115,6 +126,6 @@ func (e *serverEnv) run(ctx context.Context, role func(context.Context) error) e
 	}
 	var g httpx.Group
 	g.Add(func(ctx context.Context) error { return runWithPprof(ctx, e.pprof, e.Logger, role) })
-	g.Add(func(ctx context.Context) error { return reloadOnHangup(ctx, e.Logger, e.reloads) })
+	g.Add(func(ctx context.Context) error { return reloadOn(ctx, e.hup, e.Logger, e.reloads) })
 	return g.Run(ctx)
 }

@@ -1,14 +1,19 @@
 package cmd
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/payouts/payouts/dev/proctest"
 )
 
 func TestIsLoopback(t *testing.T) {
@@ -115,5 +120,43 @@ func TestReloadOnHangup(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestHangupNeverEndsAServer: SIGHUP reloads a server's auth file and
+// certificate; a server with neither (or one not yet running, or already
+// draining) must not take SIGHUP's default action and die. Here a rail stub
+// with no auth file gets SIGHUP, then SIGTERM: it must end by SIGTERM, with
+// exit 0, not by SIGHUP.
+func TestHangupNeverEndsAServer(t *testing.T) {
+	bin := proctest.Binary(t)
+	cmd := exec.Command(bin, "serve", "rail", "--insecure-no-auth", "--listen", "127.0.0.1:0")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	lines := bufio.NewScanner(stderr)
+	for lines.Scan() && !strings.Contains(lines.Text(), `"msg":"listening"`) {
+	}
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			t.Fatalf("the server ended by signal %s, want SIGTERM handled and exit 0", ws.Signal())
+		}
+	}
+	if err != nil {
+		t.Fatalf("the server ended with %v, want exit 0", err)
 	}
 }
