@@ -28,8 +28,6 @@ type Grant struct {
 	s      *Session
 	ctx    context.Context
 	cancel context.CancelFunc
-	// superseded (under s.mu): a later Grant of the key replaced this one.
-	superseded bool
 }
 
 // Holder is the holder identity to present with the token (the session id).
@@ -100,19 +98,24 @@ func (s *Session) register(info GrantInfo) (*Grant, error) {
 	if !info.Token.Valid() || info.Key == "" || info.SessionID != s.id {
 		return nil, fmt.Errorf("lockclient: the service answered an acquire with an invalid grant (%+v)", info)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	g := &Grant{Key: info.Key, Owner: info.Owner, Token: info.Token, SessionID: info.SessionID,
-		ServerExpiry: info.ServerExpiry, Deadline: s.deadline, s: s, ctx: ctx, cancel: cancel}
-	// A session holds at most one grant of a key: a new Grant of a key it
-	// already has a Grant for is either the same lock (an acquire of a key
-	// it holds answers the same token) or one granted after the earlier
-	// ended. Either way it supersedes the earlier Grant, which is cancelled
-	// and no longer tracked: a key acquired again and again is tracked
-	// once, not once per acquire for the session's life.
+		ServerExpiry: info.ServerExpiry, Deadline: s.deadline, s: s}
+	// The session tracks one Grant per key, the newest: a key acquired
+	// again and again is tracked once, not once per acquire for the
+	// session's life. An acquire of a key the session holds answers the
+	// same token: the same lock, so the new Grant shares the earlier one's
+	// context (released, or lost, through either, both end). A new token
+	// means the earlier lock ended: its Grant is cancelled.
 	if old := s.byKey[g.Key]; old != nil {
 		delete(s.grants, old)
-		old.superseded = true
-		old.cancel()
+		if old.Token == g.Token {
+			g.ctx, g.cancel = old.ctx, old.cancel
+		} else {
+			old.cancel()
+		}
+	}
+	if g.ctx == nil {
+		g.ctx, g.cancel = context.WithCancel(context.Background())
 	}
 	s.grants[g] = struct{}{}
 	s.byKey[g.Key] = g
@@ -120,24 +123,20 @@ func (s *Session) register(info GrantInfo) (*Grant, error) {
 }
 
 // Release releases g (compare-and-delete on key, session and token). Its
-// context is cancelled whatever the outcome; ErrNotHeld when the grant was
-// no longer current (revoked or expired). A Grant a later one of its key
-// superseded is released here only: on the service, its token may be the
-// later Grant's, which stays held.
+// context is cancelled whatever the outcome, and with it that of every
+// Grant of the same lock; ErrNotHeld when the grant was no longer current
+// (revoked or expired).
 func (s *Session) Release(ctx context.Context, g *Grant) error {
 	if g == nil || g.s != s {
 		return errors.New("lockclient: release of a grant from another session")
 	}
 	s.mu.Lock()
-	superseded := g.superseded
 	delete(s.grants, g)
-	if s.byKey[g.Key] == g {
+	if cur := s.byKey[g.Key]; cur != nil && cur.Token == g.Token {
+		delete(s.grants, cur)
 		delete(s.byKey, g.Key)
 	}
 	s.mu.Unlock()
 	g.cancel()
-	if superseded {
-		return nil
-	}
 	return s.c.hc.Post(ctx, lockPath(g.Key)+"/release", ReleaseRequest{SessionID: s.id, Token: g.Token}, nil)
 }
