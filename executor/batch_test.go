@@ -51,6 +51,14 @@ func runWithProxyFront(t *testing.T, name string, n int, front func(real http.Ha
 	for _, ev := range events.Items {
 		t.Errorf("safety event at the proxy: %s for payout %s: %s", ev.Kind, ev.PayoutID, ev.Detail)
 	}
+	s.paidOnceEach(t, ids)
+}
+
+// paidOnceEach checks that the rail paid each of the payouts ids exactly
+// once.
+func (s *testBundle) paidOnceEach(t *testing.T, ids []string) {
+	t.Helper()
+	ctx := context.Background()
 	report, err := s.rail.SettlementReport(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -106,7 +106,6 @@ func (g poisonGrant) Valid() bool { return !g.poisoned.CompareAndSwap(true, fals
 func TestBatchSubmissionChecksTheGrantAfterTheClaim(t *testing.T) {
 	t.Parallel() // owns its stack and databases
 	s := setup(t)
-	ctx := context.Background()
 	const n = 4
 	ids := s.fundedPage(t, "poison", n)
 	var poisoned atomic.Bool
@@ -148,21 +147,5 @@ func TestBatchSubmissionChecksTheGrantAfterTheClaim(t *testing.T) {
 	if got := batches.Load(); got != 0 {
 		t.Errorf("%d batch submissions reached the proxy, want 0: the batch went out under a grant that had turned invalid", got)
 	}
-	report, err := s.rail.SettlementReport(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	paid := map[string]int{}
-	for _, pm := range report {
-		paid[pm.ClientRef]++
-	}
-	for _, id := range ids {
-		p, err := s.pay.Payout(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if paid[p.ClientRef] != 1 {
-			t.Errorf("payout %s reached the rail %d times, want exactly once", id, paid[p.ClientRef])
-		}
-	}
+	s.paidOnceEach(t, ids)
 }

@@ -27,7 +27,15 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, kind string)) {
 
 func rawPost(t *testing.T, url, token, body string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	code, _, b := rawRequest(t, http.MethodPost, url, token, body)
+	return code, b
+}
+
+// rawRequest sends one request with a JSON body (and the token, unless
+// empty).
+func rawRequest(t *testing.T, method, url, token, body string) (int, http.Header, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -38,7 +46,7 @@ func rawPost(t *testing.T, url, token, body string) (int, string) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, resp.Header, string(b)
 }
 
 func TestClientFlow(t *testing.T) {
@@ -399,18 +407,7 @@ func TestUnroutedAndOversizeAndNULAnswers(t *testing.T) {
 		ctx := testCtx(t)
 		do := func(method, path, token, body string) (int, http.Header, string) {
 			t.Helper()
-			req, _ := http.NewRequest(method, svc.URL+path, strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			if token != "" {
-				req.Header.Set("Authorization", "Bearer "+token)
-			}
-			resp, err := httpClient().Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			return resp.StatusCode, resp.Header, string(b)
+			return rawRequest(t, method, svc.URL+path, token, body)
 		}
 		for _, token := range []string{"", executorToken} {
 			if code, _, body := do(http.MethodGet, "/v1/nowhere", token, ""); code != http.StatusNotFound {

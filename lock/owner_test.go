@@ -75,24 +75,6 @@ func TestSessionOwnership(t *testing.T) {
 
 func rawDo(t *testing.T, method, url, token, body string) (int, string) {
 	t.Helper()
-	if method == http.MethodPost {
-		return rawPost(t, url, token, body)
-	}
-	req, _ := http.NewRequest(method, url, nil)
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := httpClient().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var b strings.Builder
-	buf := make([]byte, 4096)
-	for {
-		n, err := resp.Body.Read(buf)
-		b.Write(buf[:n])
-		if err != nil {
-			break
-		}
-	}
-	return resp.StatusCode, b.String()
+	code, _, b := rawRequest(t, method, url, token, body)
+	return code, b
 }
