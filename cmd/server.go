@@ -60,9 +60,10 @@ type serverEnv struct {
 	pprof       string
 	reloads     map[string]func() error // on SIGHUP
 	// hup receives SIGHUP from setup on, for the life of the process: it
-	// reloads while the server runs, and is dropped before and after; its
-	// default action would end the server (mid-migration, or while it
-	// drains and records its last outcomes).
+	// reloads while the server runs (one received before, during
+	// migrations, as it starts) and is ignored once it drains; its default
+	// action would end the server (mid-migration, or while it records its
+	// last outcomes).
 	hup <-chan os.Signal
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
@@ -422,8 +423,8 @@ func TestUnroutedAndOversizeAndNULAnswers(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close(ctx)
-		if code, _, body := do(http.MethodPost, "/v1/sessions/"+s.ID()+"/keepalive", executorToken, "{}"+strings.Repeat(" ", 2<<20)); code != http.StatusRequestEntityTooLarge {
-			t.Errorf("keepalive with a 2 MiB body: %d %s, want 413", code, body)
+		if code, _, body := do(http.MethodPost, "/v1/sessions/"+s.ID()+"/keepalive", executorToken, "{}"+strings.Repeat(" ", httpx.MaxBodyBytes)); code != http.StatusRequestEntityTooLarge {
+			t.Errorf("keepalive with a body 2 bytes over the limit: %d %s, want 413", code, body)
 		}
 		if _, err := s.TryAcquire(ctx, "payout:nul"); err != nil {
 			t.Fatal(err)
