@@ -170,3 +170,50 @@ func TestEtcdThreeNodeClusterLeaderLossAndClose(t *testing.T) {
 		}
 	}
 }
+
+// TestPostgresStartCancelledLeavesNoServer: a start whose caller goes away
+// while the server is coming up (dev up interrupted) returns an error and
+// leaves no server running: pg_ctl starts the server in a session of its
+// own, and killing pg_ctl midway left it running, unknown to Stop, its port
+// taken for the next run.
+func TestPostgresStartCancelledLeavesNoServer(t *testing.T) {
+	dir := t.TempDir()
+	c, err := infra.NewPGCluster(infra.PGOptions{Dir: filepath.Join(dir, "pg")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan error, 1)
+	go func() { started <- c.Start(ctx) }()
+	// pg_ctl creates the server's log as it launches the server.
+	logFile := filepath.Join(dir, "pg", "postgres.log")
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if _, err := os.Stat(logFile); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server's log never appeared")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-started; err == nil {
+		_ = c.Stop()
+		t.Fatal("the start returned before it saw the cancel (pg_ctl waits for the server it just launched): the test exercised nothing")
+	}
+	if _, err := os.Stat(filepath.Join(c.DataDir(), "postmaster.pid")); err == nil {
+		t.Fatalf("a cancelled start left the server running (postmaster.pid %s)", filepath.Join(c.DataDir(), "postmaster.pid"))
+	}
+	// The next run starts on the same directory: a server left behind
+	// (still coming up when the first start returned) holds its lock file.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel2()
+	if err := c.Start(ctx2); err != nil {
+		t.Fatalf("the next start on the same directory: %v", err)
+	}
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+}

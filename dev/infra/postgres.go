@@ -229,7 +229,18 @@ func (c *PGCluster) start(ctx context.Context) error {
 		conf = append(conf, "-c "+e)
 	}
 	logFile := c.logPath()
-	if err := c.run(ctx, "pg_ctl", "-D", c.DataDir(), "-l", logFile, "-o", strings.Join(conf, " "), "-w", "-t", "60", "start"); err != nil {
+	// pg_ctl starts the server in a session of its own: killed midway (ctx
+	// cancelled) it would leave the server running, unknown to Stop. So it
+	// runs to its end whatever ctx does, and a server started for a caller
+	// that has gone, or left starting past -t, is stopped here.
+	err := c.run(context.WithoutCancel(ctx), "pg_ctl", "-D", c.DataDir(), "-l", logFile, "-o", strings.Join(conf, " "), "-w", "-t", "60", "start")
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_ = c.run(sctx, "pg_ctl", "-D", c.DataDir(), "-m", "immediate", "-w", "-t", "60", "stop")
 		return fmt.Errorf("PostgreSQL did not start: %w; see %s", err, logFile)
 	}
 	return nil
