@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"sort"
@@ -407,8 +408,14 @@ func quantile(sorted []float64, q float64) float64 {
 	if len(sorted) == 0 {
 		return 0
 	}
-	i := int(q*float64(len(sorted))+0.5) - 1
-	return sorted[max(0, min(i, len(sorted)-1))]
+	return sorted[nearestRank(len(sorted), q)]
+}
+
+// nearestRank is the index of the q-quantile of n sorted values by nearest
+// rank: the ceil(q·n)-th value, at least the first.
+func nearestRank(n int, q float64) int {
+	i := int(math.Ceil(q*float64(n)-1e-9)) - 1
+	return max(0, min(i, n-1))
 }
 
 // operatorRail is the rail stub as the bench's operator sees it, with

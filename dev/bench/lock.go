@@ -132,7 +132,14 @@ func Lock(ctx context.Context, o LockOptions) (LockResult, error) {
 	var svcPairs, basePairs int
 	var svcTime, baseTime time.Duration
 	for r := range o.Rounds {
-		for _, which := range []string{"service", "baseline"} {
+		// Each system goes first in every other round (service, baseline,
+		// baseline, service, ...): neither always runs on the store as the
+		// other left it, nor always first.
+		order := []string{"service", "baseline"}
+		if r%2 == 1 {
+			order[0], order[1] = order[1], order[0]
+		}
+		for _, which := range order {
 			s := t.service
 			if which == "baseline" {
 				s = t.baseline
@@ -225,9 +232,7 @@ func pct(d []time.Duration, q float64) float64 {
 	if len(d) == 0 {
 		return 0
 	}
-	i := int(q*float64(len(d))) - 1
-	i = min(max(i, 0), len(d)-1)
-	return lockRound3(float64(d[i]) / float64(time.Millisecond))
+	return lockRound3(float64(d[nearestRank(len(d), q)]) / float64(time.Millisecond))
 }
 
 func lockRound1(f float64) float64 { return float64(int64(f*10+0.5)) / 10 }
