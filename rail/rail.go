@@ -74,7 +74,8 @@ type Server struct {
 	payments []railclient.Payment
 	byRef    map[string][]int     // client_ref -> indexes into payments
 	refs     refIndex             // every client_ref, for the paged report
-	attempts map[string]time.Time // client_ref -> newest attempt (accepted or not)
+	attempts map[string]time.Time // client_ref -> when its newest attempt (accepted or not) ended
+	inflight map[string]int       // client_ref -> attempts still being processed
 	started  time.Time
 	journal  *journal // nil without Config.StateFile
 
@@ -113,6 +114,7 @@ func New(cfg Config) (*Server, error) {
 		faults:   cfg.Faults,
 		byRef:    map[string][]int{},
 		attempts: map[string]time.Time{},
+		inflight: map[string]int{},
 		started:  cfg.Now(),
 		paymentsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "payouts_rail_payments_total", Help: "Payments the rail stub accepted, by status (settled, declined).",
@@ -136,7 +138,8 @@ func New(cfg Config) (*Server, error) {
 		cfg.Logger.Info("rail state file read", "file", cfg.StateFile, "payments", len(ps))
 	}
 	cfg.Registry.MustRegister(s.paymentsTotal, s.faultsTotal)
-	s.http = httpx.NewServer(httpx.Config{Role: "rail", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth, TLS: cfg.TLS})
+	s.http = httpx.NewServer(httpx.Config{Role: "rail", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth, TLS: cfg.TLS,
+		RequestTimeout: requestTimeout})
 	s.routes(s.http.Router())
 	return s, nil
 }
@@ -213,10 +216,22 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	log := httpx.Log(ctx).With("client_ref", req.ClientRef)
 
+	// A lookup is not final while an attempt is being processed (its
+	// latency, a held answer), nor for the settlement window after it
+	// ended: a payment it makes may still appear.
 	s.mu.Lock()
 	f := s.faults
 	s.attempts[req.ClientRef] = s.cfg.Now()
+	s.inflight[req.ClientRef]++
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.attempts[req.ClientRef] = s.cfg.Now()
+		if s.inflight[req.ClientRef]--; s.inflight[req.ClientRef] <= 0 {
+			delete(s.inflight, req.ClientRef)
+		}
+	}()
 
 	if f.LatencyMS > 0 {
 		t := time.NewTimer(time.Duration(f.LatencyMS) * time.Millisecond)
@@ -324,14 +339,14 @@ func (s *Server) find(w http.ResponseWriter, r *http.Request) error {
 	for _, i := range s.byRef[ref] {
 		out.Items = append(out.Items, s.payments[i])
 	}
-	// Final once the window has passed since the newest attempt; a
-	// reference never seen counts from the rail's own start, since an
-	// attempt could have been in flight then.
+	// Final once no attempt is being processed and the window has passed
+	// since the newest one ended; a reference never seen counts from the
+	// rail's own start, since an attempt could have been in flight then.
 	since := s.started
 	if t, ok := s.attempts[ref]; ok && t.After(since) {
 		since = t
 	}
-	out.Final = s.cfg.Now().Sub(since) >= s.cfg.SettlementWindow
+	out.Final = s.inflight[ref] == 0 && s.cfg.Now().Sub(since) >= s.cfg.SettlementWindow
 	httpx.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
@@ -380,8 +395,13 @@ func (s *Server) putFaults(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// MaxLatencyMS bounds injected latency well below any request deadline.
+// MaxLatencyMS bounds injected latency.
 const MaxLatencyMS = 60_000
+
+// requestTimeout is the stub's own deadline for a request: past the
+// longest latency it injects, so that a payment made to wait that long is
+// still processed (the caller's deadline decides whether it waits).
+const requestTimeout = MaxLatencyMS*time.Millisecond + 30*time.Second
 
 // ValidateFaults says what is wrong with fault settings: a rate outside
 // 0..1, a latency outside 0..60000 ms, a decline prefix too long.

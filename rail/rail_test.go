@@ -298,3 +298,54 @@ func TestOnlyTheProxyPays(t *testing.T) {
 		t.Errorf("find with a NUL in client_ref: %v, want invalid_request", err)
 	}
 }
+
+// A lookup is not final while an attempt with its reference is still being
+// processed (here: waiting out the injected latency), however long ago the
+// attempt arrived: the payment it makes appears afterwards. It was final
+// once the window had passed since the attempt's arrival.
+func TestFindIsNotFinalWhileAnAttemptIsInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 10*time.Minute)
+	op, ex, clk := b.op, b.px, b.clk
+	ctx := ctxFor(t)
+	clk.Advance(11 * time.Minute) // a reference never seen is final by now
+	if l, err := ex.Find(ctx, "ref-slow"); err != nil || !l.Final {
+		t.Fatalf("unknown reference past the window: %+v %v", l, err)
+	}
+	if _, err := op.SetFaults(ctx, railclient.FaultsUpdate{LatencyMS: ptr(int64(5000))}); err != nil {
+		t.Fatal(err)
+	}
+	paid := make(chan error, 1)
+	go func() {
+		_, err := ex.Pay(ctx, req("ref-slow"))
+		paid <- err
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		l, err := ex.Find(ctx, "ref-slow")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !l.Final {
+			break // the attempt has arrived
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the payment attempt never reached the rail")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	clk.Advance(11 * time.Minute) // the window has passed since it arrived
+	if l, err := ex.Find(ctx, "ref-slow"); err != nil || l.Final || len(l.Items) != 0 {
+		t.Fatalf("lookup while the attempt is in flight: %+v %v, want not final", l, err)
+	}
+	if err := <-paid; err != nil {
+		t.Fatal(err)
+	}
+	if l, err := ex.Find(ctx, "ref-slow"); err != nil || l.Final || len(l.Items) != 1 {
+		t.Fatalf("lookup right after the attempt: %+v %v, want its payment, not final", l, err)
+	}
+	clk.Advance(11 * time.Minute)
+	if l, err := ex.Find(ctx, "ref-slow"); err != nil || !l.Final || len(l.Items) != 1 {
+		t.Fatalf("lookup a window after the attempt ended: %+v %v, want final", l, err)
+	}
+}
