@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
@@ -60,6 +61,20 @@ func (dm *demo) fencedEvents(ctx context.Context) ([]fenceEvent, error) {
 func (dm *demo) allFenced(ctx context.Context) []fenceEvent {
 	evs, _ := dm.fencedEvents(ctx)
 	return evs
+}
+
+// unfenced are the frozen holders no event refused at the guard their next
+// write goes to.
+func unfenced(evs []fenceEvent, frozen []stale) []stale {
+	var out []stale
+	for _, s := range frozen {
+		if !slices.ContainsFunc(evs, func(e fenceEvent) bool {
+			return e.guard == s.guard && e.key == s.key && e.presented == s.token && e.presented < e.stored
+		}) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // staleFences are the events that refused a frozen holder's token.

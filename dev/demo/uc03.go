@@ -125,6 +125,10 @@ func (dm *demo) uc03(ctx context.Context) error {
 			return false, err
 		}
 		fenced = staleFences(evs, frozen)
+		if dm.cfg.Freeze == FreezeByHook {
+			return len(unfenced(evs, frozen)) == 0, nil
+		}
+		// Frozen by timing, its next write may go to either guard.
 		return len(fenced) >= len(frozen), nil
 	})
 	if ctx.Err() != nil {
@@ -146,6 +150,17 @@ func (dm *demo) uc03(ctx context.Context) error {
 	}
 	if len(fenced) == 0 {
 		dm.fail("no guard fenced out the frozen holder(s) within %s of thawing", wait)
+	}
+	if dm.cfg.Freeze == FreezeByHook {
+		// Held at the hook, each holder's next write goes to a known
+		// guard: the story is that each of them fences its holder out.
+		evs, err := dm.fencedEvents(ctx)
+		if err != nil {
+			return err
+		}
+		for _, s := range unfenced(evs, frozen) {
+			dm.fail("%s (token %d) was not fenced out at the %s guard within %s of thawing", s.name, s.token, s.guard, wait)
+		}
 	}
 	for _, e := range fenced {
 		dm.d.Printf("  FENCED OUT at the %-7s guard: key %s, presented token %d < stored token %d (holder %s, payout %s)",
