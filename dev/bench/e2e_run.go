@@ -436,11 +436,26 @@ func (sys *e2eSystem) operatorRail(ctx context.Context, o E2EOptions) (*railclie
 // railDuplicates reads the rail's settlement report and counts the client
 // references with the given prefix it settled more than once.
 func railDuplicates(ctx context.Context, rail *railclient.Client, prefix string) (int, error) {
-	report, err := rail.SettlementReport(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("read the rail's settlement report: %w", err)
+	// Page by page, keeping the run's payments only: the whole report of a
+	// stack that ran many rounds (or an external rail's history) outgrows
+	// what one answer may be.
+	var run []railclient.Payment
+	after := ""
+	for {
+		page, err := rail.SettlementReportPage(ctx, after, 0)
+		if err != nil {
+			return 0, fmt.Errorf("read the rail's settlement report: %w", err)
+		}
+		for _, p := range page.Items {
+			if strings.HasPrefix(p.ClientRef, prefix) {
+				run = append(run, p)
+			}
+		}
+		if page.Next == "" || len(page.Items) == 0 {
+			return countDuplicates(run, prefix), nil
+		}
+		after = page.Next
 	}
-	return countDuplicates(report, prefix), nil
 }
 
 // countDuplicates counts client references with the given prefix that the
