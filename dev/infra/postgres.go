@@ -184,7 +184,7 @@ func (c *PGCluster) Start(ctx context.Context) error {
 		}
 		// Another process bound the picked port before the server did:
 		// pick again.
-		if !picked || attempt == portAttempts || !c.bindFailed(logged) {
+		if !picked || attempt == portAttempts || ctx.Err() != nil || !c.bindFailed(logged) {
 			if picked {
 				c.Port = 0
 			}
@@ -231,19 +231,35 @@ func (c *PGCluster) start(ctx context.Context) error {
 	logFile := c.logPath()
 	// pg_ctl starts the server in a session of its own: killed midway (ctx
 	// cancelled) it would leave the server running, unknown to Stop. So it
-	// runs to its end whatever ctx does, and a server started for a caller
-	// that has gone, or left starting past -t, is stopped here.
+	// runs to its end whatever ctx does, and a server this start launched
+	// for a caller that has gone, or left starting past -t, is stopped here
+	// (never one that held the directory before: its postmaster.pid names
+	// another process).
+	before := c.postmasterPID()
 	err := c.run(context.WithoutCancel(ctx), "pg_ctl", "-D", c.DataDir(), "-l", logFile, "-o", strings.Join(conf, " "), "-w", "-t", "60", "start")
 	if err == nil {
 		err = ctx.Err()
 	}
 	if err != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		_ = c.run(sctx, "pg_ctl", "-D", c.DataDir(), "-m", "immediate", "-w", "-t", "60", "stop")
+		if pid := c.postmasterPID(); pid != 0 && pid != before {
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			_ = c.run(sctx, "pg_ctl", "-D", c.DataDir(), "-m", "immediate", "-w", "-t", "60", "stop")
+		}
 		return fmt.Errorf("PostgreSQL did not start: %w; see %s", err, logFile)
 	}
 	return nil
+}
+
+// postmasterPID is the process postmaster.pid names, 0 when there is none.
+func (c *PGCluster) postmasterPID() int {
+	b, err := os.ReadFile(filepath.Join(c.DataDir(), "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, _ := strconv.Atoi(strings.TrimSpace(first))
+	return pid
 }
 
 // Stop shuts the server down cleanly (fast mode).
