@@ -187,3 +187,29 @@ func TestStateFileWriteFailureMakesNoPayment(t *testing.T) {
 		t.Fatalf("state file:\n%s\nwant the two recorded payments only", b)
 	}
 }
+
+// A payment still being processed once the state file is closed (a handler
+// past the server's shutdown grace) is refused, not made in memory only:
+// the next start would not know it, and could answer a lookup for it with
+// nothing, final.
+func TestPaymentAfterTheStateFileClosedIsNotMade(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	path := filepath.Join(t.TempDir(), "payments.jsonl")
+	c, s, _ := stateRail(t, path)
+	if _, err := c.Pay(ctx, req("ref-before")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.closeJournal(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Pay(ctx, req("ref-after")); !problem.Has(err, problem.Unavailable) {
+		t.Fatalf("pay after the state file closed: %v, want unavailable (nothing paid)", err)
+	}
+	if l, err := c.Find(ctx, "ref-after"); err != nil || len(l.Items) != 0 {
+		t.Fatalf("lookup of the refused payment: %+v %v, want no payment", l, err)
+	}
+	if got := stateLines(t, path); len(got) != 1 {
+		t.Fatalf("state file holds %d payments, want the 1 made before it closed", len(got))
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	randv2 "math/rand/v2"
@@ -78,6 +79,9 @@ type Server struct {
 	inflight map[string]int       // client_ref -> attempts still being processed
 	started  time.Time
 	journal  *journal // nil without Config.StateFile
+	// closed: Serve has returned and closed the state file; a payment
+	// still being processed is then refused, not kept in memory only.
+	closed bool
 
 	paymentsTotal *prometheus.CounterVec
 	faultsTotal   *prometheus.CounterVec
@@ -162,15 +166,27 @@ func (s *Server) Listen() (net.Addr, error) { return s.http.Listen() }
 // Serve serves until ctx is done, then closes the state file.
 func (s *Server) Serve(ctx context.Context) error {
 	err := s.http.Serve(ctx)
-	if s.journal != nil {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if cerr := s.journal.close(); cerr != nil && err == nil {
-			err = fmt.Errorf("rail: close the state file: %w", cerr)
-		}
-		s.journal = nil
+	if cerr := s.closeJournal(); cerr != nil && err == nil {
+		err = cerr
 	}
 	return err
+}
+
+// closeJournal closes the state file, if there is one: a payment still
+// being processed (a handler past the shutdown grace) is refused from then
+// on rather than made in memory only.
+func (s *Server) closeJournal() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.journal == nil {
+		return nil
+	}
+	err := s.journal.close()
+	s.journal, s.closed = nil, true
+	if err != nil {
+		return fmt.Errorf("rail: close the state file: %w", err)
+	}
+	return nil
 }
 
 // Handler is the full HTTP handler.
@@ -301,6 +317,9 @@ func (s *Server) accept(req railclient.PaymentRequest, declinePrefix string) (ra
 	}
 	if declinePrefix != "" && strings.HasPrefix(req.BeneficiaryRef, declinePrefix) {
 		p.Status, p.DeclineCode = railclient.StatusDeclined, railclient.DeclineCodeBeneficiary
+	}
+	if s.closed {
+		return p, errors.New("the rail has stopped and its state file is closed")
 	}
 	if s.journal != nil {
 		if err := s.journal.append(p); err != nil {
