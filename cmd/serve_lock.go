@@ -32,11 +32,19 @@ func newServeLockCmd(a *app) *cobra.Command {
 			if err := checkLockBackend(backend); err != nil {
 				return err
 			}
-			if err := checkEtcdFlags(backend, endpoints, embedDir); err != nil {
-				return err
-			}
 			if err := checkNonNegativeDurations(cmd, "grant-retention"); err != nil {
 				return err
+			}
+			var eps []string
+			for _, e := range strings.Split(endpoints, ",") {
+				if e = strings.TrimSpace(e); e != "" {
+					eps = append(eps, e)
+				}
+			}
+			if backend == "etcd" {
+				if err := lock.CheckEtcdStore(eps, embedDir); err != nil {
+					return &ExitError{Code: 2, Err: err}
+				}
 			}
 			f.db = "" // etcd: no database, --database-url is not read
 			if backend == "postgres" {
@@ -45,12 +53,6 @@ func newServeLockCmd(a *app) *cobra.Command {
 			env, err := f.setup(cmd, a)
 			if err != nil {
 				return err
-			}
-			var eps []string
-			for _, e := range strings.Split(endpoints, ",") {
-				if e = strings.TrimSpace(e); e != "" {
-					eps = append(eps, e)
-				}
 			}
 			cfg := lock.Config{
 				Backend: backend, Listen: f.listen, DatabaseURL: env.DatabaseURL,
@@ -67,21 +69,6 @@ func newServeLockCmd(a *app) *cobra.Command {
 	c.Flags().StringVar(&prefix, "etcd-prefix", etcdbackend.DefaultPrefix, "etcd key prefix of the lock service")
 	c.Flags().DurationVar(&retention, "grant-retention", lockbackend.DefaultGrantRetention, "how long ended grants stay in the grant log before compaction deletes them (0: forever); payouts reconcile --grant-retention must not exceed it")
 	return c
-}
-
-// checkEtcdFlags refuses an etcd backend with neither or both of its
-// stores named: a usage error, before anything starts.
-func checkEtcdFlags(backend, endpoints, embedDir string) error {
-	if backend != "etcd" {
-		return nil
-	}
-	switch hasEndpoints := strings.TrimSpace(strings.ReplaceAll(endpoints, ",", "")) != ""; {
-	case !hasEndpoints && embedDir == "":
-		return &ExitError{Code: 2, Err: errors.New("--backend etcd needs --etcd-endpoints or --etcd-embed-dir")}
-	case hasEndpoints && embedDir != "":
-		return &ExitError{Code: 2, Err: errors.New("--etcd-endpoints and --etcd-embed-dir are mutually exclusive")}
-	}
-	return nil
 }
 
 // checkLockBackend refuses a --backend the lock service has no store for,

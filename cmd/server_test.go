@@ -99,7 +99,7 @@ func TestSecretFiles(t *testing.T) {
 
 // Each SIGHUP runs every reload; a failing one is logged and the others
 // still run.
-func TestReloadOnHangup(t *testing.T) {
+func TestReloadOn(t *testing.T) {
 	hup := make(chan os.Signal)
 	ctx, cancel := context.WithCancel(context.Background())
 	calls := make(chan string, 8)

@@ -19,9 +19,8 @@ import (
 // before the proxy sees it) leaves every payout unclear. The batch shares
 // one wait for the proxy's records: once that has passed with a payout still
 // unknown, the rest are left RAIL_SUBMITTED for the next pass, which asks
-// once each (D-4) and submits them. Each payout waiting out its own 10 s in
-// turn held the account for n × 10 s, asking the proxy about ten times per
-// payout.
+// once each (D-4) and submits them: the proxy is asked about a batch's
+// payouts one wait's worth, not about ten times per payout.
 func TestUnclearBatchSubmissionSharesOneWait(t *testing.T) {
 	t.Parallel() // owns its stack and databases
 	const n = 20
@@ -48,7 +47,6 @@ func TestUnclearBatchSubmissionSharesOneWait(t *testing.T) {
 	}
 	// One wait's polls (about ten over unknownSubmitWait) and one ask per
 	// payout in the next pass, with room to spare; not ten per payout.
-	t.Logf("%d lookups for %d payouts", lookups.Load(), n)
 	if got, most := lookups.Load(), int32(2*n+10); got > most {
 		t.Errorf("the proxy was asked %d times about the payouts of one unclear batch of %d, want at most %d", got, n, most)
 	}

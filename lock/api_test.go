@@ -26,9 +26,10 @@ func forEachBackend(t *testing.T, fn func(t *testing.T, kind string)) {
 	}
 }
 
-func rawPost(t *testing.T, url, token, body string) (int, string) {
+// rawDo is rawRequest's status and body.
+func rawDo(t *testing.T, method, url, token, body string) (int, string) {
 	t.Helper()
-	code, _, b := rawRequest(t, http.MethodPost, url, token, body)
+	code, _, b := rawRequest(t, method, url, token, body)
 	return code, b
 }
 
@@ -145,7 +146,7 @@ func TestAuth(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
 		svc := setup(t, kind).svc
 		ctx := testCtx(t)
-		code, _ := rawPost(t, svc.URL+"/v1/sessions", "", `{"owner":"x","ttl_ms":5000}`)
+		code, _ := rawDo(t, http.MethodPost, svc.URL+"/v1/sessions", "", `{"owner":"x","ttl_ms":5000}`)
 		if code != http.StatusUnauthorized {
 			t.Fatalf("no token: %d", code)
 		}
@@ -243,7 +244,7 @@ func TestBadInput(t *testing.T) {
 			{"malformed key release", "/v1/locks/%20bad/release", `{"session_id":"` + sid + `","token":5}`, 400, problem.InvalidRequest, "key", "key"},
 		}
 		for _, tc := range cases {
-			status, body := rawPost(t, svc.URL+tc.path, executorToken, tc.body)
+			status, body := rawDo(t, http.MethodPost, svc.URL+tc.path, executorToken, tc.body)
 			if status != tc.status || !strings.Contains(body, `"code":"`+string(tc.code)+`"`) || !strings.Contains(body, tc.mention) {
 				t.Errorf("%s: got %d %s; want %d %s mentioning %q", tc.name, status, body, tc.status, tc.code, tc.mention)
 			}
@@ -272,7 +273,7 @@ func TestBadInput(t *testing.T) {
 				t.Errorf("%s: got %d %s; want 400 invalid_request with field %q", tc.name, status, body, tc.field)
 			}
 		}
-		if status, body := rawPost(t, svc.URL+"/v1/locks/payout:a/revoke", operatorToken, `{"Reason":"x"}`); status != 400 || !strings.Contains(body, "Reason") {
+		if status, body := rawDo(t, http.MethodPost, svc.URL+"/v1/locks/payout:a/revoke", operatorToken, `{"Reason":"x"}`); status != 400 || !strings.Contains(body, "Reason") {
 			t.Errorf("revoke with a capitalised field: %d %s; want 400", status, body)
 		}
 		// A body of unknown length (chunked) is read and judged too.
@@ -287,7 +288,7 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("chunked garbage keepalive: %d; want 400", resp.StatusCode)
 		}
 		for _, body := range []string{"", "{}", " { } "} {
-			if status, out := rawPost(t, svc.URL+"/v1/sessions/"+sid+"/keepalive", executorToken, body); status != http.StatusOK {
+			if status, out := rawDo(t, http.MethodPost, svc.URL+"/v1/sessions/"+sid+"/keepalive", executorToken, body); status != http.StatusOK {
 				t.Errorf("keepalive with body %q: %d %s; want 200", body, status, out)
 			}
 		}
@@ -326,7 +327,7 @@ func TestEscapedKeyIsTheKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close(ctx)
-		status, body := rawPost(t, svc.URL+"/v1/locks/payout%3Aesc-1/acquire", executorToken, `{"session_id":"`+s.ID()+`"}`)
+		status, body := rawDo(t, http.MethodPost, svc.URL+"/v1/locks/payout%3Aesc-1/acquire", executorToken, `{"session_id":"`+s.ID()+`"}`)
 		if status != http.StatusOK || !strings.Contains(body, `"key":"payout:esc-1"`) {
 			t.Fatalf("acquire of payout%%3Aesc-1: %d %s; want 200 naming payout:esc-1", status, body)
 		}
@@ -340,7 +341,7 @@ func TestEscapedKeyIsTheKey(t *testing.T) {
 		if err != nil || !l.Held || int64(l.Token) != g.Token {
 			t.Fatalf("payout:esc-1 after the escaped acquire: %+v, %v; want held under token %d", l, err, g.Token)
 		}
-		status, body = rawPost(t, svc.URL+"/v1/locks/payout%3aesc-1/release", executorToken,
+		status, body = rawDo(t, http.MethodPost, svc.URL+"/v1/locks/payout%3aesc-1/release", executorToken,
 			fmt.Sprintf(`{"session_id":"%s","token":%d}`, s.ID(), g.Token))
 		if status != http.StatusOK {
 			t.Fatalf("release of payout%%3aesc-1: %d %s", status, body)

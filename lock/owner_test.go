@@ -72,9 +72,3 @@ func TestSessionOwnership(t *testing.T) {
 		}
 	})
 }
-
-func rawDo(t *testing.T, method, url, token, body string) (int, string) {
-	t.Helper()
-	code, _, b := rawRequest(t, method, url, token, body)
-	return code, b
-}

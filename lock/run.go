@@ -40,6 +40,18 @@ type Config struct {
 	OnListen func(net.Addr)
 }
 
+// CheckEtcdStore says what is wrong with the etcd an etcd backend is given:
+// exactly one of endpoints and an embedded node's directory.
+func CheckEtcdStore(endpoints []string, embedDir string) error {
+	switch {
+	case len(endpoints) == 0 && embedDir == "":
+		return errors.New("--backend etcd needs --etcd-endpoints or --etcd-embed-dir")
+	case len(endpoints) > 0 && embedDir != "":
+		return errors.New("--etcd-endpoints and --etcd-embed-dir are mutually exclusive")
+	}
+	return nil
+}
+
 // OpenBackend opens the configured backend; the returned cleanup stops an
 // embedded etcd.
 func OpenBackend(ctx context.Context, cfg Config) (backend.Backend, func(), error) {
@@ -51,12 +63,12 @@ func OpenBackend(ctx context.Context, cfg Config) (backend.Backend, func(), erro
 		b, err := pgbackend.Open(ctx, pgbackend.Config{DatabaseURL: cfg.DatabaseURL, Logger: cfg.Logger, GrantRetention: cfg.GrantRetention})
 		return b, func() {}, err
 	case "etcd":
+		if err := CheckEtcdStore(cfg.EtcdEndpoints, cfg.EtcdEmbedDir); err != nil {
+			return nil, nil, err
+		}
 		endpoints := cfg.EtcdEndpoints
 		cleanup := func() {}
 		if cfg.EtcdEmbedDir != "" {
-			if len(endpoints) > 0 {
-				return nil, nil, errors.New("--etcd-endpoints and --etcd-embed-dir are mutually exclusive")
-			}
 			dir, err := filepath.Abs(cfg.EtcdEmbedDir)
 			if err != nil {
 				return nil, nil, err
@@ -71,9 +83,6 @@ func OpenBackend(ctx context.Context, cfg Config) (backend.Backend, func(), erro
 			cfg.Logger.Warn("running an embedded single-node etcd (development only)", "dir", dir,
 				"endpoints", strings.Join(eps, ","), "log", filepath.Join(dir, "etcd.log"))
 			endpoints, cleanup = eps, e.Close
-		}
-		if len(endpoints) == 0 {
-			return nil, nil, errors.New("--backend etcd needs --etcd-endpoints or --etcd-embed-dir")
 		}
 		b, err := etcdbackend.Open(ctx, etcdbackend.Config{Endpoints: endpoints, Prefix: cfg.EtcdPrefix, Logger: cfg.Logger, GrantRetention: cfg.GrantRetention})
 		if err != nil {

@@ -151,7 +151,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // A rejected transition whose fence cannot be read afterwards (here: the
 // database gone between the refusal and its evidence) is still a rejected
 // transition: answered invalid_transition, counted, and its evidence's
-// failure to be stored counted too. It was a 500 internal with no counter.
+// failure to be stored counted too.
 func TestRejectedTransitionSurvivesAFenceItCannotRead(t *testing.T) {
 	t.Parallel()
 	e := setup(t)

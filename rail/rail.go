@@ -237,7 +237,6 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) error {
 	// ended: a payment it makes may still appear.
 	s.mu.Lock()
 	f := s.faults
-	s.attempts[req.ClientRef] = s.cfg.Now()
 	s.inflight[req.ClientRef]++
 	s.mu.Unlock()
 	defer func() {
@@ -327,7 +326,6 @@ func (s *Server) accept(req railclient.PaymentRequest, declinePrefix string) (ra
 		}
 	}
 	s.record(p)
-	s.attempts[req.ClientRef] = now
 	s.paymentsTotal.WithLabelValues(p.Status).Inc()
 	return p, nil
 }

@@ -301,8 +301,7 @@ func TestOnlyTheProxyPays(t *testing.T) {
 
 // A lookup is not final while an attempt with its reference is still being
 // processed (here: waiting out the injected latency), however long ago the
-// attempt arrived: the payment it makes appears afterwards. It was final
-// once the window had passed since the attempt's arrival.
+// attempt arrived: the payment it makes appears afterwards.
 func TestFindIsNotFinalWhileAnAttemptIsInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 10*time.Minute)

@@ -35,9 +35,9 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 	start := time.Now()
 	var outcome proxyclient.Outcome
 	var railRef, code, why string
-	if waited := start.Sub(begun); waited > s.sendWindow() {
+	if waited := start.Sub(begun); waited > s.cfg.SendWindow {
 		outcome, code = proxyclient.OutcomeRejected, proxyclient.ErrorCodeNotForwardedInTime
-		why = fmt.Sprintf("not sent: its rail call could not start within %s of its intent (waited %s for a slot)", s.sendWindow(), waited.Round(time.Millisecond))
+		why = fmt.Sprintf("not sent: its rail call could not start within %s of its intent (waited %s for a slot)", s.cfg.SendWindow, waited.Round(time.Millisecond))
 	} else {
 		p, err := s.rail.Pay(ctx, railclient.PaymentRequest{
 			ClientRef: rec.ClientRef, Amount: rec.Amount, Currency: rec.Currency, BeneficiaryRef: rec.BeneficiaryRef,

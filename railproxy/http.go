@@ -149,8 +149,9 @@ func forwardFailed(err error) error {
 }
 
 // fencedOut records and answers a refused submission: reqs is the one
-// submission, or the written items of a refused batch (each gets its FENCED
-// row; the refusal is one event, counted once, for the first).
+// submission, or every item of a refused batch, held ones included (each
+// gets its FENCED row; the refusal is one event, counted once, for the
+// first).
 func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, reqs []proxyclient.SubmitRequest, refusedBy mark) error {
 	req := reqs[0]
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)

@@ -73,7 +73,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 		}
 		if !old {
 			httpx.WriteJSON(w, http.StatusOK, proxyclient.LookupResult{
-				RailItems: []proxyclient.RailPayment{}, Submission: rec, Detail: s.tooYoung(),
+				RailItems: []proxyclient.RailPayment{}, Submission: rec, Detail: s.tooYoung(false),
 			})
 			return nil
 		}
@@ -132,8 +132,9 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 		httpx.WriteJSON(w, http.StatusOK, out)
 		return nil
 	}
-	// Not written: resolved concurrently, the outcome recorded meanwhile, or
-	// forwarding may still be under way.
+	// Not written: resolved concurrently, or the outcome recorded meanwhile
+	// (the age was checked before the rail was asked; only a clock that
+	// went back could fail it here).
 	now, err := s.st.forwarded(wctx, payoutID)
 	if err != nil {
 		return err
@@ -149,7 +150,7 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 			outcomeText(rec.Outcome), outcomeText(now.Outcome))
 	default:
 		out.Final, out.Resolution = false, proxyclient.ResolutionNone
-		out.Detail = fmt.Sprintf("the submission has no outcome and is younger than %s (its send window and the rail timeout): its forwarding may still be under way; nothing recorded", s.resolvableAge())
+		out.Detail = s.tooYoung(true)
 	}
 	httpx.WriteJSON(w, http.StatusOK, out)
 	return nil
@@ -163,7 +164,11 @@ func nonNil(p []proxyclient.RailPayment) []proxyclient.RailPayment {
 }
 
 // tooYoung is a lookup's answer for a submission without outcome that may
-// still be forwarded.
-func (s *Server) tooYoung() string {
-	return fmt.Sprintf("the submission has no outcome and is younger than %s (its send window and the rail timeout): its forwarding may still be under way; the rail was not asked and nothing recorded", s.resolvableAge())
+// still be forwarded; asked: the rail was asked before that was known.
+func (s *Server) tooYoung(asked bool) string {
+	what := "the rail was not asked and nothing recorded"
+	if asked {
+		what = "nothing recorded"
+	}
+	return fmt.Sprintf("the submission has no outcome and is younger than %s (its send window and the rail timeout): its forwarding may still be under way; %s", s.resolvableAge(), what)
 }

@@ -96,22 +96,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 // unresolvedCollector reports, at scrape time, forwarded submissions with
-// no outcome older than the rail timeout (forwarding died or is stuck) and
+// no outcome older than minAge, the send window and the rail timeout
+// together (forwarding died or is stuck), and
 // TIMEOUT submissions not yet resolved. Both are "money may have moved".
 type unresolvedCollector struct {
-	st          *store
-	railTimeout time.Duration
-	log         *slog.Logger
-	noOutcome   *prometheus.Desc
-	timeouts    *prometheus.Desc
-	errors      prometheus.Counter
+	st        *store
+	minAge    time.Duration
+	log       *slog.Logger
+	noOutcome *prometheus.Desc
+	timeouts  *prometheus.Desc
+	errors    prometheus.Counter
 }
 
-func newUnresolvedCollector(st *store, railTimeout time.Duration, log *slog.Logger) *unresolvedCollector {
+func newUnresolvedCollector(st *store, minAge time.Duration, log *slog.Logger) *unresolvedCollector {
 	return &unresolvedCollector{
-		st: st, railTimeout: railTimeout, log: log,
+		st: st, minAge: minAge, log: log,
 		noOutcome: prometheus.NewDesc("payouts_proxy_submissions_without_outcome",
-			"Forwarded submissions with no recorded outcome older than the rail timeout (ambiguous; need lookup).", nil, nil),
+			"Forwarded submissions with no recorded outcome older than the send window and the rail timeout together (ambiguous; need lookup).", nil, nil),
 		timeouts: prometheus.NewDesc("payouts_proxy_submissions_timeout_unresolved",
 			"Submissions with outcome TIMEOUT and no resolution yet (ambiguous; need lookup).", nil, nil),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
@@ -135,7 +136,7 @@ func (c *unresolvedCollector) Collect(ch chan<- prometheus.Metric) {
 	defer c.errors.Collect(ch)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	n, t, err := c.st.unresolvedCounts(ctx, c.railTimeout)
+	n, t, err := c.st.unresolvedCounts(ctx, c.minAge)
 	if err != nil {
 		c.errors.Inc()
 		c.log.Warn("could not count unresolved submissions for /metrics", "error", err.Error())

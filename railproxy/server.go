@@ -56,9 +56,9 @@ type Config struct {
 	RailTimeout time.Duration
 	// SendWindow bounds how long after its intent's transaction began a
 	// submission's rail call may start; one that cannot start by then is
-	// not sent (REJECTED not_forwarded_in_time). Default: the time the
-	// last wave of a full batch may wait behind the others, each call
-	// running to the rail timeout (defaultSendWindow).
+	// not sent (REJECTED not_forwarded_in_time). Default: six waves of rail
+	// calls, each running to the rail timeout, ahead of the last of a full
+	// batch, and one for the intent's transaction (defaultSendWindow).
 	SendWindow time.Duration
 	// RequestTimeout is the per-request deadline of the HTTP API (default
 	// 30s). A submission whose rail call outlives it is still finished and
@@ -100,10 +100,6 @@ type Server struct {
 	afterRefusal atomic.Pointer[func()]
 }
 
-// sendWindow bounds how late after its intent's transaction began a
-// submission's rail call may start (forward).
-func (s *Server) sendWindow() time.Duration { return s.cfg.SendWindow }
-
 // defaultSendWindow: a batch of MaxBatchItems runs in waves of
 // maxBatchForwards calls; its last wave starts once the waves before it
 // have ended, each within the rail timeout. One wave more covers the
@@ -117,7 +113,7 @@ func defaultSendWindow(railTimeout time.Duration) time.Duration {
 // rail call running any more: any call started within the send window and
 // has ended within the rail timeout after that. Only then may a lookup
 // record a resolution for it, or /metrics count it as stuck.
-func (s *Server) resolvableAge() time.Duration { return s.sendWindow() + s.cfg.RailTimeout }
+func (s *Server) resolvableAge() time.Duration { return s.cfg.SendWindow + s.cfg.RailTimeout }
 
 // New connects to proxydb and builds the proxy. Close releases the pool.
 func New(ctx context.Context, cfg Config) (*Server, error) {

@@ -440,8 +440,7 @@ func TestWritesBeyondTheGrantRetentionAreNotChecked(t *testing.T) {
 // TestSubmissionOfAPayoutPaydbDoesNotHold: the proxy forwarded a payout
 // that paydb does not hold (lost by a restore, or sent around paydb):
 // nothing accounts for what the rail may have paid for it. It is reported,
-// and its submission checked against the grant log as any other; it was
-// dropped unseen.
+// and its submission checked against the grant log as any other.
 func TestSubmissionOfAPayoutPaydbDoesNotHold(t *testing.T) {
 	e := setup(t)
 	acc := e.newAccount(t, 10_000)

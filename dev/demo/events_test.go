@@ -3,8 +3,7 @@ package demo
 import "testing"
 
 // TestUnfencedNeedsEachHolderFencedAtItsGuard: two events at the payment
-// guard for one holder do not make up for none at the proxy for the other
-// (the demo counted events, and said both guards fired).
+// guard for one holder do not make up for none at the proxy for the other.
 func TestUnfencedNeedsEachHolderFencedAtItsGuard(t *testing.T) {
 	frozen := []stale{
 		{name: "exec-2", key: "payout:a", token: 5, guard: "payment"},

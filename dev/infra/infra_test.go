@@ -173,9 +173,8 @@ func TestEtcdThreeNodeClusterLeaderLossAndClose(t *testing.T) {
 
 // TestPostgresStartCancelledLeavesNoServer: a start whose caller goes away
 // while the server is coming up (dev up interrupted) returns an error and
-// leaves no server running: pg_ctl starts the server in a session of its
-// own, and killing pg_ctl midway left it running, unknown to Stop, its lock
-// file taken for the next run on the same directory.
+// leaves no server running, and the next start on the same directory
+// succeeds.
 func TestPostgresStartCancelledLeavesNoServer(t *testing.T) {
 	// The cancel must land while pg_ctl waits for the server it launched;
 	// a start that finished first is tried again on a fresh directory.

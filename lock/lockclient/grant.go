@@ -106,8 +106,7 @@ func (s *Session) register(info GrantInfo) (*Grant, error) {
 	// same token: the same lock, so the new Grant shares the earlier one's
 	// context (released, or lost, through either, both end). A new token
 	// means the earlier lock ended: its Grant is cancelled.
-	if old := s.byKey[g.Key]; old != nil {
-		delete(s.grants, old)
+	if old := s.grants[g.Key]; old != nil {
 		if old.Token == g.Token {
 			g.ctx, g.cancel = old.ctx, old.cancel
 		} else {
@@ -117,8 +116,7 @@ func (s *Session) register(info GrantInfo) (*Grant, error) {
 	if g.ctx == nil {
 		g.ctx, g.cancel = context.WithCancel(context.Background())
 	}
-	s.grants[g] = struct{}{}
-	s.byKey[g.Key] = g
+	s.grants[g.Key] = g
 	return g, nil
 }
 
@@ -131,10 +129,8 @@ func (s *Session) Release(ctx context.Context, g *Grant) error {
 		return errors.New("lockclient: release of a grant from another session")
 	}
 	s.mu.Lock()
-	delete(s.grants, g)
-	if cur := s.byKey[g.Key]; cur != nil && cur.Token == g.Token {
-		delete(s.grants, cur)
-		delete(s.byKey, g.Key)
+	if cur := s.grants[g.Key]; cur != nil && cur.Token == g.Token {
+		delete(s.grants, g.Key)
 	}
 	s.mu.Unlock()
 	g.cancel()

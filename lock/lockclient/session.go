@@ -48,8 +48,7 @@ type Session struct {
 	state    State
 	deadline time.Time // monotonic: from time.Now()
 	lostErr  error
-	grants   map[*Grant]struct{}
-	byKey    map[string]*Grant // the newest grant of each key in grants
+	grants   map[string]*Grant // key -> the newest Grant of it (register)
 	done     chan struct{}
 
 	stop     chan struct{}
@@ -82,8 +81,7 @@ func (c *Client) Open(ctx context.Context, owner string) (*Session, error) {
 	s := &Session{
 		c: c, id: info.SessionID, owner: owner, ttl: ttl,
 		deadline: sent.Add(ttl - c.o.margin),
-		grants:   map[*Grant]struct{}{},
-		byKey:    map[string]*Grant{},
+		grants:   map[string]*Grant{},
 		done:     make(chan struct{}),
 		stop:     make(chan struct{}),
 	}
@@ -145,11 +143,10 @@ func (s *Session) loseLocked(why error) {
 	s.state = Lost
 	s.lostErr = why
 	close(s.done)
-	for g := range s.grants {
+	for _, g := range s.grants {
 		g.cancel()
 	}
-	s.grants = map[*Grant]struct{}{}
-	s.byKey = map[string]*Grant{}
+	s.grants = map[string]*Grant{}
 	if !errors.Is(why, errClosed) {
 		s.c.o.logger.Warn("lock session lost", "session_id", s.id, "owner", s.owner, "error", why.Error())
 	}
