@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,17 +26,7 @@ import (
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	proctest.Cleanup()
-	if code == 0 {
-		if err := goleak.Find(leakOptions...); err != nil {
-			fmt.Fprintf(os.Stderr, "goroutines left behind by the tests: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { proctest.Main(m, nil, leakOptions...) }
 
 // leakOptions name the background goroutines that outlive a test by
 // design: idle keep-alive connections of the HTTP clients' shared

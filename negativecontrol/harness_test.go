@@ -27,7 +27,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/dev/proctest"
@@ -43,15 +42,7 @@ func TestMain(m *testing.M) {
 	// The payment resource's continuous ledger check (INV-03's drift gauge)
 	// runs every second in the stack's child processes.
 	os.Setenv("PAYOUTS_LEDGER_CHECK_INTERVAL", "1s")
-	code := m.Run()
-	proctest.Cleanup()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	proctest.Main(m, nil)
 }
 
 // sys is one running stack: the devstack roles plus a lock service on the

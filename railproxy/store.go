@@ -114,16 +114,31 @@ func scanGuard(row pgx.Row) (m mark, accepted bool, err error) {
 	return mark{token: fencing.Token(t), holder: fencing.Holder(h)}, accepted, nil
 }
 
+// Submission rows from intentArgs: one row per element of the arrays $4..
+// (payout id, client reference, amount, currency, beneficiary), all under
+// the batch's account ($1), token ($2) and holder ($3).
+const (
+	submissionCols   = `payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref`
+	submissionVals   = `u.payout_id, $1::text, $2::bigint, $3::text, u.client_ref, u.amount, u.currency, u.beneficiary_ref`
+	submissionArrays = `FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[]) AS u(payout_id, client_ref, amount, currency, beneficiary_ref)`
+)
+
 // intentRows inserts a batch's intents (the rest of the statement, in
 // intent.go and intent_negativecontrol.go, is the ON CONFLICT clause and
-// RETURNING): one row per element of the arrays $4.. (payout id, client
-// reference, amount, currency, beneficiary), all under the batch's account
-// ($1), token ($2) and holder ($3).
+// RETURNING).
 const intentRows = `
-INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
-SELECT u.payout_id, $1::text, $2::bigint, $3::text, u.client_ref, u.amount, u.currency, u.beneficiary_ref
-  FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[]) AS u(payout_id, client_ref, amount, currency, beneficiary_ref)
+INSERT INTO rail_submission (` + submissionCols + `)
+SELECT ` + submissionVals + `
+  ` + submissionArrays + `
 `
+
+// fencedRowsSQL inserts the FENCED rows of refused submissions (D-5; the
+// uniqueness of forwarded submissions leaves FENCED rows out).
+const fencedRowsSQL = `
+INSERT INTO rail_submission (` + submissionCols + `, outcome, error_code)
+SELECT ` + submissionVals + `, 'FENCED', 'fenced_out'
+  ` + submissionArrays + `
+RETURNING ` + recordCols
 
 // intentArgs are the parameters of intentSQL for reqs, one submission's
 // or a batch's (one account, token and holder: reqs[0]'s).
@@ -155,16 +170,16 @@ func (st *store) recordFenced(ctx context.Context, reqs []proxyclient.SubmitRequ
 	ev := fencedEvidence{StoredToken: refusedBy.token, StoredHolder: refusedBy.holder}
 	ev.Regression = ev.StoredToken == first.Token && ev.StoredHolder != first.Holder
 	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
-		for i, req := range reqs {
-			rec, err := scanRecord(tx.QueryRow(ctx, `
-				INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, outcome, error_code)
-				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'FENCED', 'fenced_out')
-				RETURNING `+recordCols,
-				req.PayoutID, req.AccountID, int64(req.Token), string(req.Holder), req.ClientRef, req.Amount, req.Currency, req.BeneficiaryRef))
-			if err != nil {
-				return fmt.Errorf("insert FENCED row of payout %s: %w", req.PayoutID, err)
-			}
-			if i == 0 {
+		rows, err := tx.Query(ctx, fencedRowsSQL, intentArgs(reqs)...)
+		if err != nil {
+			return fmt.Errorf("insert FENCED rows: %w", err)
+		}
+		recs, err := collectRecords(rows)
+		if err != nil {
+			return fmt.Errorf("insert FENCED rows: %w", err)
+		}
+		for _, rec := range recs {
+			if rec.PayoutID == first.PayoutID {
 				ev.Record = rec
 			}
 		}

@@ -39,23 +39,16 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	stacksMu.Lock()
-	for _, b := range stacks {
-		if b.lock != nil {
-			_ = b.lock.Close(context.Background())
+	proctest.Main(m, func() {
+		stacksMu.Lock()
+		defer stacksMu.Unlock()
+		for _, b := range stacks {
+			if b.lock != nil {
+				_ = b.lock.Close(context.Background())
+			}
+			_ = b.st.Stop()
 		}
-		_ = b.st.Stop()
-	}
-	stacksMu.Unlock()
-	proctest.Cleanup()
-	if code == 0 {
-		if err := goleak.Find(leakOptions...); err != nil {
-			fmt.Fprintf(os.Stderr, "goroutines left behind by the tests: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	}, leakOptions...)
 }
 
 // leakOptions name the background goroutines that outlive a test by

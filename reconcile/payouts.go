@@ -54,14 +54,15 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 	// after it went by (the next pass checks them), or unknown to paydb
 	// (reportUnknownPayouts). At most MaxFindings payouts are kept; those
 	// past it are counted in a note.
-	unknown := map[string][]proxyclient.SubmissionDigest{}
+	unknown := map[string][]proxyclient.Record{}
 	overflow := 0
 	skip := func(d proxyclient.SubmissionDigest) {
-		if !d.Record().Forwarded() {
+		rec := d.Record()
+		if !rec.Forwarded() {
 			return
 		}
 		if _, seen := unknown[d.PayoutID]; seen || len(unknown) < r.opts.MaxFindings {
-			unknown[d.PayoutID] = append(unknown[d.PayoutID], d)
+			unknown[d.PayoutID] = append(unknown[d.PayoutID], rec)
 			return
 		}
 		overflow++
@@ -359,13 +360,9 @@ func (r *Reconciler) payoutEvents(ctx context.Context, id string) ([]pc.PayoutEv
 // the rail may have paid (submission_state_mismatch), and the submissions
 // are checked as any other against the grant log (INV-07) and for being
 // more than one (INV-02).
-func (r *Reconciler) reportUnknownPayouts(ctx context.Context, rep *Report, unknown map[string][]proxyclient.SubmissionDigest, grants *grantIndex) error {
-	ids := slices.Sorted(maps.Keys(unknown))
-	for _, id := range ids {
-		var forwarded []proxyclient.Record
-		for _, d := range unknown[id] {
-			forwarded = append(forwarded, d.Record())
-		}
+func (r *Reconciler) reportUnknownPayouts(ctx context.Context, rep *Report, unknown map[string][]proxyclient.Record, grants *grantIndex) error {
+	for _, id := range slices.Sorted(maps.Keys(unknown)) {
+		forwarded := unknown[id]
 		_, err := r.c.Payment.Payout(ctx, id)
 		switch {
 		case err == nil:

@@ -12,22 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/payouts/payouts/dev/proctest"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	proctest.Cleanup()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			os.Stderr.WriteString("goleak: " + err.Error() + "\n")
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { proctest.Main(m, nil) }
 
 // TestE2EBenchShortRun runs `payouts bench e2e` on a throwaway stack and
 // checks the result line: its shape, every payout terminal, nothing paid

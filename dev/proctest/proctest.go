@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/payouts/payouts/dev/supervise"
 )
@@ -71,6 +72,24 @@ func Cleanup() {
 	if buildDir != "" {
 		os.RemoveAll(buildDir)
 	}
+}
+
+// Main is a test binary's TestMain: it runs the tests, then stop (when
+// not nil: what the tests left running), removes the built binary, and
+// fails a passing run that left goroutines behind (goleak, with opts).
+func Main(m *testing.M, stop func(), opts ...goleak.Option) {
+	code := m.Run()
+	if stop != nil {
+		stop()
+	}
+	Cleanup()
+	if code == 0 {
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutines left behind by the tests: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // Proc is one running child process.
