@@ -345,7 +345,7 @@ func (b *batch) sendEach(ps []pc.Payout) []submitAnswer {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			rec, err := b.r.send(p)
+			rec, err := b.r.send(p, false)
 			answers[i] = submitAnswer{rec, err}
 		}()
 	}

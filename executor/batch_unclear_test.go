@@ -1,7 +1,9 @@
 package executor
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
 // A batch submission that never reaches the proxy (its connection closes
@@ -128,9 +131,26 @@ func TestBatchSubmissionChecksTheGrantAfterTheClaim(t *testing.T) {
 			poisoned.Store(true)
 		}
 	})
+	var resubmissions, unmarked atomic.Int32
 	cfg.ProxyURL = front(s.st.Ready.ProxyURL, func(r *http.Request) {
 		if isBatchSubmission(r) {
 			batches.Add(1)
+		}
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/submissions" {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				t.Error(err)
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			var req proxyclient.SubmitRequest
+			if err := json.Unmarshal(body, &req); err != nil {
+				t.Error(err)
+			}
+			if req.Resubmission {
+				resubmissions.Add(1)
+			} else {
+				unmarked.Add(1)
+			}
 		}
 	})
 	lk, err := newLockService(cfg.LockURL, cfg.Token, cfg.SessionTTL, 10*time.Second, cfg.Logger, nil)
@@ -144,6 +164,12 @@ func TestBatchSubmissionChecksTheGrantAfterTheClaim(t *testing.T) {
 	}
 	if got := batches.Load(); got != 0 {
 		t.Errorf("%d batch submissions reached the proxy, want 0: the batch went out under a grant that had turned invalid", got)
+	}
+	// Each is resubmitted alone, marked so: the proxy asks the rail
+	// before sending it (and answers 503, to come back, while the new
+	// rail's answers are not final yet).
+	if got, bad := resubmissions.Load(), unmarked.Load(); got < n || bad != 0 {
+		t.Errorf("%d single submissions marked as resubmissions and %d not, want at least %d and 0", got, bad, n)
 	}
 	s.paidOnceEach(t, ids)
 }

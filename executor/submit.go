@@ -26,7 +26,7 @@ func (r *run) submitted(p pc.Payout) (pc.Payout, error) {
 		return p, err
 	}
 	if !found {
-		return r.submit(p)
+		return r.resubmit(p)
 	}
 	r.log.Info("the proxy already holds the payout's submission; applying its outcome",
 		obs.KeyPayoutID, p.ID, "outcome", outcomeText(rec.Outcome), "submission_token", int64(rec.FenceToken))
@@ -58,7 +58,27 @@ func (r *run) lookup(p pc.Payout) (proxyclient.Record, bool, error) {
 // submit makes the payout's one submission. It is never retried: an
 // unclear answer is settled from the proxy's record.
 func (r *run) submit(p pc.Payout) (pc.Payout, error) {
-	rec, err := r.send(p)
+	rec, err := r.send(p, false)
+	return r.answered(p, rec, err, r.apply)
+}
+
+// resubmit submits a payout an earlier holder marked RAIL_SUBMITTED and
+// the proxy holds no forwarded submission of (D-4). It is marked as such:
+// the proxy sends it only once the rail says it holds no payment of it,
+// which a proxydb that lost rows (restored from a backup) would otherwise
+// have the rail pay twice.
+// A 503 with "forwarded": false says the rail could not yet confirm that
+// (or is paused): nothing was recorded or sent, the payout stays
+// RAIL_SUBMITTED for a later pass, and the executor's rail pause is not
+// fed (a rail whose answer is not final yet is answering).
+func (r *run) resubmit(p pc.Payout) (pc.Payout, error) {
+	rec, err := r.send(p, true)
+	if proxyclient.PausedUnforwarded(err) {
+		r.e.m.steps.WithLabelValues("submit", resultTransient).Inc()
+		r.log.Info("the proxy recorded and sent nothing: it forwards a resubmission only once the rail says it holds no payment of it, and the rail could not say so yet (or is paused); the payout stays RAIL_SUBMITTED for a later pass",
+			obs.KeyPayoutID, p.ID, obs.KeyError, err.Error())
+		return p, errLeave
+	}
 	return r.answered(p, rec, err, r.apply)
 }
 
@@ -76,8 +96,9 @@ func submission(p pc.Payout) proxyclient.Submission {
 
 // send is the proxy call of the payout's one submission; it only calls and
 // times, so several may run at once under one grant (sendAll).
-func (r *run) send(p pc.Payout) (proxyclient.Record, error) {
+func (r *run) send(p pc.Payout, resubmission bool) (proxyclient.Record, error) {
 	sub := submission(p)
+	sub.Resubmission = resubmission
 	// The proxy waits for the rail; its client has its own, longer timeout.
 	ctx, cancel := context.WithTimeout(r.e.base, proxyclient.DefaultTimeout)
 	defer cancel()

@@ -185,3 +185,18 @@ func TestBadTokenLeavesFence(t *testing.T) {
 		t.Fatalf("rows changed: %v -> %v", before, after)
 	}
 }
+
+// A fence, a payout's state and its ledger lines are answered only once on
+// disk, whatever the server's default: the test clusters run with
+// synchronous_commit off, and the payment resource's sessions turn it on.
+func TestCommitsAreDurableWhateverTheServersDefault(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var v string
+	if err := e.svc.pool.QueryRow(tctx(t), "SHOW synchronous_commit").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if v != "on" {
+		t.Fatalf("synchronous_commit = %q in the payment resource's sessions, want on", v)
+	}
+}

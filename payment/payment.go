@@ -118,7 +118,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.ResolutionSLA == 0 {
 		cfg.ResolutionSLA = DefaultResolutionSLA
 	}
-	pool, err := pgpool.New(ctx, "payment: paydb", cfg.DatabaseURL, pgpool.Options{MaxConns: cfg.MaxConns})
+	pool, err := pgpool.New(ctx, "payment: paydb", cfg.DatabaseURL, pgpool.Options{MaxConns: cfg.MaxConns, RuntimeParams: pgpool.DurableCommits()})
 	if err != nil {
 		return nil, err
 	}

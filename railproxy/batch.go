@@ -205,7 +205,7 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 			continue
 		}
 		ilog.Info("submission intent recorded", "submission_id", recs[i].ID, "client_ref", recs[i].ClientRef)
-		done[i] = s.startForward(detached, ilog, recs[i], sem, begun)
+		done[i] = s.startForward(detached, ilog, recs[i], sem, begun, nil)
 	}
 	for i, ch := range done {
 		if ch == nil {

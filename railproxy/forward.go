@@ -13,6 +13,8 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/safetylog"
+	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
@@ -31,14 +33,19 @@ type forwardResult struct {
 // submission without outcome as finished once it is older than the send
 // window and the rail timeout together (resolvableAge); a rail call begun
 // later could still pay after a lookup had recorded it ABSENT.
-func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.Record, begun time.Time) forwardResult {
+// held, for a resubmission the rail already holds a payment of
+// (railHolds), is recorded from the rail's record instead of being sent.
+func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.Record, begun time.Time, held *railclient.Payment) forwardResult {
 	start := time.Now()
 	var outcome proxyclient.Outcome
 	var railRef, code, why string
-	if waited := start.Sub(begun); waited > s.cfg.SendWindow {
+	switch waited := start.Sub(begun); {
+	case held != nil:
+		outcome, railRef, code, why = s.fromRail(ctx, log, rec, *held)
+	case waited > s.cfg.SendWindow:
 		outcome, code = proxyclient.OutcomeRejected, proxyclient.ErrorCodeNotForwardedInTime
 		why = fmt.Sprintf("not sent: its rail call could not start within %s of its intent (waited %s for a slot)", s.cfg.SendWindow, waited.Round(time.Millisecond))
-	} else {
+	default:
 		p, err := s.rail.Pay(ctx, railclient.PaymentRequest{
 			ClientRef: rec.ClientRef, Amount: rec.Amount, Currency: rec.Currency, BeneficiaryRef: rec.BeneficiaryRef,
 		})
@@ -82,7 +89,7 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 	}
 	s.m.submissions.WithLabelValues(string(outcome)).Inc()
 	lvl := slog.LevelInfo
-	if outcome == proxyclient.OutcomeTimeout || code == proxyclient.ErrorCodeNotForwardedInTime {
+	if outcome == proxyclient.OutcomeTimeout || code == proxyclient.ErrorCodeNotForwardedInTime || held != nil {
 		lvl = slog.LevelWarn
 	}
 	log.Log(ctx, lvl, "submission outcome recorded", "submission_id", out.ID, "outcome", string(outcome),
@@ -125,4 +132,110 @@ func classify(rec proxyclient.Record, p railclient.Payment, err error) (outcome 
 		return proxyclient.OutcomeTimeout, "", "rail_answer_unparseable",
 			fmt.Sprintf("the rail answered with status %q and rail_ref %q", p.Status, p.RailRef)
 	}
+}
+
+// railHolds asks the rail, before a resubmission's intent is written,
+// what it holds for the payout's client reference. The executor resubmits
+// a payout it finds RAIL_SUBMITTED when the proxy holds no forwarded
+// submission of it (D-4): never forwarded, as long as proxydb keeps every
+// row it committed. A proxydb restored from a backup, or failed over to a
+// replica behind it, has lost the records of payouts the rail may already
+// have paid; sent again, the rail would pay them twice. So:
+//   - a payment of the reference at the rail: it is returned, and the
+//     submission's outcome is recorded from it instead of sending (forward);
+//   - no payment, and the rail's answer final: nil, and the submission is
+//     sent as any other;
+//   - no answer, or an answer not final: a 503 with "forwarded": false;
+//     nothing is recorded or sent, and the payout stays RAIL_SUBMITTED for
+//     the executor to submit again later, as while the rail is paused.
+//
+// The fence is checked first, so that a stale holder is fenced out rather
+// than told to come back.
+func (s *Server) railHolds(ctx context.Context, log *slog.Logger, req proxyclient.SubmitRequest) (*railclient.Payment, error) {
+	cctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	hw, fenced, err := s.st.checkFence(cctx, req)
+	cancel()
+	if err != nil {
+		return nil, problem.Wrap(problem.Unavailable, err, "the resubmission's fence could not be checked; it was not recorded or forwarded").
+			With(proxyclient.ForwardedExtension, false)
+	}
+	if fenced {
+		return nil, s.fencedOut(ctx, log, []proxyclient.SubmitRequest{req}, hw)
+	}
+	l, err := s.rail.Find(ctx, req.ClientRef)
+	if err != nil {
+		s.m.resubmissionChecks.WithLabelValues("unconfirmed").Inc()
+		log.Warn("resubmission not recorded, not forwarded: the rail could not be asked whether it holds a payment of it", obs.KeyError, err.Error())
+		return nil, problem.Wrap(problem.Unavailable, err,
+			"a resubmission is forwarded only once the rail says it holds no payment of its client reference, and the rail could not be asked: it was not recorded and not forwarded (nothing was sent); submit it again later").
+			With(proxyclient.ForwardedExtension, false)
+	}
+	var settled []railclient.Payment
+	var declined *railclient.Payment
+	for _, p := range l.Items {
+		switch {
+		case p.ClientRef != req.ClientRef:
+		case p.Status == railclient.StatusSettled:
+			settled = append(settled, p)
+		case p.Status == railclient.StatusDeclined && declined == nil:
+			declined = &p
+		}
+	}
+	if len(settled) > 1 {
+		log.Error("the rail holds more than one settled payment for one client reference: money moved twice",
+			obs.KeyEvent, "duplicate_payment", "client_ref", req.ClientRef, "settled", len(settled))
+	}
+	switch {
+	case len(settled) > 0:
+		s.m.resubmissionChecks.WithLabelValues("held").Inc()
+		return &settled[0], nil
+	case declined != nil:
+		s.m.resubmissionChecks.WithLabelValues("held").Inc()
+		return declined, nil
+	case !l.Final:
+		s.m.resubmissionChecks.WithLabelValues("unconfirmed").Inc()
+		log.Info("resubmission not recorded, not forwarded: the rail's answer about its client reference is not final yet")
+		return nil, problem.New(problem.Unavailable,
+			"a resubmission is forwarded only once the rail says it holds no payment of its client reference, and the rail's answer is not final yet (its settlement window): it was not recorded and not forwarded (nothing was sent); submit it again later").
+			With(proxyclient.ForwardedExtension, false)
+	}
+	s.m.resubmissionChecks.WithLabelValues("absent").Inc()
+	return nil, nil
+}
+
+// fromRail is the outcome of a resubmission the rail already holds a
+// payment of (railHolds): the rail's own record, not sent again, and a
+// duplicate_attempt safety event as the evidence that proxydb had lost
+// the submission. A payment of another amount or currency is TIMEOUT, for
+// a human.
+func (s *Server) fromRail(ctx context.Context, log *slog.Logger, rec proxyclient.Record, held railclient.Payment) (outcome proxyclient.Outcome, railRef, code, why string) {
+	switch {
+	case held.Amount != rec.Amount || held.Currency != rec.Currency:
+		outcome, code = proxyclient.OutcomeTimeout, "rail_answer_mismatch"
+		why = fmt.Sprintf("not sent: the rail holds payment %s of its client reference for %d %s, not %d %s", held.RailRef, held.Amount, held.Currency, rec.Amount, rec.Currency)
+	case held.Status == railclient.StatusSettled:
+		outcome, railRef, why = proxyclient.OutcomeAcked, held.RailRef, "not sent: the rail already holds a settled payment of its client reference"
+	default:
+		outcome, railRef, code = proxyclient.OutcomeRejected, held.RailRef, held.DeclineCode
+		if code == "" {
+			code = "declined"
+		}
+		why = "not sent: the rail already declined a payment of its client reference"
+	}
+	detail := fmt.Sprintf("payout %s was resubmitted with no forwarded submission in proxydb, but the rail already holds payment %s (%s) of client reference %s: proxydb has lost the record of its submission (restored from a backup, or failed over to a replica behind it?); not sent again",
+		rec.PayoutID, held.RailRef, held.Status, rec.ClientRef)
+	wctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	err := s.st.recordEvents(wctx, safetylog.Event{Kind: proxyclient.KindDuplicateAttempt, Key: fencing.Key(rec.AccountID),
+		Presented: rec.FenceToken, Holder: rec.Holder, PayoutID: rec.PayoutID, Detail: detail})
+	s.m.duplicates.Inc()
+	s.m.safetyEvents.WithLabelValues(proxyclient.KindDuplicateAttempt).Inc()
+	if err != nil {
+		log.Error("duplicate_attempt: the rail already holds the resubmitted payout; not sent again, but the evidence could not be recorded",
+			obs.KeyEvent, proxyclient.KindDuplicateAttempt, "rail_ref", held.RailRef, obs.KeyError, err.Error())
+	} else {
+		log.Error("duplicate_attempt: the rail already holds the resubmitted payout, which proxydb had no record of; not sent again",
+			obs.KeyEvent, proxyclient.KindDuplicateAttempt, "rail_ref", held.RailRef, "rail_status", string(held.Status), "client_ref", rec.ClientRef)
+	}
+	return outcome, railRef, code, why
 }

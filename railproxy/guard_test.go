@@ -244,3 +244,18 @@ func TestTokenRegressionJudgedFromTheRefusingStatement(t *testing.T) {
 		t.Fatalf("token_regression events %+v, want one judged against (7, session-a)", regressions)
 	}
 }
+
+// A proxy's intent is answered only once on disk, whatever the server's
+// default (the test clusters run with synchronous_commit off): an intent
+// lost in a crash after its rail call would let the payout be sent again.
+func TestCommitsAreDurableWhateverTheServersDefault(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	var v string
+	if err := b.proxy.pool.QueryRow(ctxFor(t), "SHOW synchronous_commit").Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	if v != "on" {
+		t.Fatalf("synchronous_commit = %q in the proxy's sessions, want on", v)
+	}
+}

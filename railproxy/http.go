@@ -15,6 +15,7 @@ import (
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
@@ -88,6 +89,13 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	if s.gate.Admit(s.now(), 1) == 0 {
 		return s.paused(detached, w, log, []proxyclient.SubmitRequest{req})
 	}
+	var held *railclient.Payment
+	if req.Resubmission {
+		var err error
+		if held, err = s.railHolds(detached, log, req); err != nil {
+			return err
+		}
+	}
 	begun := time.Now()
 	ctx, cancel := context.WithTimeout(detached, dbTimeout)
 	rec, hw, res, err := s.st.writeIntent(ctx, req)
@@ -109,7 +117,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	s.crash(log, CrashAfterIntent)
 
 	select {
-	case fr := <-s.startForward(detached, log, rec, nil, begun):
+	case fr := <-s.startForward(detached, log, rec, nil, begun, held):
 		if fr.err != nil {
 			return forwardFailed(fr.err)
 		}
@@ -125,7 +133,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 // own, detached from the caller (the server's shutdown waits for it); with
 // sem, at most cap(sem) such calls run at once. begun is when the intent's
 // transaction began (forward).
-func (s *Server) startForward(ctx context.Context, log *slog.Logger, rec proxyclient.Record, sem chan struct{}, begun time.Time) <-chan forwardResult {
+func (s *Server) startForward(ctx context.Context, log *slog.Logger, rec proxyclient.Record, sem chan struct{}, begun time.Time, held *railclient.Payment) <-chan forwardResult {
 	done := make(chan forwardResult, 1)
 	s.forwards.Add(1)
 	s.inflight.Store(rec.PayoutID, struct{}{})
@@ -136,7 +144,7 @@ func (s *Server) startForward(ctx context.Context, log *slog.Logger, rec proxycl
 			sem <- struct{}{}
 			defer func() { <-sem }()
 		}
-		done <- s.forward(ctx, log, rec, begun)
+		done <- s.forward(ctx, log, rec, begun, held)
 	}()
 	return done
 }

@@ -24,6 +24,8 @@ type metrics struct {
 	railPaused     prometheus.Gauge
 	railPauses     prometheus.Counter
 	pausedRefusals prometheus.Counter
+	// What the rail held when a resubmission was checked (railHolds).
+	resubmissionChecks *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -78,9 +80,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "payouts_proxy_paused_submissions_total",
 			Help: "Submissions answered 503 while the rail is paused: not recorded, not forwarded (nothing was sent); the executor submits them again later.",
 		}),
+		resubmissionChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_proxy_resubmission_checks_total",
+			Help: "Resubmissions (D-4) checked at the rail before forwarding, by what the rail held: absent (forwarded), held (recorded from the rail's payment, not sent; a duplicate_attempt event), unconfirmed (no final answer: answered 503, not recorded, not sent).",
+		}, []string{"rail"}),
 	}
 	reg.MustRegister(m.submissions, m.fencedOut, m.duplicates, m.safetyEvents, m.railLatency, m.resolutions, m.recordFailure, m.outcomeGroup, m.guardDisabled,
-		m.railPaused, m.railPauses, m.pausedRefusals)
+		m.railPaused, m.railPauses, m.pausedRefusals, m.resubmissionChecks)
 	if !guardEnabled {
 		m.guardDisabled.Set(1)
 	}
@@ -91,6 +97,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for _, o := range []proxyclient.Outcome{proxyclient.OutcomeAcked, proxyclient.OutcomeRejected, proxyclient.OutcomeTimeout, proxyclient.OutcomeFenced} {
 		m.submissions.WithLabelValues(string(o)) // PayoutsAmbiguousBurst sees the first TIMEOUT
+	}
+	for _, r := range []string{"absent", "held", "unconfirmed"} {
+		m.resubmissionChecks.WithLabelValues(r)
 	}
 	return m
 }

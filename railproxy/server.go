@@ -153,7 +153,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("railproxy: rail: %w", err)
 	}
-	pool, err := pgpool.New(ctx, "railproxy: proxydb", cfg.DatabaseURL, pgpool.Options{})
+	pool, err := pgpool.New(ctx, "railproxy: proxydb", cfg.DatabaseURL, pgpool.Options{RuntimeParams: pgpool.DurableCommits()})
 	if err != nil {
 		return nil, err
 	}

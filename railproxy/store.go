@@ -210,6 +210,11 @@ func (st *store) recordDuplicate(ctx context.Context, req proxyclient.SubmitRequ
 	return existing, err
 }
 
+// recordEvents writes safety events in a transaction of their own.
+func (st *store) recordEvents(ctx context.Context, events ...safetylog.Event) error {
+	return pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error { return safetylog.Insert(ctx, tx, events...) })
+}
+
 func outcomeText(o proxyclient.Outcome) string {
 	if o == proxyclient.OutcomeNone {
 		return "not yet recorded"

@@ -129,6 +129,18 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
 		r.leave(rep, p, "the proxy answered an unknown resolution %q", lk.Resolution)
 		return
 	}
+	// The proxy may hold the rail's own answer, recorded after the
+	// executor reported the payout ambiguous. A lookup that contradicts it
+	// (an ACK and no payment, a decline and a settled payment) is not
+	// evidence enough to fail or post the payout: a human decides.
+	if o := lk.Submission.Outcome; (o == proxyclient.OutcomeAcked && res == pc.ResolutionAbsent) ||
+		(o == proxyclient.OutcomeRejected && res == pc.ResolutionSettled) {
+		log.Error("the rail's lookup contradicts the answer the proxy recorded from it; left for a human",
+			"outcome", string(o), "rail_ref", lk.Submission.RailRef, "resolution", string(lk.Resolution), "rail_payments", len(lk.RailItems))
+		r.leave(rep, p, "the proxy recorded the rail's answer %s (rail_ref %q), but the rail's final lookup says %s: the rail contradicts itself; resolve it by hand",
+			o, lk.Submission.RailRef, lk.Resolution)
+		return
+	}
 	ev := lookupEvidence{
 		Source: "rail lookup by client reference through the rail proxy", ClientRef: lk.Submission.ClientRef,
 		Final: lk.Final, Resolution: lk.Resolution, SubmissionID: lk.Submission.ID, Outcome: lk.Submission.Outcome,

@@ -181,3 +181,36 @@ func leftWith(rep *reconcile.Report, payoutID, reason string) bool {
 	}
 	return false
 }
+
+// The proxy holds the rail's ACK of a payout the executor reported
+// ambiguous (the answer was recorded late), and the rail's final lookup
+// shows no payment of it: the rail contradicts itself. The reconciler does
+// not resolve the payout ABSENT on the lookup alone (FAILED, its money
+// released although the rail took it): it leaves it for a human.
+func TestResolveLeavesAPayoutWhoseRailContradictsItsAck(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.ambiguous(t, e.newPayout(t, acc, 77), railclient.Faults{DropBeforeAccept: 1})
+	e.exec(t, "proxydb", true, `UPDATE rail_submission SET outcome = 'ACKED', rail_ref = 'rl-late', error_code = NULL WHERE payout_id = $1`, p.ID)
+	r := e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		rep := pass(t, r)
+		for _, x := range rep.Resolved {
+			if x.PayoutID == p.ID {
+				t.Fatalf("resolved %+v on a lookup that contradicts the rail's recorded ACK", x)
+			}
+		}
+		if leftWith(rep, p.ID, "contradicts itself") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("payout %s not left as contradicted; left: %+v", p.ID, rep.Unresolved)
+		}
+		time.Sleep(200 * time.Millisecond) // poll interval, not synchronisation
+	}
+	got, err := e.pay.Payout(ctxT(t), p.ID)
+	if err != nil || got.State != pc.RailAmbiguous {
+		t.Fatalf("payout %s: %v %s, want still RAIL_AMBIGUOUS", p.ID, err, got.State)
+	}
+}

@@ -30,6 +30,12 @@ const (
 // tests check (they plan with force_generic_plan).
 const PlanCacheMode = "force_generic_plan"
 
+// DurableCommits are the session settings of a pool whose commits must be
+// on disk before they are answered, whatever the server's, database's or
+// role's default: a guard's fence, a proxy's intent (lost in a crash, the
+// payout it stood for would be sent to the rail again), a payout's state.
+func DurableCommits() map[string]string { return map[string]string{"synchronous_commit": "on"} }
+
 // Options adjust one pool.
 type Options struct {
 	// MaxConns bounds the pool; 0 keeps the URL's pool_max_conns, else

@@ -102,6 +102,13 @@ type Submission struct {
 	Amount         int64  // minor units, > 0
 	Currency       string
 	BeneficiaryRef string
+	// Resubmission marks the submission of a payout an earlier holder
+	// left RAIL_SUBMITTED and the proxy holds no forwarded submission of
+	// (DESIGN D-4): the proxy asks the rail about its client reference
+	// first. A payment the rail holds is recorded as the outcome, not sent
+	// again; without a final answer the proxy answers 503 with
+	// "forwarded": false (PausedUnforwarded) and records nothing.
+	Resubmission bool
 }
 
 // SubmitRequest is the wire body of POST /v1/submissions.
@@ -114,6 +121,7 @@ type SubmitRequest struct {
 	Amount         int64          `json:"amount"`
 	Currency       string         `json:"currency"`
 	BeneficiaryRef string         `json:"beneficiary_ref"`
+	Resubmission   bool           `json:"resubmission,omitempty"`
 }
 
 // Record is one submission attempt as the proxy stores it.
@@ -319,6 +327,7 @@ func (c *Client) Submit(ctx context.Context, sub Submission, token fencing.Token
 	req := SubmitRequest{
 		PayoutID: sub.PayoutID, AccountID: sub.AccountID, Token: token, Holder: holder,
 		ClientRef: sub.ClientRef, Amount: sub.Amount, Currency: sub.Currency, BeneficiaryRef: sub.BeneficiaryRef,
+		Resubmission: sub.Resubmission,
 	}
 	var r Record
 	err := c.c.Post(ctx, "/v1/submissions", req, &r)
