@@ -12,6 +12,7 @@ import (
 
 	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/backend"
+	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/reconcile"
 )
 
@@ -37,7 +38,7 @@ on --listen. docs/operations.md explains every finding.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cannotRun := func(err error) error { return &ExitError{Code: reconcile.ExitCannotRun, Err: err} }
-			if err := checkFlagRanges(cmd, []intRange{{"page-size", 1, 1000}, {"bulk-page-size", 1, wire.MaxBulkLimit}, {"max-findings", 1, math.MaxInt}},
+			if err := checkFlagRanges(cmd, []intRange{{"page-size", 1, 1000}, {"bulk-page-size", 1, wire.MaxBulkLimit}, {"max-findings", 1, math.MaxInt}, {"grant-log-lost-through", 0, int(fencing.MaxToken)}},
 				"request-timeout", "ambiguity-sla"); err != nil {
 				return err
 			}
@@ -100,6 +101,7 @@ on --listen. docs/operations.md explains every finding.`,
 	fl.DurationVar(&cfg.SettlementWindow, "settlement-window", reconcile.DefaultSettlementWindow, "look an ambiguous payout up at the rail once it has been ambiguous this long (the rail's own final flag still decides)")
 	fl.DurationVar(&cfg.LockWait, "lock-wait", reconcile.DefaultLockWait, "how long resolving an ambiguous payout waits for its account's lock when another session holds it (an executor keeps a grant between its rounds); 0: not at all, the payout is left for a later pass")
 	fl.DurationVar(&cfg.GrantRetention, "grant-retention", backend.DefaultGrantRetention, "the lock service's --grant-retention: ledger entries and submissions written before it (less "+reconcile.GrantClockSkew.String()+" for clock skew) are not checked against the grant log, whose grants of them may have been compacted; 0 checks them all")
+	fl.Int64Var((*int64)(&cfg.GrantLogLostThrough), "grant-log-lost-through", 0, "after a restore of the lock service (DESIGN D-13, docs/lock-service.md): the token it was bumped to; ledger entries and submissions under tokens at or below it are not checked against the grant log, which lost the grants issued between the backup and the restore (counted in a note); 0: every one is checked")
 	fl.DurationVar(&cfg.AmbiguitySLA, "ambiguity-sla", reconcile.DefaultAmbiguitySLA, "report ambiguous payouts older than this for an operator")
 	fl.StringVar(&cfg.RailToken, "rail-token", "", "the rail credential: bearer of every lookup at the rail (a reconciler-role token of the rail), and of its settlement report without --rail-report-token-file; required (visible in ps: prefer --rail-token-file)")
 	fl.StringVar(&railTokenFile, "rail-token-file", "", "file holding the rail credential (required unless --rail-token is given); the reconciler never sends its own --token to the rail")

@@ -38,7 +38,7 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 			rep.HighestFence, lockHigh, rep.HighestFence)
 	}
 
-	grants := newGrantIndex(r.c.Lock, r.opts.PageSize).withRetention(r.opts.GrantRetention, r.opts.Now())
+	grants := newGrantIndex(r.c.Lock, r.opts.PageSize).withRetention(r.opts.GrantRetention, r.opts.Now()).withLoss(r.opts.GrantLogLostThrough)
 	if err := grants.load(ctx); err != nil {
 		return cannotRun("read the lock service's grant log", err)
 	}

@@ -35,6 +35,11 @@ type grantIndex struct {
 	horizon time.Time
 	// beyond counts the writes not checked for that reason, by kind.
 	beyond map[string]int
+	// lostThrough: the grants of tokens at or below it may have been lost
+	// by a restore of the lock service (Options.GrantLogLostThrough); lost
+	// counts the writes not checked for that reason, by kind.
+	lostThrough fencing.Token
+	lost        map[string]int
 	// mu serialises lookups: payouts are checked concurrently.
 	mu sync.Mutex
 }
@@ -52,6 +57,25 @@ func (g *grantIndex) withRetention(retention time.Duration, now time.Time) *gran
 	return g
 }
 
+// withLoss sets the token at or below which the grant log may have lost
+// grants to a restore (0: none).
+func (g *grantIndex) withLoss(through fencing.Token) *grantIndex {
+	g.lostThrough = through
+	return g
+}
+
+// lostGrant reports whether a write of kind under token may have lost its
+// grant to a restore of the lock service, and counts it if so.
+func (g *grantIndex) lostGrant(token fencing.Token, kind string) bool {
+	if token > g.lostThrough {
+		return false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.lost[kind]++
+	return true
+}
+
 // beyondRetention reports whether a write of kind made at `at` is older
 // than the grant log's retention, and counts it if so. Its grant ended
 // after it was written, so a grant the lock service may have compacted
@@ -66,10 +90,15 @@ func (g *grantIndex) beyondRetention(at time.Time, kind string) bool {
 	return true
 }
 
-// noteBeyond notes on rep how many writes the retention kept from the check.
+// noteBeyond notes on rep how many writes the retention, or a restore's
+// loss, kept from the check.
 func (g *grantIndex) noteBeyond(rep *Report) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if n := g.lost["ledger"] + g.lost["submission"]; n > 0 {
+		rep.note("%d ledger entries and %d submissions under tokens at or below %d (--grant-log-lost-through: grants a restore of the lock service lost) were not checked against the grant log",
+			g.lost["ledger"], g.lost["submission"], g.lostThrough)
+	}
 	if n := g.beyond["ledger"] + g.beyond["submission"]; n > 0 {
 		rep.note("%d ledger entries and %d submissions written before %s (the grant retention, less %s for clock skew) were not checked against the grant log: their grants may have been compacted",
 			g.beyond["ledger"], g.beyond["submission"], g.horizon.UTC().Format(time.RFC3339), GrantClockSkew)
@@ -77,7 +106,7 @@ func (g *grantIndex) noteBeyond(rep *Report) {
 }
 
 func newGrantIndex(svc LockService, limit int) *grantIndex {
-	return &grantIndex{svc: svc, limit: limit, nameIdx: map[string]uint32{}, late: map[fencing.Token][2]uint32{}, beyond: map[string]int{}}
+	return &grantIndex{svc: svc, limit: limit, nameIdx: map[string]uint32{}, late: map[fencing.Token][2]uint32{}, beyond: map[string]int{}, lost: map[string]int{}}
 }
 
 // name is s's index in names, added when new.

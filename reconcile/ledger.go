@@ -133,7 +133,7 @@ func (r *Reconciler) checkLedgerGrant(ctx context.Context, rep *Report, e pc.Led
 		rep.add(CheckLedgerWithoutGrant, objs(), "ledger entry %d of payout %s carries no token: it was posted outside any grant", e.ID, e.PayoutID)
 		return nil
 	}
-	if grants.beyondRetention(e.CreatedAt, "ledger") {
+	if grants.beyondRetention(e.CreatedAt, "ledger") || grants.lostGrant(e.Token, "ledger") {
 		return nil
 	}
 	ok, other, err := grants.granted(ctx, e.Token, key)

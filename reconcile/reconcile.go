@@ -90,6 +90,12 @@ type Options struct {
 	// its grant to compaction and is not checked against the grant log
 	// (INV-07); 0 checks every one, for a lock service that keeps them all.
 	GrantRetention time.Duration
+	// GrantLogLostThrough is the token the lock service was bumped to
+	// after a restore (DESIGN D-13): its grant log lost the grants issued
+	// between the backup and the restore, all at or below it. A ledger
+	// entry or submission under such a token is counted in a note instead
+	// of checked against the grant log (INV-07); 0 checks every one.
+	GrantLogLostThrough fencing.Token
 	// SafetyEventsAfter skips the safety events an earlier pass already
 	// reported (ids at or below the cursor, per guard). The zero value
 	// reports every event ever recorded.
