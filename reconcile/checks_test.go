@@ -410,31 +410,41 @@ func TestWritesWithoutGrant(t *testing.T) {
 // it ever made); it is counted in a note. Without a retention the same
 // writes are findings, as in TestWritesWithoutGrant.
 func TestWritesBeyondTheGrantRetentionAreNotChecked(t *testing.T) {
+	checkUngrantedWrites(t, 4_100_000_000_000, 8*24*time.Hour,
+		reconcile.Options{GrantRetention: 7 * 24 * time.Hour}, reconcile.Options{}, "written before")
+}
+
+// checkUngrantedWrites plants a submission and a ledger group of a new
+// payout under token (far above anything the lock service issued, so the
+// grant log has no grant of it), made age ago. A pass with skip reports
+// neither and counts them in a note containing note; a pass with report
+// finds both.
+func checkUngrantedWrites(t *testing.T, token int64, age time.Duration, skip, report reconcile.Options, note string) {
+	t.Helper()
 	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.newPayout(t, acc, 10)
-	const never = 4_100_000_000_000 // far above anything the lock service issued
-	e.exec(t, "paydb", true, `UPDATE payout SET submitted_at = now() - interval '8 days' WHERE id = $1`, p.ID)
+	e.exec(t, "paydb", true, `UPDATE payout SET submitted_at = now() - $2::interval WHERE id = $1`, p.ID, age)
 	e.exec(t, "proxydb", false, `INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
-		VALUES ($1, $2, $3, 'compacted', $4, $5, 'EUR', 'BEN-x')`, p.ID, acc, never, p.ClientRef, p.Amount)
-	group := uniq("compacted")
+		VALUES ($1, $2, $3, 'ungranted', $4, $5, 'EUR', 'BEN-x')`, p.ID, acc, token, p.ClientRef, p.Amount)
+	group := uniq("ungranted")
 	e.exec(t, "paydb", false, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id, payout_id, token, created_at) VALUES
-		($1, $2, -10, 'payout-clearing', $3, $4, now() - interval '8 days'), ($1, 'payout-clearing', 10, $2, $3, $4, now() - interval '8 days')`, group, acc, p.ID, never)
+		($1, $2, -10, 'payout-clearing', $3, $4, now() - $5::interval), ($1, 'payout-clearing', 10, $2, $3, $4, now() - $5::interval)`, group, acc, p.ID, token, age)
 
-	rep := pass(t, e.reconciler(t, reconcile.Options{GrantRetention: 7 * 24 * time.Hour}, e.st.Ready.Tokens.Operator))
+	rep := pass(t, e.reconciler(t, skip, e.st.Ready.Tokens.Operator))
 	mustNotFind(t, rep, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID})
 	mustNotFind(t, rep, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID})
 	noted := false
 	for _, n := range rep.Notes {
-		noted = noted || strings.Contains(n, "not checked against the grant log")
+		noted = noted || strings.Contains(n, "not checked against the grant log") && strings.Contains(n, note)
 	}
 	if !noted {
-		t.Errorf("no note of the writes left unchecked; notes: %q", rep.Notes)
+		t.Errorf("no note of the writes left unchecked (%q); notes: %q", note, rep.Notes)
 	}
 
-	rep = pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
-	mustFind(t, rep, reconcile.INV07, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID, "token": never})
-	mustFind(t, rep, reconcile.INV07, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID, "account_id": acc, "token": never})
+	rep = pass(t, e.reconciler(t, report, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV07, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID, "token": token})
+	mustFind(t, rep, reconcile.INV07, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID, "account_id": acc, "token": token})
 }
 
 // TestSubmissionOfAPayoutPaydbDoesNotHold: the proxy forwarded a payout
@@ -489,28 +499,6 @@ func TestZLockServiceRewound(t *testing.T) {
 // bumped to), writes under tokens at or below it are counted in a note,
 // not reported for ever; one above it is reported as always.
 func TestWritesUnderTokensARestoreLostAreNotChecked(t *testing.T) {
-	e := setup(t)
-	acc := e.newAccount(t, 10_000)
-	p := e.newPayout(t, acc, 10)
-	const lost = 4_300_000_000_000 // far above anything the lock service issued
-	e.exec(t, "proxydb", false, `INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
-		VALUES ($1, $2, $3, 'restored-away', $4, $5, 'EUR', 'BEN-x')`, p.ID, acc, lost, p.ClientRef, p.Amount)
-	group := uniq("restored-away")
-	e.exec(t, "paydb", false, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id, payout_id, token) VALUES
-		($1, $2, -10, 'payout-clearing', $3, $4), ($1, 'payout-clearing', 10, $2, $3, $4)`, group, acc, p.ID, lost)
-
-	rep := pass(t, e.reconciler(t, reconcile.Options{GrantLogLostThrough: lost}, e.st.Ready.Tokens.Operator))
-	mustNotFind(t, rep, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID})
-	mustNotFind(t, rep, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID})
-	noted := false
-	for _, n := range rep.Notes {
-		noted = noted || strings.Contains(n, "--grant-log-lost-through")
-	}
-	if !noted {
-		t.Errorf("no note of the writes left unchecked; notes: %q", rep.Notes)
-	}
-
-	rep = pass(t, e.reconciler(t, reconcile.Options{GrantLogLostThrough: lost - 1}, e.st.Ready.Tokens.Operator))
-	mustFind(t, rep, reconcile.INV07, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID, "token": lost})
-	mustFind(t, rep, reconcile.INV07, reconcile.CheckLedgerWithoutGrant, map[string]any{"payout_id": p.ID, "account_id": acc, "token": lost})
+	const lost = 4_300_000_000_000
+	checkUngrantedWrites(t, lost, 0, reconcile.Options{GrantLogLostThrough: lost}, reconcile.Options{GrantLogLostThrough: lost - 1}, "--grant-log-lost-through")
 }
