@@ -192,7 +192,7 @@ func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, 
 func (r *Reconciler) checkSubmissionGrant(ctx context.Context, rep *Report, p pc.Payout, s proxyclient.Record, grants *grantIndex) error {
 	key := lockKey(s.AccountID)
 	// Forwarded no earlier than the payout became RAIL_SUBMITTED.
-	if p.SubmittedAt != nil && grants.beyondRetention(*p.SubmittedAt, "submission") || grants.lostGrant(s.FenceToken, "submission") {
+	if (p.SubmittedAt != nil && grants.beyondRetention(*p.SubmittedAt, "submission")) || grants.lostGrant(s.FenceToken, "submission") {
 		return nil
 	}
 	ok, other, err := grants.granted(ctx, s.FenceToken, key)

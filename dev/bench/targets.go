@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/payouts/payouts/dev/infra"
+	"github.com/payouts/payouts/internal/pgpool"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/etcdbackend"
 	"github.com/payouts/payouts/lock/pgbackend"
@@ -162,7 +164,7 @@ func postgresTarget(ctx context.Context, o LockOptions, log *slog.Logger) (*targ
 		return nil, err
 	}
 	pc.MaxConns = b.MaxConns()
-	pc.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	maps.Copy(pc.ConnConfig.RuntimeParams, pgpool.DurableCommits())
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		done.run()

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/payouts/payouts/internal/batcher"
+	"github.com/payouts/payouts/internal/pgpool"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
 )
@@ -91,7 +93,7 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 	// A grant is answered only after its commit is durable: with
 	// asynchronous commit a crash could lose a committed nextval and the
 	// sequence would issue the same token again (INV-04).
-	pc.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	maps.Copy(pc.ConnConfig.RuntimeParams, pgpool.DurableCommits())
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("pgbackend: connect: %w", err)
