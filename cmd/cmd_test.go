@@ -83,8 +83,8 @@ func TestCommandFlags(t *testing.T) {
 		"payouts payout create":    {"payment-url"},
 		"payouts payout show":      {"payment-url"},
 		"payouts payout list":      {"payment-url"},
-		"payouts payout cancel":    {"lock-url", "payment-url"},
-		"payouts payout abandon":   {"lock-url", "payment-url"},
+		"payouts payout cancel":    {"lock-url", "payment-url", "proxy-url"}, // asks the proxy whether the payout was sent
+		"payouts payout abandon":   {"lock-url", "payment-url", "proxy-url"},
 		"payouts lock list":        {"lock-url"},
 		"payouts lock show":        {"lock-url"},
 		"payouts lock revoke":      {"lock-url"},

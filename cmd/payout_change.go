@@ -44,7 +44,7 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 				owner = fmt.Sprintf("operator:%s@%s", user, host)
 			}
 			op, err := executor.NewOperator(executor.OperatorConfig{
-				Owner: owner, LockURL: cf.lockURL, PaymentURL: cf.paymentURL, Token: token, HTTPClient: hc, Wait: wait,
+				Owner: owner, LockURL: cf.lockURL, PaymentURL: cf.paymentURL, ProxyURL: cf.proxyURL, Token: token, HTTPClient: hc, Wait: wait,
 			})
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -60,7 +60,7 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 			return out.print(cmd.OutOrStdout(), p, payoutDetail(p))
 		},
 	}
-	cf.register(c, "operator", lockService, paymentService)
+	cf.register(c, "operator", lockService, paymentService, proxyService)
 	out.register(c, false)
 	fl := c.Flags()
 	fl.StringVar(&reason, "reason", "", "why (required; recorded in the payout's history)")

@@ -497,7 +497,7 @@ func TestPayoutOperatorCLI(t *testing.T) {
 	}
 	s := startSystem(t, stack.Options{SettlementWindow: 2 * time.Second, RailTimeout: time.Second})
 	r := s.st.Ready
-	env := []string{"PAYOUTS_TOKEN=" + r.Tokens.Operator, "PAYOUTS_PAYMENT_URL=" + r.PaymentURL, "PAYOUTS_LOCK_URL=" + r.LockURL}
+	env := []string{"PAYOUTS_TOKEN=" + r.Tokens.Operator, "PAYOUTS_PAYMENT_URL=" + r.PaymentURL, "PAYOUTS_LOCK_URL=" + r.LockURL, "PAYOUTS_PROXY_URL=" + r.ProxyURL}
 	s.createAccount(t, "cli-a", 100_000)
 
 	out, errOut, code := runCLI(t, env, "payout", "create", "--id", "cli-1", "--account", "cli-a", "--amount", "1500",

@@ -13,6 +13,7 @@ import (
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
 // OperatorConfig configures the operator's payout commands.
@@ -21,6 +22,9 @@ type OperatorConfig struct {
 	Owner      string
 	LockURL    string
 	PaymentURL string
+	// ProxyURL is the rail proxy, asked before a change whether the rail
+	// may already hold the payout's money (see Cancel and Abandon).
+	ProxyURL string
 	// Token is the operator's bearer token.
 	Token string
 	// HTTPClient carries every call (httpx.NewHTTPClient: TLS settings);
@@ -44,6 +48,7 @@ type OperatorConfig struct {
 type Operator struct {
 	cfg  OperatorConfig
 	pay  *pc.Client
+	prx  *proxyclient.Client
 	lock locker
 }
 
@@ -68,27 +73,83 @@ func NewOperator(cfg OperatorConfig) (*Operator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--payment-url: %w", err)
 	}
+	prx, err := proxyclient.New(cfg.ProxyURL, cfg.Token, httpx.WithHTTPClient(cfg.HTTPClient))
+	if err != nil {
+		return nil, fmt.Errorf("--proxy-url: %w", err)
+	}
 	lk := cfg.locker
 	if lk == nil {
 		if lk, err = newLockService(cfg.LockURL, cfg.Token, cfg.SessionTTL, cfg.CallTimeout, cfg.Logger, cfg.HTTPClient); err != nil {
 			return nil, fmt.Errorf("--lock-url: %w", err)
 		}
 	}
-	return &Operator{cfg: cfg, pay: pay, lock: lk}, nil
+	return &Operator{cfg: cfg, pay: pay, prx: prx, lock: lk}, nil
 }
 
-// Cancel abandons a PENDING payout with reason.
+// Cancel abandons a PENDING payout with reason. It is refused (conflict,
+// nothing changed) when the rail proxy holds a forwarded submission of the
+// payout: a PENDING payout the proxy has sent to the rail is one whose
+// progress paydb lost (a restore), and cancelling it would release money
+// the rail may have paid. An executor applies the proxy's record instead.
 func (o *Operator) Cancel(ctx context.Context, payoutID, reason string) (pc.Payout, error) {
 	return o.underLock(ctx, payoutID, reason, func(ctx context.Context, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+		rec, found, err := o.forwarded(ctx, payoutID)
+		if err != nil {
+			return pc.Payout{}, err
+		}
+		if found {
+			return pc.Payout{}, problem.New(problem.Conflict,
+				"payout %s was not cancelled: the rail proxy forwarded it to the rail at %s (outcome %s), so the rail may have paid it; "+
+					"paydb has lost its progress (restored from a backup?): let an executor apply the proxy's record, see docs/operations.md#restoring-paydb",
+				payoutID, rec.CreatedAt.UTC().Format(time.RFC3339), outcomeName(rec.Outcome))
+		}
 		return o.pay.Cancel(ctx, payoutID, tok, h, reason)
 	})
 }
 
-// Abandon hands a RAIL_AMBIGUOUS payout to finance with reason.
+// Abandon hands a RAIL_AMBIGUOUS payout to finance with reason. It is
+// refused (conflict, nothing changed) when the rail proxy already holds the
+// rail's answer for the payout, an outcome or a resolution: abandoning
+// would release money the rail may have paid, where the reconciler (or an
+// executor) applies the answer.
 func (o *Operator) Abandon(ctx context.Context, payoutID, reason string) (pc.Payout, error) {
 	return o.underLock(ctx, payoutID, reason, func(ctx context.Context, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+		rec, found, err := o.forwarded(ctx, payoutID)
+		if err != nil {
+			return pc.Payout{}, err
+		}
+		if found && (rec.Resolution != proxyclient.ResolutionNone || !rec.Outcome.Ambiguous()) {
+			answer := "outcome " + outcomeName(rec.Outcome)
+			if rec.Resolution != proxyclient.ResolutionNone {
+				answer = "resolution " + string(rec.Resolution)
+			}
+			return pc.Payout{}, problem.New(problem.Conflict,
+				"payout %s was not abandoned: the rail proxy holds the rail's answer for it (%s); "+
+					"run `payouts reconcile --once` to apply it, see docs/operations.md#ambiguity-resolution", payoutID, answer)
+		}
 		return o.pay.Abandon(ctx, payoutID, tok, h, reason)
 	})
+}
+
+// forwarded is the proxy's forwarded submission of the payout, if it has
+// one (FENCED attempts were never sent and do not count).
+func (o *Operator) forwarded(ctx context.Context, payoutID string) (proxyclient.Record, bool, error) {
+	rec, err := o.prx.Get(ctx, payoutID)
+	switch {
+	case problem.Has(err, problem.NotFound):
+		return proxyclient.Record{}, false, nil
+	case err != nil:
+		return proxyclient.Record{}, false, fmt.Errorf("ask the rail proxy whether payout %s was sent to the rail (nothing was changed): %w", payoutID, err)
+	}
+	return rec, rec.Outcome != proxyclient.OutcomeFenced, nil
+}
+
+// outcomeName is how a message names an outcome; none yet reads "null".
+func outcomeName(o proxyclient.Outcome) string {
+	if o == proxyclient.OutcomeNone {
+		return "null"
+	}
+	return string(o)
 }
 
 func (o *Operator) underLock(ctx context.Context, payoutID, reason string,

@@ -212,7 +212,7 @@ func inv07(t *testing.T, s *sys) {
 	r := s.st.Ready
 	dead := "http://127.0.0.1:1"
 	out, errOut, code := s.run(t, r.Tokens.Operator, "payout", "cancel", p.ID, "--reason", "no grant to be had",
-		"--lock-url", dead, "--payment-url", r.PaymentURL)
+		"--lock-url", dead, "--payment-url", r.PaymentURL, "--proxy-url", r.ProxyURL)
 	if code == 0 {
 		t.Fatalf("cancel without a reachable lock service succeeded:\n%s\n%s", out, errOut)
 	}
