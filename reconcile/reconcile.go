@@ -102,10 +102,17 @@ type Options struct {
 	SafetyEventsAfter EventCursor
 }
 
-// EventCursor is a position in each guard's safety-event log.
+// EventCursor is a position in each guard's safety-event log: the id of
+// the last event read at each, and when that event was recorded. A pass
+// first reads that event again; if it is gone or is another event, the
+// guard's log was rewound (its database restored from a backup, or failed
+// over to a replica behind it), ids below the cursor are being given to new
+// events, and the pass reads that guard's log from the start instead.
 type EventCursor struct {
-	Payment int64 `json:"payment"`
-	Proxy   int64 `json:"proxy"`
+	Payment   int64     `json:"payment"`
+	Proxy     int64     `json:"proxy"`
+	PaymentAt time.Time `json:"payment_at,omitzero"`
+	ProxyAt   time.Time `json:"proxy_at,omitzero"`
 }
 
 func (o *Options) defaults() {

@@ -58,8 +58,42 @@ func (r *Reconciler) reportSafetyEvent(rep *Report, e safetyEvent) {
 }
 
 func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
-	after := r.opts.SafetyEventsAfter.Payment
-	rep.SafetyEventsSeen = r.opts.SafetyEventsAfter
+	from := r.opts.SafetyEventsAfter
+	rep.SafetyEventsSeen = from
+	// Each guard's cursor is checked first: a log rewound below it would
+	// otherwise hide every new event until the ids pass it again.
+	payRewound, err := cursorRewound(rep, "payment resource", from.Payment, from.PaymentAt, func(after int64) ([]eventMark, error) {
+		page, err := r.c.Payment.SafetyEvents(ctx, after, 1)
+		var got []eventMark
+		for _, e := range page.Items {
+			got = append(got, eventMark{e.ID, e.At})
+		}
+		return got, err
+	})
+	if err != nil {
+		return err
+	}
+	if payRewound {
+		from.Payment, from.PaymentAt = 0, time.Time{}
+		rep.SafetyEventsSeen.Payment, rep.SafetyEventsSeen.PaymentAt = 0, time.Time{}
+	}
+	proxyRewound, err := cursorRewound(rep, "rail proxy", from.Proxy, from.ProxyAt, func(after int64) ([]eventMark, error) {
+		page, err := r.c.Proxy.SafetyEvents(ctx, strconv.FormatInt(after, 10), 1)
+		var got []eventMark
+		for _, e := range page.Items {
+			got = append(got, eventMark{e.ID, e.At})
+		}
+		return got, err
+	})
+	if err != nil {
+		return err
+	}
+	if proxyRewound {
+		from.Proxy, from.ProxyAt = 0, time.Time{}
+		rep.SafetyEventsSeen.Proxy, rep.SafetyEventsSeen.ProxyAt = 0, time.Time{}
+	}
+
+	after := from.Payment
 	for {
 		page, err := r.c.Payment.SafetyEvents(ctx, after, r.opts.PageSize)
 		if err != nil {
@@ -67,7 +101,9 @@ func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
 		}
 		for _, e := range page.Items {
 			after = max(after, e.ID)
-			rep.SafetyEventsSeen.Payment = max(rep.SafetyEventsSeen.Payment, e.ID)
+			if e.ID > rep.SafetyEventsSeen.Payment {
+				rep.SafetyEventsSeen.Payment, rep.SafetyEventsSeen.PaymentAt = e.ID, e.At
+			}
 			r.reportSafetyEvent(rep, safetyEvent{guard: "payment", id: e.ID, kind: e.Kind, key: e.Key, presented: e.PresentedToken, stored: e.StoredToken,
 				holder: e.Holder, storedHolder: e.StoredHolder, payoutID: e.PayoutID, detail: e.Detail, at: e.At})
 		}
@@ -79,7 +115,7 @@ func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
 		}
 	}
 	cursor := ""
-	if n := r.opts.SafetyEventsAfter.Proxy; n > 0 {
+	if n := from.Proxy; n > 0 {
 		cursor = strconv.FormatInt(n, 10)
 	}
 	for {
@@ -88,7 +124,9 @@ func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
 			return cannotRun("read the rail proxy's safety events", err)
 		}
 		for _, e := range page.Items {
-			rep.SafetyEventsSeen.Proxy = max(rep.SafetyEventsSeen.Proxy, e.ID)
+			if e.ID > rep.SafetyEventsSeen.Proxy {
+				rep.SafetyEventsSeen.Proxy, rep.SafetyEventsSeen.ProxyAt = e.ID, e.At
+			}
 			r.reportSafetyEvent(rep, safetyEvent{guard: "proxy", id: e.ID, kind: e.Kind, key: e.Key, presented: e.PresentedToken, stored: e.StoredToken,
 				holder: e.Holder, storedHolder: e.StoredHolder, payoutID: e.PayoutID, detail: e.Detail, at: e.At})
 		}
@@ -97,4 +135,34 @@ func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
 		}
 		cursor = page.Next
 	}
+}
+
+// eventMark is what identifies a safety event across passes.
+type eventMark struct {
+	id int64
+	at time.Time
+}
+
+// cursorRewound reports whether a guard's log no longer holds the event its
+// cursor names (id, recorded at at), and notes it; read returns the first
+// event after an id. A cursor saved without the event's time (an older
+// state file) is checked for the id alone; no cursor, for nothing.
+func cursorRewound(rep *Report, guard string, id int64, at time.Time, read func(after int64) ([]eventMark, error)) (bool, error) {
+	if id <= 0 {
+		return false, nil
+	}
+	got, err := read(id - 1)
+	if err != nil {
+		return false, cannotRun("read the "+guard+"'s safety events", err)
+	}
+	switch {
+	case len(got) == 0 || got[0].id != id:
+		rep.note("the %s's safety-event log no longer holds event %d, the last one an earlier pass read: its database was restored or failed over behind it; its events are read again from the start", guard, id)
+	case !at.IsZero() && !got[0].at.Equal(at):
+		rep.note("the %s's safety event %d was recorded at %s, not at %s as when an earlier pass read it: its database was restored or failed over behind it and gives old ids to new events; its events are read again from the start",
+			guard, id, got[0].at.UTC().Format(time.RFC3339Nano), at.UTC().Format(time.RFC3339Nano))
+	default:
+		return false, nil
+	}
+	return true, nil
 }

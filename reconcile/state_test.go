@@ -155,3 +155,84 @@ func (b *lockedBuffer) lines(parts ...string) int {
 	}
 	return n
 }
+
+// TestSafetyEventsOfARewoundLogAreReported: a guard's database restored
+// from a backup (or failed over to a replica behind it) gives the ids after
+// the backup to new events again. A pass with the previous pass's cursor
+// notices that the event its cursor names is gone or is another one, and
+// reads that guard's log from the start. Before, every new event with an id
+// at or below the cursor was never reported.
+func TestSafetyEventsOfARewoundLogAreReported(t *testing.T) {
+	e := startStack(t, time.Second) // its own: the test rewinds paydb's log
+	acc := e.newAccount(t, 10_000)
+	done := e.payOut(t, e.newPayout(t, acc, 10))
+	p := e.newPayout(t, acc, 10)
+	g := e.grant(t, acc)
+	defer e.release(t, g)
+	ctx := ctxT(t)
+	if _, err := e.pay.Claim(ctx, p.ID, g.Token, g.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	staleClaim := func(holder string) {
+		t.Helper()
+		if _, err := e.pay.Claim(ctx, p.ID, done.Token, fencing.Holder(holder)); !problem.Has(err, problem.FencedOut) {
+			t.Fatalf("stale claim: %v, want fenced_out", err)
+		}
+	}
+	staleClaim("before-backup")
+	staleClaim("lost-in-restore")
+	first := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, first, reconcile.INV05, reconcile.CheckFencedOut, map[string]any{"holder": "lost-in-restore"})
+	cur := first.SafetyEventsSeen
+	if cur.Payment < 2 || cur.PaymentAt.IsZero() {
+		t.Fatalf("cursor %+v: want the last event's id and time", cur)
+	}
+	// The state file keeps the event's time.
+	path := filepath.Join(t.TempDir(), "state.json")
+	if err := reconcile.SaveState(path, reconcile.State{SafetyEventsAfter: cur}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := reconcile.LoadState(path); err != nil || !st.SafetyEventsAfter.PaymentAt.Equal(cur.PaymentAt) || st.SafetyEventsAfter.Payment != cur.Payment {
+		t.Fatalf("state file: %+v, %v; want %+v", st, err, cur)
+	}
+
+	// paydb as restored from a backup taken between the two events: the
+	// last one and the sequence's advance past it are gone.
+	e.exec(t, "paydb", true, `DELETE FROM safety_event WHERE id >= $1`, cur.Payment)
+	e.exec(t, "paydb", false, `SELECT setval(pg_get_serial_sequence('safety_event', 'id'), $1, false)`, cur.Payment)
+
+	missing := pass(t, e.reconciler(t, reconcile.Options{SafetyEventsAfter: cur}, e.st.Ready.Tokens.Operator))
+	if !hasNote(missing, "no longer holds event") {
+		t.Fatalf("notes %q: want the rewound log named", missing.Notes)
+	}
+	mustFind(t, missing, reconcile.INV05, reconcile.CheckFencedOut, map[string]any{"holder": "before-backup"})
+	if missing.SafetyEventsSeen.Payment != cur.Payment-1 {
+		t.Fatalf("cursor after the rewind: %+v, want payment %d", missing.SafetyEventsSeen, cur.Payment-1)
+	}
+
+	// A new event takes the lost one's id; the old cursor still names it.
+	staleClaim("after-restore")
+	reused := pass(t, e.reconciler(t, reconcile.Options{SafetyEventsAfter: cur}, e.st.Ready.Tokens.Operator))
+	f := mustFind(t, reused, reconcile.INV05, reconcile.CheckFencedOut, map[string]any{"holder": "after-restore"})
+	if id, _ := f.Objects["event_id"].(int64); id != cur.Payment {
+		t.Fatalf("the new event's id is %v, want %d, the lost one's", f.Objects["event_id"], cur.Payment)
+	}
+	if !hasNote(reused, "gives old ids to new events") {
+		t.Fatalf("notes %q: want the reused id named", reused.Notes)
+	}
+	// And the pass after it, with its cursor, is quiet again.
+	quiet := pass(t, e.reconciler(t, reconcile.Options{SafetyEventsAfter: reused.SafetyEventsSeen}, e.st.Ready.Tokens.Operator))
+	mustNotFind(t, quiet, reconcile.CheckFencedOut, map[string]any{"holder": "after-restore"})
+	if hasNote(quiet, "read again from the start") {
+		t.Fatalf("notes %q: a log that was not rewound reported as rewound", quiet.Notes)
+	}
+}
+
+func hasNote(rep *reconcile.Report, s string) bool {
+	for _, n := range rep.Notes {
+		if strings.Contains(n, s) {
+			return true
+		}
+	}
+	return false
+}
