@@ -92,7 +92,10 @@ func NewOperator(cfg OperatorConfig) (*Operator, error) {
 // progress paydb lost (a restore), and cancelling it would release money
 // the rail may have paid. An executor applies the proxy's record instead.
 func (o *Operator) Cancel(ctx context.Context, payoutID, reason string) (pc.Payout, error) {
-	return o.underLock(ctx, payoutID, reason, func(ctx context.Context, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	return o.underLock(ctx, payoutID, reason, func(ctx context.Context, p pc.Payout, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+		if p.State != pc.Pending { // the payment resource refuses it (invalid_transition)
+			return o.pay.Cancel(ctx, payoutID, tok, h, reason)
+		}
 		rec, found, err := o.forwarded(ctx, payoutID)
 		if err != nil {
 			return pc.Payout{}, err
@@ -113,7 +116,10 @@ func (o *Operator) Cancel(ctx context.Context, payoutID, reason string) (pc.Payo
 // would release money the rail may have paid, where the reconciler (or an
 // executor) applies the answer.
 func (o *Operator) Abandon(ctx context.Context, payoutID, reason string) (pc.Payout, error) {
-	return o.underLock(ctx, payoutID, reason, func(ctx context.Context, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+	return o.underLock(ctx, payoutID, reason, func(ctx context.Context, p pc.Payout, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
+		if p.State != pc.RailAmbiguous { // the payment resource refuses it (invalid_transition)
+			return o.pay.Abandon(ctx, payoutID, tok, h, reason)
+		}
 		rec, found, err := o.forwarded(ctx, payoutID)
 		if err != nil {
 			return pc.Payout{}, err
@@ -153,7 +159,7 @@ func outcomeName(o proxyclient.Outcome) string {
 }
 
 func (o *Operator) underLock(ctx context.Context, payoutID, reason string,
-	act func(context.Context, fencing.Token, fencing.Holder) (pc.Payout, error)) (pc.Payout, error) {
+	act func(context.Context, pc.Payout, fencing.Token, fencing.Holder) (pc.Payout, error)) (pc.Payout, error) {
 	if strings.TrimSpace(reason) == "" {
 		return pc.Payout{}, problem.New(problem.InvalidRequest, "reason: required (--reason)")
 	}
@@ -179,7 +185,12 @@ func (o *Operator) underLock(ctx context.Context, payoutID, reason string,
 	}
 	cctx, cancel := context.WithTimeout(ctx, o.cfg.CallTimeout)
 	defer cancel()
-	out, err := act(cctx, g.Token(), g.Holder())
+	// The payout as it stands under the grant, which decides what to ask
+	// the proxy (an executor may have moved it while the command waited).
+	if p, err = o.pay.Payout(cctx, payoutID); err != nil {
+		return pc.Payout{}, err // closing the session ends the grant
+	}
+	out, err := act(cctx, p, g.Token(), g.Holder())
 	// A failed release is harmless: closing the session ends the grant too.
 	_ = g.Release(context.WithoutCancel(cctx))
 	return out, err

@@ -125,6 +125,29 @@ func TestOperatorChangesAskTheProxyFirst(t *testing.T) {
 		refused(t, "cancel", err, p.ID, pc.Pending, "forwarded it to the rail")
 	})
 
+	t.Run("cancel of a payout past PENDING is still an invalid transition", func(t *testing.T) {
+		p := mk(t, "op-7")
+		rec := ambiguous(t, p) // the rail answered at once: ACKED
+		if rec.Outcome != proxyclient.OutcomeAcked {
+			t.Fatalf("proxy record %+v, want ACKED", rec)
+		}
+		// The payment resource refuses it, and records the defect signal.
+		if _, err := op.Cancel(ctx, p.ID, "cleanup job"); !problem.Has(err, problem.InvalidTransition) {
+			t.Fatalf("cancel of a RAIL_AMBIGUOUS payout: %v, want invalid_transition", err)
+		}
+		page, err := s.pay.SafetyEvents(ctx, 0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := false
+		for _, e := range page.Items {
+			seen = seen || (e.PayoutID == p.ID && e.Kind == pc.KindRejectedTransition)
+		}
+		if !seen {
+			t.Fatal("no rejected_transition event for the refused cancel")
+		}
+	})
+
 	t.Run("cancel of a payout whose only attempt was fenced out", func(t *testing.T) {
 		p := mk(t, "op-2")
 		under(t, func(g *lockclient.Grant) {
