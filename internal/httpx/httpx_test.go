@@ -312,3 +312,61 @@ func TestAuthAfterRouting(t *testing.T) {
 		t.Errorf("the handler ran %d times, want 4 (the authenticated GETs and HEAD only)", ran)
 	}
 }
+
+// TestWritesTakeNoQueryString: no endpoint that changes something takes a
+// query parameter, so one is refused (400 naming it) before the handler
+// runs, instead of being ignored: POST /v1/locks/k/acquire?wait_ms=5000
+// acquired without waiting, POST /v1/payouts?dry_run=true created the
+// payout. Reads keep their own checks.
+func TestWritesTakeNoQueryString(t *testing.T) {
+	ts, writes := newTestServer(t)
+	for _, c := range []struct {
+		method, query string
+		field         string // "" when accepted
+	}{
+		{http.MethodPost, "dry_run=true", "dry_run"},
+		{http.MethodPost, "wait_ms=5000&x=1", "wait_ms"},
+		{http.MethodPost, "", ""},
+		{http.MethodPost, "&", ""}, // no parameter at all
+	} {
+		u := ts.URL + "/v1/echo"
+		if c.query != "" {
+			u += "?" + c.query
+		}
+		req, _ := http.NewRequest(c.method, u, strings.NewReader(`{"name":"a","amount":1}`))
+		req.Header.Set("Authorization", "Bearer "+execToken)
+		req.Header.Set("Content-Type", "application/json")
+		before := *writes
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode >= 300 {
+			err = problem.Decode(resp)
+		}
+		resp.Body.Close()
+		if c.field == "" {
+			if err != nil || *writes != before+1 {
+				t.Errorf("%s ?%s: %v (handler ran %d times), want accepted", c.method, c.query, err, *writes-before)
+			}
+			continue
+		}
+		var got string
+		if !problem.Has(err, problem.InvalidRequest) || !problem.From(err).Extension("field", &got) || got != c.field {
+			t.Errorf("%s ?%s: %v (field %q), want invalid_request naming %q", c.method, c.query, err, got, c.field)
+		}
+		if *writes != before {
+			t.Errorf("%s ?%s: the handler ran on a refused request", c.method, c.query)
+		}
+	}
+	// Unauthenticated callers still learn nothing but 401.
+	req, _ := http.NewRequest(http.MethodPost, ts.URL+"/v1/echo?dry_run=1", strings.NewReader(`{}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("no token with a query: %d, want 401", resp.StatusCode)
+	}
+}

@@ -27,6 +27,7 @@ import (
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 )
 
 // Check is a readiness probe of one dependency.
@@ -108,8 +109,26 @@ func NewServer(cfg Config) *Server {
 	r.Get("/readyz", s.readyz)
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
 	s.root = r
-	s.api = r.With(s.deadline, s.authenticate)
+	s.api = r.With(s.deadline, s.authenticate, queryOnlyOnReads)
 	return s
+}
+
+// queryOnlyOnReads refuses a query string on a request that is not a read
+// (400 invalid_request naming the first parameter): no endpoint that
+// changes something takes one, and a parameter it ignored would be a
+// request silently not honoured (acquire?wait_ms=5000 acquiring without
+// waiting; POST /v1/payouts?dry_run=true creating the payout). Reads check
+// their own parameters.
+func queryOnlyOnReads(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.RawQuery != "" && r.Method != http.MethodGet && r.Method != http.MethodHead {
+			if _, err := wire.Query(r.URL.RawQuery); err != nil {
+				problem.Write(w, err)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // Router is where a role mounts its authenticated API routes.
