@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/rail"
 	"github.com/payouts/payouts/rail/railclient"
 )
@@ -35,7 +36,7 @@ back on start, so the stub remembers what it paid across its restarts as a real 
 				return err
 			}
 			if err := rail.ValidateFaults(f); err != nil {
-				return &ExitError{Code: 2, Err: fmt.Errorf("fault flags (--timeout-after-accept and the other rates, --decline-beneficiary-prefix): %w", err)}
+				return &ExitError{Code: 2, Err: fmt.Errorf("fault flags (--timeout-after-accept and the other rates, --decline-beneficiary-prefix): %s", problem.From(err).Message)}
 			}
 			env, err := sf.setup(cmd, a)
 			if err != nil {

@@ -403,7 +403,7 @@ func (s *Server) putFaults(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err := ValidateFaults(f); err != nil {
 		s.mu.Unlock()
-		return problem.New(problem.InvalidRequest, "%v", err)
+		return err
 	}
 	s.faults = f
 	s.mu.Unlock()
@@ -434,14 +434,14 @@ func ValidateFaults(f railclient.Faults) error {
 	}
 	for _, r := range rates {
 		if !(r.v >= 0 && r.v <= 1) { // also rejects NaN
-			return fmt.Errorf("%s must be a rate between 0 and 1, got %v", r.name, r.v)
+			return wire.BadField(r.name, "must be a rate between 0 and 1, got %v", r.v)
 		}
 	}
 	if f.LatencyMS < 0 || f.LatencyMS > MaxLatencyMS {
-		return fmt.Errorf("latency_ms must be between 0 and %d, got %d", MaxLatencyMS, f.LatencyMS)
+		return wire.BadField("latency_ms", "must be between 0 and %d, got %d", MaxLatencyMS, f.LatencyMS)
 	}
 	if len(f.DeclineBeneficiaryPrefix) > wire.MaxRefLen {
-		return fmt.Errorf("decline_beneficiary_prefix is longer than %d bytes", wire.MaxRefLen)
+		return wire.BadField("decline_beneficiary_prefix", "longer than %d bytes", wire.MaxRefLen)
 	}
 	return nil
 }

@@ -224,11 +224,20 @@ func TestBadInput(t *testing.T) {
 	b := setup(t, time.Minute)
 	op, ex := b.op, b.px
 	ctx := ctxFor(t)
-	for _, u := range []railclient.FaultsUpdate{
-		{TimeoutAfterAccept: ptr(1.5)}, {DropBeforeAccept: ptr(-0.1)}, {LatencyMS: ptr(int64(-1))}, {LatencyMS: ptr(int64(10_000_000))},
+	for _, c := range []struct {
+		u     railclient.FaultsUpdate
+		field string
+	}{
+		{railclient.FaultsUpdate{TimeoutAfterAccept: ptr(1.5)}, "timeout_after_accept"},
+		{railclient.FaultsUpdate{DropBeforeAccept: ptr(-0.1)}, "drop_before_accept"},
+		{railclient.FaultsUpdate{LatencyMS: ptr(int64(-1))}, "latency_ms"},
+		{railclient.FaultsUpdate{LatencyMS: ptr(int64(10_000_000))}, "latency_ms"},
+		{railclient.FaultsUpdate{DeclineBeneficiaryPrefix: ptr(strings.Repeat("D", 300))}, "decline_beneficiary_prefix"},
 	} {
-		if _, err := op.SetFaults(ctx, u); !problem.Has(err, problem.InvalidRequest) {
-			t.Errorf("faults %+v: %v, want invalid_request", u, err)
+		_, err := op.SetFaults(ctx, c.u)
+		var field string
+		if !problem.Has(err, problem.InvalidRequest) || !problem.From(err).Extension("field", &field) || field != c.field {
+			t.Errorf("faults %+v: %v (field %q), want invalid_request naming %s", c.u, err, field, c.field)
 		}
 	}
 	for _, r := range []railclient.PaymentRequest{

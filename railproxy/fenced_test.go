@@ -44,6 +44,15 @@ func TestRefusalWithoutForwardingSaysSo(t *testing.T) {
 	if got := b.atRail(t, "po-p-long"); len(got) != 0 {
 		t.Fatalf("a refused submission reached the rail: %+v", got)
 	}
+	// A payout id no payout can have is refused and not echoed back whole.
+	huge := sub(strings.Repeat("p", 100_000), "acc-1")
+	_, err = b.pc.Submit(ctx, huge, 5, holder(1))
+	if !proxyclient.RefusedUnforwarded(err) || !errors.As(err, &pe) {
+		t.Fatalf("100 kB payout_id: %v, want invalid_request with forwarded=false", err)
+	}
+	if pe.Extension("payout_id", &payout) || len(err.Error()) > 2000 {
+		t.Fatalf("100 kB payout_id: the refusal echoes it (%d bytes, payout_id member %d bytes)", len(err.Error()), len(payout))
+	}
 	if _, err := b.pc.Submit(ctx, sub("p-ok", "acc-1"), 5, holder(1)); err != nil {
 		t.Fatal(err)
 	}

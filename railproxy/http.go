@@ -51,7 +51,7 @@ func validateSubmit(r proxyclient.SubmitRequest) error {
 // the rail (the executor may end the payout, POST /payouts/{id}/refuse).
 func refusedUnforwarded(err error, payoutID string) error {
 	e := problem.From(err).With(proxyclient.ForwardedExtension, false)
-	if payoutID != "" {
+	if wire.IDPattern.MatchString(payoutID) { // an id no payout can have is not echoed
 		e = e.With("payout_id", payoutID)
 	}
 	return e
@@ -77,7 +77,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err := validateSubmit(req); err != nil {
 		httpx.Log(r.Context()).Warn("submission refused without forwarding: it can never be accepted",
-			obs.KeyPayoutID, req.PayoutID, obs.KeyAccountID, req.AccountID, obs.KeyError, err.Error())
+			obs.KeyPayoutID, problem.Echo(req.PayoutID), obs.KeyAccountID, problem.Echo(req.AccountID), obs.KeyError, err.Error())
 		return refusedUnforwarded(err, req.PayoutID)
 	}
 	log := httpx.Log(r.Context()).With(obs.KeyPayoutID, req.PayoutID, obs.KeyAccountID, req.AccountID,

@@ -78,6 +78,9 @@ func TestStrictDecoding(t *testing.T) {
 		{"wrong type", `{"name":"a","amount":"ten"}`, `field "amount" must be an integer`, "amount", 400},
 		{"malformed", `{"name":`, "malformed JSON", "", 400},
 		{"empty", ``, "empty", "", 400},
+		{"an array, not an object", `[]`, "body must be an object, not array", "", 400},
+		{"unknown field with a quote", `{"name":"a","a\"b":1}`, `unknown field "a\"b"`, `a"b`, 400},
+		{"unknown field, very long", `{"` + strings.Repeat("k", 5000) + `":1}`, "unknown field", strings.Repeat("k", problem.MaxEchoArg) + "…[4800 more bytes]", 400},
 		{"oversize", `{"name":"` + strings.Repeat("x", httpx.MaxBodyBytes) + `"}`, "larger than", "", http.StatusRequestEntityTooLarge},
 	}
 	for _, tc := range cases {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/payouts/payouts/internal/problem"
@@ -56,7 +57,7 @@ func DecodeStrict(body []byte, v any) error {
 		msg, field := describeJSONError(err)
 		e := problem.New(problem.InvalidRequest, "%s", msg)
 		if field != "" {
-			e = e.With("field", field)
+			e = e.With("field", problem.Echo(field))
 		}
 		return e
 	}
@@ -76,13 +77,16 @@ func describeJSONError(err error) (msg, field string) {
 		return fmt.Sprintf("malformed JSON at byte %d: %v", syn.Offset, syn), ""
 	case errors.As(err, &typ):
 		if typ.Field == "" {
-			return fmt.Sprintf("body must be a JSON %s, not %s", typ.Type.Kind(), typ.Value), ""
+			return fmt.Sprintf("body must be %s, not %s", jsonKind(typ.Type.Kind().String()), typ.Value), ""
 		}
 		return fmt.Sprintf("field %q must be %s, not %s", typ.Field, jsonKind(typ.Type.Kind().String()), typ.Value), typ.Field
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return "malformed JSON: unexpected end of body", ""
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		name := strings.TrimPrefix(err.Error(), "json: unknown field ")
+		if n, err := strconv.Unquote(name); err == nil {
+			return "unknown field " + name, n
+		}
 		return "unknown field " + name, strings.Trim(name, `"`)
 	default:
 		return "malformed JSON: " + err.Error(), ""
