@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,10 +41,14 @@ func runFuzzServer(tb testing.TB, start func(ctx context.Context) error) {
 	})
 }
 
-// FuzzSubmit sends malformed and valid bodies to POST /v1/submissions of a
-// proxy in front of a rail stub. Every answer is a 2xx or a 4xx problem;
-// a refused submission forwards nothing and moves no high-water mark.
-func FuzzSubmit(f *testing.F) {
+// fuzzFixture is the forwarded submission every proxy fuzz target starts with.
+const fuzzFixture = `{"payout_id":"fz-done","account_id":"fz-acc","token":5,"holder":"h-5","client_ref":"po-fz-done","amount":100,"currency":"EUR","beneficiary_ref":"b"}`
+
+// startFuzzProxy starts a proxy in front of a rail stub for a fuzz target,
+// with one forwarded submission (fz-done, account fz-acc, token 5, holder
+// h-5), and returns its base URL and a reader of what a refusal must not
+// change.
+func startFuzzProxy(f *testing.F) (string, func(testing.TB) proxyState) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	f.Cleanup(cancel)
 	dbURL := pgtest.NewDB(f, migrations.ProxyDB)
@@ -73,11 +79,10 @@ func FuzzSubmit(f *testing.F) {
 		defer ps.Close()
 		return ps.Serve(ctx)
 	})
-	url := "http://" + paddr.String() + "/v1/submissions"
+	base := "http://" + paddr.String()
 
 	// A forwarded submission at token 5, for duplicates and stale tokens.
-	fixture := `{"payout_id":"fz-done","account_id":"fz-acc","token":5,"holder":"h-5","client_ref":"po-fz-done","amount":100,"currency":"EUR","beneficiary_ref":"b"}`
-	if a := fuzzhttp.Do(f, http.MethodPost, url, executorBearer, []byte(fixture)); !a.OK() {
+	if a := fuzzhttp.Do(f, http.MethodPost, base+"/v1/submissions", executorBearer, []byte(fuzzFixture)); !a.OK() {
 		f.Fatalf("fixture submission: %d %s", a.Status, a.Body)
 	}
 
@@ -100,8 +105,18 @@ func FuzzSubmit(f *testing.F) {
 		return s
 	}
 
+	return base, snapshot
+}
+
+// FuzzSubmit sends malformed and valid bodies to POST /v1/submissions of a
+// proxy in front of a rail stub. Every answer is a 2xx or a 4xx problem;
+// a refused submission forwards nothing and moves no high-water mark.
+func FuzzSubmit(f *testing.F) {
+	base, snapshot := startFuzzProxy(f)
+	submitURL := base + "/v1/submissions"
+
 	for _, s := range []string{
-		fixture,
+		fuzzFixture,
 		`{"payout_id":"fz-1","account_id":"fz-acc","token":5,"holder":"h-5","client_ref":"po-fz-1","amount":100,"currency":"EUR","beneficiary_ref":"b"}`,
 		`{"payout_id":"fz-2","account_id":"fz-acc","token":4,"holder":"h-4","client_ref":"po-fz-2","amount":100,"currency":"EUR","beneficiary_ref":"b"}`,
 		`{"payout_id":"fz-3","account_id":"fz-acc","token":5,"holder":"h-other","client_ref":"po-fz-3","amount":100,"currency":"EUR","beneficiary_ref":"b"}`,
@@ -127,7 +142,7 @@ func FuzzSubmit(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, body []byte) {
 		before := snapshot(t)
-		a := fuzzhttp.Do(t, http.MethodPost, url, executorBearer, body)
+		a := fuzzhttp.Do(t, http.MethodPost, submitURL, executorBearer, body)
 		if a.OK() {
 			return
 		}
@@ -146,6 +161,67 @@ func FuzzSubmit(f *testing.F) {
 		}
 		if after != want {
 			t.Fatalf("submission %q was refused (%d %s) but changed state: %+v -> %+v (allowed: %+v)", body, a.Status, a.Code, before, after, want)
+		}
+	})
+}
+
+// FuzzProxyRequests sends malformed and valid bodies, under malformed and
+// valid path ids, to the proxy's other endpoints that decode one: the batch
+// submission of an account and the lookup. Every answer is a 2xx or a 4xx
+// problem; a refusal forwards nothing, moves no high-water mark and
+// records nothing but the evidence of a fenced-out or duplicate attempt.
+func FuzzProxyRequests(f *testing.F) {
+	base, snapshot := startFuzzProxy(f)
+	type route struct{ path, token string } // path: %s is the (escaped) path argument
+	routes := []route{{"/v1/accounts/%s/submissions", executorBearer}, {"/v1/submissions/%s/lookup", reconcilerBearer}}
+	item := func(id string) string {
+		return `{"payout_id":"` + id + `","client_ref":"po-` + id + `","amount":100,"currency":"EUR","beneficiary_ref":"b"}`
+	}
+	seeds := []struct {
+		route     int
+		arg, body string
+	}{
+		{0, "fz-acc", `{"token":5,"holder":"h-5","items":[` + item("fz-b1") + `]}`},
+		{0, "fz-acc", `{"token":4,"holder":"h-4","items":[` + item("fz-b2") + `]}`},
+		{0, "fz-acc", `{"token":5,"holder":"h-other","items":[` + item("fz-b3") + `]}`},
+		{0, "fz-acc", `{"token":6,"holder":"h-6","items":[` + item("fz-done") + `]}`},
+		{0, "fz-acc", `{"token":6,"holder":"h-6","items":[` + item("fz-b4") + `,` + item("fz-b4") + `]}`},
+		{0, "fz-acc", `{"token":6,"holder":"h-6","items":[]}`},
+		{0, "fz-acc", `{"token":6,"holder":"h-6","items":[{"payout_id":"fz-b5","client_ref":"po-other","amount":1,"currency":"EUR","beneficiary_ref":"b"}]}`},
+		{0, "fz-acc", `{"token":6,"holder":"h-6","items":[{"payout_id":"fz-b6","client_ref":"po-fz-b6","amount":0,"currency":"EUR","beneficiary_ref":"b"}]}`},
+		{0, "fz-acc", `{"token":6,"holder":"h-6","items":[{"payout_id":5}]}`},
+		{0, "", `{"token":6,"holder":"h-6","items":[` + item("fz-b7") + `]}`},
+		{0, "bad acc", `{"token":6,"holder":"h-6","items":[` + item("fz-b7") + `]}`},
+		{1, "fz-done", ``},
+		{1, "fz-done", `{}`},
+		{1, "fz-done", `{"x":1}`},
+		{1, "no-such", `{}`},
+		{1, "", `{}`},
+	}
+	for _, s := range seeds {
+		f.Add(uint8(s.route), s.arg, []byte(s.body))
+	}
+	for _, body := range []string{`null`, `[]`, `{`, `"x"`, "\xff\xfe", `{"token":"5","holder":"h-5","items":[]}`} {
+		for i := range routes {
+			f.Add(uint8(i), "fz-acc", []byte(body))
+		}
+	}
+	f.Fuzz(func(t *testing.T, idx uint8, arg string, body []byte) {
+		r := routes[int(idx)%len(routes)]
+		path := strings.Replace(r.path, "%s", url.PathEscape(arg), 1)
+		before := snapshot(t)
+		a := fuzzhttp.Do(t, http.MethodPost, base+path, r.token, body)
+		if a.OK() {
+			return
+		}
+		after := snapshot(t)
+		want := before
+		if a.Code == problem.FencedOut || a.Code == problem.SubmissionExists {
+			// Evidence only: FENCED rows and safety events.
+			want.fencedRows, want.safetyEvents = after.fencedRows, after.safetyEvents
+		}
+		if after != want {
+			t.Fatalf("POST %s with body %q was refused (%d %s) but changed state: %+v -> %+v (allowed: %+v)", path, body, a.Status, a.Code, before, after, want)
 		}
 	})
 }
