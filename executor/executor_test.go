@@ -468,7 +468,7 @@ func TestExecutorInProcess(t *testing.T) {
 	t.Run("operator cancel presents a grant", func(t *testing.T) {
 		mk("ip-5", "ip-c", 100, "BEN-5")
 		r := s.st.Ready
-		op, err := NewOperator(OperatorConfig{Owner: "operator:test", LockURL: r.LockURL, PaymentURL: r.PaymentURL,
+		op, err := NewOperator(OperatorConfig{Owner: "operator:test", LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL,
 			Token: r.Tokens.Operator, Wait: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
