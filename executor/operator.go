@@ -92,22 +92,12 @@ func NewOperator(cfg OperatorConfig) (*Operator, error) {
 // progress paydb lost (a restore), and cancelling it would release money
 // the rail may have paid. An executor applies the proxy's record instead.
 func (o *Operator) Cancel(ctx context.Context, payoutID, reason string) (pc.Payout, error) {
-	return o.underLock(ctx, payoutID, reason, func(ctx context.Context, p pc.Payout, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
-		if p.State != pc.Pending { // the payment resource refuses it (invalid_transition)
-			return o.pay.Cancel(ctx, payoutID, tok, h, reason)
-		}
-		rec, found, err := o.forwarded(ctx, payoutID)
-		if err != nil {
-			return pc.Payout{}, err
-		}
-		if found {
-			return pc.Payout{}, problem.New(problem.Conflict,
-				"payout %s was not cancelled: the rail proxy forwarded it to the rail at %s (outcome %s), so the rail may have paid it; "+
-					"paydb has lost its progress (restored from a backup?): let an executor apply the proxy's record, see docs/operations.md#restoring-paydb",
-				payoutID, rec.CreatedAt.UTC().Format(time.RFC3339), outcomeName(rec.Outcome))
-		}
-		return o.pay.Cancel(ctx, payoutID, tok, h, reason)
-	})
+	return o.underLock(ctx, payoutID, reason, pc.Pending, func(rec proxyclient.Record) error {
+		return problem.New(problem.Conflict,
+			"payout %s was not cancelled: the rail proxy forwarded it to the rail at %s (outcome %s), so the rail may have paid it; "+
+				"paydb has lost its progress (restored from a backup?): let an executor apply the proxy's record, see docs/operations.md#restoring-paydb",
+			payoutID, rec.CreatedAt.UTC().Format(time.RFC3339), outcomeName(rec.Outcome))
+	}, o.pay.Cancel)
 }
 
 // Abandon hands a RAIL_AMBIGUOUS payout to finance with reason. It is
@@ -116,25 +106,18 @@ func (o *Operator) Cancel(ctx context.Context, payoutID, reason string) (pc.Payo
 // would release money the rail may have paid, where the reconciler (or an
 // executor) applies the answer.
 func (o *Operator) Abandon(ctx context.Context, payoutID, reason string) (pc.Payout, error) {
-	return o.underLock(ctx, payoutID, reason, func(ctx context.Context, p pc.Payout, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
-		if p.State != pc.RailAmbiguous { // the payment resource refuses it (invalid_transition)
-			return o.pay.Abandon(ctx, payoutID, tok, h, reason)
+	return o.underLock(ctx, payoutID, reason, pc.RailAmbiguous, func(rec proxyclient.Record) error {
+		answer := "outcome " + outcomeName(rec.Outcome)
+		switch {
+		case rec.Resolution != proxyclient.ResolutionNone:
+			answer = "resolution " + string(rec.Resolution)
+		case rec.Outcome.Ambiguous():
+			return nil // no answer from the rail: the operator's decision stands
 		}
-		rec, found, err := o.forwarded(ctx, payoutID)
-		if err != nil {
-			return pc.Payout{}, err
-		}
-		if found && (rec.Resolution != proxyclient.ResolutionNone || !rec.Outcome.Ambiguous()) {
-			answer := "outcome " + outcomeName(rec.Outcome)
-			if rec.Resolution != proxyclient.ResolutionNone {
-				answer = "resolution " + string(rec.Resolution)
-			}
-			return pc.Payout{}, problem.New(problem.Conflict,
-				"payout %s was not abandoned: the rail proxy holds the rail's answer for it (%s); "+
-					"run `payouts reconcile --once` to apply it, see docs/operations.md#ambiguity-resolution", payoutID, answer)
-		}
-		return o.pay.Abandon(ctx, payoutID, tok, h, reason)
-	})
+		return problem.New(problem.Conflict,
+			"payout %s was not abandoned: the rail proxy holds the rail's answer for it (%s); "+
+				"run `payouts reconcile --once` to apply it, see docs/operations.md#ambiguity-resolution", payoutID, answer)
+	}, o.pay.Abandon)
 }
 
 // forwarded is the proxy's forwarded submission of the payout, if it has
@@ -158,8 +141,15 @@ func outcomeName(o proxyclient.Outcome) string {
 	return string(o)
 }
 
-func (o *Operator) underLock(ctx context.Context, payoutID, reason string,
-	act func(context.Context, pc.Payout, fencing.Token, fencing.Holder) (pc.Payout, error)) (pc.Payout, error) {
+// underLock makes a change to a payout that releases its money (change:
+// the payment resource's cancel or abandon) under its account's grant. If
+// the payout, read again under the grant, is in the state the change is
+// for (from) and the rail proxy has forwarded it, refuse says whether the
+// proxy's record forbids the change (nil: it does not). A payout in any
+// other state is left to the payment resource, which refuses the change as
+// an invalid transition and records the defect signal.
+func (o *Operator) underLock(ctx context.Context, payoutID, reason string, from pc.State, refuse func(proxyclient.Record) error,
+	change func(context.Context, string, fencing.Token, fencing.Holder, string) (pc.Payout, error)) (pc.Payout, error) {
 	if strings.TrimSpace(reason) == "" {
 		return pc.Payout{}, problem.New(problem.InvalidRequest, "reason: required (--reason)")
 	}
@@ -190,7 +180,18 @@ func (o *Operator) underLock(ctx context.Context, payoutID, reason string,
 	if p, err = o.pay.Payout(cctx, payoutID); err != nil {
 		return pc.Payout{}, err // closing the session ends the grant
 	}
-	out, err := act(cctx, p, g.Token(), g.Holder())
+	if p.State == from {
+		rec, found, err := o.forwarded(cctx, payoutID)
+		if err != nil {
+			return pc.Payout{}, err
+		}
+		if found {
+			if err := refuse(rec); err != nil {
+				return pc.Payout{}, err
+			}
+		}
+	}
+	out, err := change(cctx, payoutID, g.Token(), g.Holder(), reason)
 	// A failed release is harmless: closing the session ends the grant too.
 	_ = g.Release(context.WithoutCancel(cctx))
 	return out, err

@@ -62,35 +62,23 @@ func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
 	rep.SafetyEventsSeen = from
 	// Each guard's cursor is checked first: a log rewound below it would
 	// otherwise hide every new event until the ids pass it again.
-	payRewound, err := cursorRewound(rep, "payment resource", from.Payment, from.PaymentAt, func(after int64) ([]eventMark, error) {
-		page, err := r.c.Payment.SafetyEvents(ctx, after, 1)
-		var got []eventMark
-		for _, e := range page.Items {
-			got = append(got, eventMark{e.ID, e.At})
+	for _, g := range []struct {
+		guard      string
+		id, seenID *int64
+		at, seenAt *time.Time
+	}{
+		{"payment resource", &from.Payment, &rep.SafetyEventsSeen.Payment, &from.PaymentAt, &rep.SafetyEventsSeen.PaymentAt},
+		{"rail proxy", &from.Proxy, &rep.SafetyEventsSeen.Proxy, &from.ProxyAt, &rep.SafetyEventsSeen.ProxyAt},
+	} {
+		rewound, err := cursorRewound(rep, g.guard, *g.id, *g.at, func(after int64) (eventMark, bool, error) {
+			return r.firstEventAfter(ctx, g.guard, after)
+		})
+		if err != nil {
+			return err
 		}
-		return got, err
-	})
-	if err != nil {
-		return err
-	}
-	if payRewound {
-		from.Payment, from.PaymentAt = 0, time.Time{}
-		rep.SafetyEventsSeen.Payment, rep.SafetyEventsSeen.PaymentAt = 0, time.Time{}
-	}
-	proxyRewound, err := cursorRewound(rep, "rail proxy", from.Proxy, from.ProxyAt, func(after int64) ([]eventMark, error) {
-		page, err := r.c.Proxy.SafetyEvents(ctx, strconv.FormatInt(after, 10), 1)
-		var got []eventMark
-		for _, e := range page.Items {
-			got = append(got, eventMark{e.ID, e.At})
+		if rewound {
+			*g.id, *g.seenID, *g.at, *g.seenAt = 0, 0, time.Time{}, time.Time{}
 		}
-		return got, err
-	})
-	if err != nil {
-		return err
-	}
-	if proxyRewound {
-		from.Proxy, from.ProxyAt = 0, time.Time{}
-		rep.SafetyEventsSeen.Proxy, rep.SafetyEventsSeen.ProxyAt = 0, time.Time{}
 	}
 
 	after := from.Payment
@@ -143,24 +131,40 @@ type eventMark struct {
 	at time.Time
 }
 
+// firstEventAfter is the first event of a guard's log after an id, if any.
+func (r *Reconciler) firstEventAfter(ctx context.Context, guard string, after int64) (eventMark, bool, error) {
+	if guard == "rail proxy" {
+		page, err := r.c.Proxy.SafetyEvents(ctx, strconv.FormatInt(after, 10), 1)
+		if err != nil || len(page.Items) == 0 {
+			return eventMark{}, false, err
+		}
+		return eventMark{page.Items[0].ID, page.Items[0].At}, true, nil
+	}
+	page, err := r.c.Payment.SafetyEvents(ctx, after, 1)
+	if err != nil || len(page.Items) == 0 {
+		return eventMark{}, false, err
+	}
+	return eventMark{page.Items[0].ID, page.Items[0].At}, true, nil
+}
+
 // cursorRewound reports whether a guard's log no longer holds the event its
-// cursor names (id, recorded at at), and notes it; read returns the first
+// cursor names (id, recorded at at), and notes it; first returns the first
 // event after an id. A cursor saved without the event's time (an older
 // state file) is checked for the id alone; no cursor, for nothing.
-func cursorRewound(rep *Report, guard string, id int64, at time.Time, read func(after int64) ([]eventMark, error)) (bool, error) {
+func cursorRewound(rep *Report, guard string, id int64, at time.Time, first func(after int64) (eventMark, bool, error)) (bool, error) {
 	if id <= 0 {
 		return false, nil
 	}
-	got, err := read(id - 1)
+	got, ok, err := first(id - 1)
 	if err != nil {
 		return false, cannotRun("read the "+guard+"'s safety events", err)
 	}
 	switch {
-	case len(got) == 0 || got[0].id != id:
+	case !ok || got.id != id:
 		rep.note("the %s's safety-event log no longer holds event %d, the last one an earlier pass read: its database was restored or failed over behind it; its events are read again from the start", guard, id)
-	case !at.IsZero() && !got[0].at.Equal(at):
+	case !at.IsZero() && !got.at.Equal(at):
 		rep.note("the %s's safety event %d was recorded at %s, not at %s as when an earlier pass read it: its database was restored or failed over behind it and gives old ids to new events; its events are read again from the start",
-			guard, id, got[0].at.UTC().Format(time.RFC3339Nano), at.UTC().Format(time.RFC3339Nano))
+			guard, id, got.at.UTC().Format(time.RFC3339Nano), at.UTC().Format(time.RFC3339Nano))
 	default:
 		return false, nil
 	}

@@ -41,20 +41,9 @@ func TestStateFileRoundTrip(t *testing.T) {
 // pass, an event already reported is not reported again, and a new one is.
 func TestSafetyEventsReportedOncePerCursor(t *testing.T) {
 	e := setup(t)
-	acc := e.newAccount(t, 10_000)
-	done := e.payOut(t, e.newPayout(t, acc, 10))
-	stale := done.Token
+	acc, fencedOut := e.staleClaimer(t)
 	key := fencing.Key(acc)
-	p := e.newPayout(t, acc, 10)
-	g := e.grant(t, acc)
-	defer e.release(t, g)
-	ctx := ctxT(t)
-	if _, err := e.pay.Claim(ctx, p.ID, g.Token, g.Holder()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pay.Claim(ctx, p.ID, stale, "stale-1"); !problem.Has(err, problem.FencedOut) {
-		t.Fatalf("stale claim: %v, want fenced_out", err)
-	}
+	fencedOut("stale-1")
 	first := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
 	mustFind(t, first, reconcile.INV05, reconcile.CheckFencedOut, map[string]any{"key": key, "holder": "stale-1"})
 	if first.SafetyEventsSeen.Payment == 0 {
@@ -64,9 +53,7 @@ func TestSafetyEventsReportedOncePerCursor(t *testing.T) {
 	second := pass(t, e.reconciler(t, reconcile.Options{SafetyEventsAfter: first.SafetyEventsSeen}, e.st.Ready.Tokens.Operator))
 	mustNotFind(t, second, reconcile.CheckFencedOut, map[string]any{"key": key, "holder": "stale-1"})
 
-	if _, err := e.pay.Claim(ctx, p.ID, stale, "stale-2"); !problem.Has(err, problem.FencedOut) {
-		t.Fatalf("second stale claim: %v, want fenced_out", err)
-	}
+	fencedOut("stale-2")
 	third := pass(t, e.reconciler(t, reconcile.Options{SafetyEventsAfter: second.SafetyEventsSeen}, e.st.Ready.Tokens.Operator))
 	mustFind(t, third, reconcile.INV05, reconcile.CheckFencedOut, map[string]any{"key": key, "holder": "stale-2"})
 	mustNotFind(t, third, reconcile.CheckFencedOut, map[string]any{"key": key, "holder": "stale-1"})
@@ -78,19 +65,10 @@ func TestSafetyEventsReportedOncePerCursor(t *testing.T) {
 // and PayoutsFencedOut firing, for as long as it runs).
 func TestContinuousReportsEachSafetyEventOnce(t *testing.T) {
 	e := setup(t)
-	acc := e.newAccount(t, 10_000)
-	done := e.payOut(t, e.newPayout(t, acc, 10))
-	p := e.newPayout(t, acc, 10)
-	g := e.grant(t, acc)
-	defer e.release(t, g)
-	ctx := ctxT(t)
-	if _, err := e.pay.Claim(ctx, p.ID, g.Token, g.Holder()); err != nil {
-		t.Fatal(err)
-	}
+	_, fencedOut := e.staleClaimer(t)
 	stale := uniq("stale")
-	if _, err := e.pay.Claim(ctx, p.ID, done.Token, fencing.Holder(stale)); !problem.Has(err, problem.FencedOut) {
-		t.Fatalf("stale claim: %v, want fenced_out", err)
-	}
+	fencedOut(stale)
+	ctx := ctxT(t)
 
 	logs := &lockedBuffer{}
 	r := e.st.Ready
@@ -164,23 +142,9 @@ func (b *lockedBuffer) lines(parts ...string) int {
 // at or below the cursor was never reported.
 func TestSafetyEventsOfARewoundLogAreReported(t *testing.T) {
 	e := startStack(t, time.Second) // its own: the test rewinds paydb's log
-	acc := e.newAccount(t, 10_000)
-	done := e.payOut(t, e.newPayout(t, acc, 10))
-	p := e.newPayout(t, acc, 10)
-	g := e.grant(t, acc)
-	defer e.release(t, g)
-	ctx := ctxT(t)
-	if _, err := e.pay.Claim(ctx, p.ID, g.Token, g.Holder()); err != nil {
-		t.Fatal(err)
-	}
-	staleClaim := func(holder string) {
-		t.Helper()
-		if _, err := e.pay.Claim(ctx, p.ID, done.Token, fencing.Holder(holder)); !problem.Has(err, problem.FencedOut) {
-			t.Fatalf("stale claim: %v, want fenced_out", err)
-		}
-	}
-	staleClaim("before-backup")
-	staleClaim("lost-in-restore")
+	_, fencedOut := e.staleClaimer(t)
+	fencedOut("before-backup")
+	fencedOut("lost-in-restore")
 	first := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
 	mustFind(t, first, reconcile.INV05, reconcile.CheckFencedOut, map[string]any{"holder": "lost-in-restore"})
 	cur := first.SafetyEventsSeen
@@ -211,7 +175,7 @@ func TestSafetyEventsOfARewoundLogAreReported(t *testing.T) {
 	}
 
 	// A new event takes the lost one's id; the old cursor still names it.
-	staleClaim("after-restore")
+	fencedOut("after-restore")
 	reused := pass(t, e.reconciler(t, reconcile.Options{SafetyEventsAfter: cur}, e.st.Ready.Tokens.Operator))
 	f := mustFind(t, reused, reconcile.INV05, reconcile.CheckFencedOut, map[string]any{"holder": "after-restore"})
 	if id, _ := f.Objects["event_id"].(int64); id != cur.Payment {
@@ -235,4 +199,26 @@ func hasNote(rep *reconcile.Report, s string) bool {
 		}
 	}
 	return false
+}
+
+// staleClaimer sets up an account whose fence has moved past a paid
+// payout's token: a second payout claimed under a live grant (released at
+// the test's end). fencedOut makes one stale claim of it as holder, which
+// the payment resource fences out and records.
+func (e *testBundle) staleClaimer(t *testing.T) (account string, fencedOut func(holder string)) {
+	t.Helper()
+	acc := e.newAccount(t, 10_000)
+	done := e.payOut(t, e.newPayout(t, acc, 10))
+	p := e.newPayout(t, acc, 10)
+	g := e.grant(t, acc)
+	t.Cleanup(func() { e.release(t, g) })
+	if _, err := e.pay.Claim(ctxT(t), p.ID, g.Token, g.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	return acc, func(holder string) {
+		t.Helper()
+		if _, err := e.pay.Claim(ctxT(t), p.ID, done.Token, fencing.Holder(holder)); !problem.Has(err, problem.FencedOut) {
+			t.Fatalf("stale claim as %s: %v, want fenced_out", holder, err)
+		}
+	}
 }
