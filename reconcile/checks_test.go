@@ -478,6 +478,23 @@ func TestSubmissionUnderAnotherSessionsToken(t *testing.T) {
 	mustFind(t, rep, reconcile.INV07, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID, "holder": "impostor-session", "granted_session": g.SessionID})
 }
 
+// TestSubmissionUnderAnotherAccountsGrant: a submission of payout X (paydb:
+// account A) forwarded with account B and a grant of B's key passed the
+// proxy's guard for B, not A's: the grant is checked against the key of the
+// payout's own account. Before, it was checked against the submission's
+// account and passed.
+func TestSubmissionUnderAnotherAccountsGrant(t *testing.T) {
+	e := setup(t)
+	accA, accB := e.newAccount(t, 10_000), e.newAccount(t, 10_000)
+	p := e.newPayout(t, accA, 10)
+	g := e.grant(t, accB)
+	e.release(t, g)
+	e.exec(t, "proxydb", false, `INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
+		VALUES ($1, $2, $3, $4, $5, $6, 'EUR', 'BEN-x')`, p.ID, accB, int64(g.Token), g.SessionID, p.ClientRef, p.Amount)
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV07, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID, "key": fencing.Key(accA), "account_id": accB})
+}
+
 // TestZLockServiceRewound leaves a fence far above anything the lock
 // service has issued (on an account of its own), so every later pass on the
 // shared stack reports it too.

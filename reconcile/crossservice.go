@@ -188,9 +188,11 @@ func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, 
 }
 
 // checkSubmissionGrant: a forwarded submission carries a token the lock
-// service granted for its account, to the session that wrote it (INV-07).
+// service granted for its payout's account, to the session that wrote it
+// (INV-07). The account is paydb's: a submission naming another account
+// passed the proxy's guard of that account, under its grant, not this one's.
 func (r *Reconciler) checkSubmissionGrant(ctx context.Context, rep *Report, p pc.Payout, s proxyclient.Record, grants *grantIndex) error {
-	key := lockKey(s.AccountID)
+	key := lockKey(p.AccountID)
 	// Forwarded no earlier than the payout became RAIL_SUBMITTED.
 	if (p.SubmittedAt != nil && grants.beyondRetention(*p.SubmittedAt, "submission")) || grants.lostGrant(s.FenceToken, "submission") {
 		return nil
@@ -200,7 +202,8 @@ func (r *Reconciler) checkSubmissionGrant(ctx context.Context, rep *Report, p pc
 		return cannotRun("read the lock service's grant log", err)
 	}
 	objs := func() map[string]any {
-		return map[string]any{"payout_id": p.ID, "submission_id": s.ID, "account_id": s.AccountID, "token": s.FenceToken, "holder": string(s.Holder), "key": key}
+		return map[string]any{"payout_id": p.ID, "submission_id": s.ID, "account_id": s.AccountID, "payout_account_id": p.AccountID,
+			"token": s.FenceToken, "holder": string(s.Holder), "key": key}
 	}
 	if ok {
 		// The token was granted for this key, but to whom? A holder other
@@ -217,7 +220,11 @@ func (r *Reconciler) checkSubmissionGrant(ctx context.Context, rep *Report, p pc
 	if other != "" {
 		o := objs()
 		o["granted_key"] = other
-		rep.add(CheckSubmissionWithoutGrant, o, "submission %d of payout %s was forwarded with token %d, which the lock service granted for %s, not %s", s.ID, p.ID, s.FenceToken, other, key)
+		what := fmt.Sprintf("submission %d of payout %s was forwarded with token %d, which the lock service granted for %s, not %s", s.ID, p.ID, s.FenceToken, other, key)
+		if s.AccountID != p.AccountID {
+			what += fmt.Sprintf(" (the submission names account %s; the payout is account %s's)", s.AccountID, p.AccountID)
+		}
+		rep.add(CheckSubmissionWithoutGrant, o, "%s", what)
 	} else {
 		rep.add(CheckSubmissionWithoutGrant, objs(), "submission %d of payout %s was forwarded with token %d, which the lock service's grant log does not contain", s.ID, p.ID, s.FenceToken)
 	}
