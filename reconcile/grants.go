@@ -33,6 +33,8 @@ type grantIndex struct {
 	// horizon: a write made before it may have outlived its grant's
 	// record (compacted by the lock service's retention); zero: none.
 	horizon time.Time
+	// margin is the clock-skew allowance the horizon was set with.
+	margin time.Duration
 	// beyond counts the writes not checked for that reason, by kind.
 	beyond map[string]int
 	// lostThrough: the grants of tokens at or below it may have been lost
@@ -45,14 +47,19 @@ type grantIndex struct {
 }
 
 // GrantClockSkew is the margin the retention window allows between the
-// clocks of the lock service and of the databases that date the writes.
+// clocks of the lock service and of the databases that date the writes: a
+// write dated within it of the retention's edge is not checked. A retention
+// shorter than twice the margin gets half of itself as margin instead, so
+// that the newer half of its window is still checked: with a margin as long
+// as the retention, no write would ever be.
 const GrantClockSkew = time.Hour
 
 // withRetention sets the horizon for a lock service that compacts ended
 // grants after retention (0: never), seen at now.
 func (g *grantIndex) withRetention(retention time.Duration, now time.Time) *grantIndex {
 	if retention > 0 {
-		g.horizon = now.Add(-retention + GrantClockSkew)
+		g.margin = min(GrantClockSkew, retention/2)
+		g.horizon = now.Add(-retention + g.margin)
 	}
 	return g
 }
@@ -101,7 +108,7 @@ func (g *grantIndex) noteBeyond(rep *Report) {
 	}
 	if n := g.beyond["ledger"] + g.beyond["submission"]; n > 0 {
 		rep.note("%d ledger entries and %d submissions written before %s (the grant retention, less %s for clock skew) were not checked against the grant log: their grants may have been compacted",
-			g.beyond["ledger"], g.beyond["submission"], g.horizon.UTC().Format(time.RFC3339), GrantClockSkew)
+			g.beyond["ledger"], g.beyond["submission"], g.horizon.UTC().Format(time.RFC3339), g.margin)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/payouts/payouts/lock/fencing"
 )
@@ -40,4 +41,33 @@ func TestGrantIndexIsCompact(t *testing.T) {
 		t.Errorf("token %d, never granted, found", token(n/2)+1)
 	}
 	runtime.KeepAlive(g)
+}
+
+// TestShortGrantRetentionStillChecks: the retention horizon leaves a
+// clock-skew margin; a retention of an hour or less with the margin of an
+// hour put the horizon at or after now, so no write was ever checked
+// against the grant log (INV-07 off). A short retention keeps the newer
+// half of its window checked.
+func TestShortGrantRetentionStillChecks(t *testing.T) {
+	now := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		retention time.Duration
+		checked   time.Duration // writes younger than this are checked
+	}{
+		{7 * 24 * time.Hour, 7*24*time.Hour - GrantClockSkew},
+		{2 * time.Hour, time.Hour},
+		{time.Hour, 30 * time.Minute},
+		{10 * time.Minute, 5 * time.Minute},
+	} {
+		g := newGrantIndex(nil, 0).withRetention(c.retention, now)
+		if g.beyondRetention(now.Add(-c.checked+time.Second), "ledger") {
+			t.Errorf("retention %s: a write %s old is not checked", c.retention, c.checked-time.Second)
+		}
+		if !g.beyondRetention(now.Add(-c.checked-time.Second), "ledger") {
+			t.Errorf("retention %s: a write %s old is checked, though its grant may be gone", c.retention, c.checked+time.Second)
+		}
+	}
+	if newGrantIndex(nil, 0).withRetention(0, now).beyondRetention(now.Add(-365*24*time.Hour), "ledger") {
+		t.Error("without retention a write a year old is not checked")
+	}
 }
