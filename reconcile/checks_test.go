@@ -495,6 +495,30 @@ func TestSubmissionUnderAnotherAccountsGrant(t *testing.T) {
 	mustFind(t, rep, reconcile.INV07, reconcile.CheckSubmissionWithoutGrant, map[string]any{"payout_id": p.ID, "key": fencing.Key(accA), "account_id": accB})
 }
 
+// TestLedgerTokenOrder: a posting on an account under a token lower than an
+// earlier posting's was written below the fence the account had stored
+// (INV-05: the guard let a stale holder through). It is reported from the
+// ledger, after both payouts have left flight; postings in token order are
+// not.
+func TestLedgerTokenOrder(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	first := e.payOut(t, e.newPayout(t, acc, 10))
+	second := e.payOut(t, e.newPayout(t, acc, 10))
+	stale := e.newPayout(t, acc, 10)
+	// The stale holder's posting, as a guard without its fence condition
+	// would have let it commit: after second's, under first's token.
+	e.exec(t, "paydb", true, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id, payout_id, token)
+		VALUES ('post:' || $1, $2, -10, $3, $1, $4), ('post:' || $1, $3, 10, $2, $1, $4)`, stale.ID, acc, pc.ClearingAccount, int64(first.Token))
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	f := mustFind(t, rep, reconcile.INV05, reconcile.CheckLedgerTokenOrder, map[string]any{"payout_id": stale.ID, "account_id": acc,
+		"token": first.Token, "previous_payout_id": second.ID, "previous_token": second.Token})
+	if len(find(rep, reconcile.CheckLedgerTokenOrder, map[string]any{"account_id": acc})) != 1 {
+		t.Fatalf("the stale posting reported more than once (one per leg?): %+v", f)
+	}
+	mustNotFind(t, rep, reconcile.CheckLedgerTokenOrder, map[string]any{"payout_id": second.ID})
+}
+
 // TestZLockServiceRewound leaves a fence far above anything the lock
 // service has issued (on an account of its own), so every later pass on the
 // shared stack reports it too.

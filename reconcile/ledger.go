@@ -20,6 +20,9 @@ type openGroup struct {
 type ledgerScan struct {
 	open map[string]*openGroup // groups whose running sum is not zero
 	sums map[string]int64      // account -> sum of its entries
+	// highest is, per customer account, the payout entry with the highest
+	// token read so far (ledgerTokenOrder).
+	highest map[string]pc.LedgerEntry
 }
 
 // customerAccount is the account whose lock a payout's ledger entry was
@@ -35,7 +38,7 @@ func customerAccount(e pc.LedgerEntry) string {
 // only while their running sum is not zero (the entries of a group are
 // written together, so few are open at once).
 func (r *Reconciler) scanLedger(ctx context.Context, rep *Report, grants *grantIndex) (*ledgerScan, error) {
-	ls := &ledgerScan{open: map[string]*openGroup{}, sums: map[string]int64{}}
+	ls := &ledgerScan{open: map[string]*openGroup{}, sums: map[string]int64{}, highest: map[string]pc.LedgerEntry{}}
 	var grantErr error
 	err := r.eachLedgerEntry(ctx, func(e pc.LedgerEntry) {
 		rep.Scanned.LedgerEntries++
@@ -55,6 +58,7 @@ func (r *Reconciler) scanLedger(ctx context.Context, rep *Report, grants *grantI
 		if e.PayoutID != "" && grantErr == nil {
 			grantErr = r.checkLedgerGrant(ctx, rep, e, grants)
 		}
+		ls.ledgerTokenOrder(rep, e)
 	})
 	if err != nil {
 		return nil, err
@@ -95,6 +99,30 @@ func (r *Reconciler) eachLedgerEntry(ctx context.Context, fn func(pc.LedgerEntry
 		fn(e)
 		entries.next()
 	}
+}
+
+// ledgerTokenOrder: a payout's entries are posted in the transaction whose
+// first statement is the account's guard, which holds the account's row
+// until the commit, so an account's entries are numbered in the order of
+// their commits and their tokens never go down: an entry under a token
+// lower than an earlier entry's was written below the stored fence
+// (INV-05), by a holder the guard should have fenced out. This outlives the
+// moment: in_flight_per_account sees two holders only while both payouts
+// are in flight. Each posting is judged once, by its customer's leg.
+func (ls *ledgerScan) ledgerTokenOrder(rep *Report, e pc.LedgerEntry) {
+	acc := customerAccount(e)
+	if e.PayoutID == "" || e.Token == 0 || e.AccountID != acc {
+		return
+	}
+	prev, seen := ls.highest[acc]
+	if !seen || e.Token >= prev.Token {
+		ls.highest[acc] = e
+		return
+	}
+	rep.add(CheckLedgerTokenOrder, map[string]any{"entry_id": e.ID, "payout_id": e.PayoutID, "account_id": acc, "token": e.Token,
+		"previous_entry_id": prev.ID, "previous_payout_id": prev.PayoutID, "previous_token": prev.Token},
+		"ledger entry %d of payout %s was posted on %s under token %d after entry %d of payout %s under token %d: a holder wrote below the fence the account had stored",
+		e.ID, e.PayoutID, acc, e.Token, prev.ID, prev.PayoutID, prev.Token)
 }
 
 // recheckGroups sums the suspect groups again over a second full read:

@@ -44,6 +44,7 @@ const (
 	CheckTokenRegression         = "token_regression"                // INV-04
 	CheckHighWaterAboveFence     = "high_water_above_fence"          // INV-04
 	CheckFencedOut               = "fenced_out"                      // INV-05
+	CheckLedgerTokenOrder        = "ledger_token_order"              // INV-05
 	CheckSubmissionWithoutGrant  = "submission_without_grant"        // INV-07
 	CheckLedgerWithoutGrant      = "ledger_without_grant"            // INV-07
 	CheckRejectedTransition      = "rejected_transition"             // INV-08
@@ -70,6 +71,7 @@ var checkInvariant = map[string]string{
 	CheckTokenRegression:         INV04,
 	CheckHighWaterAboveFence:     INV04,
 	CheckFencedOut:               INV05,
+	CheckLedgerTokenOrder:        INV05,
 	CheckSubmissionWithoutGrant:  INV07,
 	CheckLedgerWithoutGrant:      INV07,
 	CheckRejectedTransition:      INV08,
