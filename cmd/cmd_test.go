@@ -293,7 +293,7 @@ func TestOutOfRangeFlagsAreUsageErrors(t *testing.T) {
 		}
 	}
 	// A fault rate is a usage error naming the rate.
-	if code, _, errOut := runArgs(t, "serve", "rail", "--timeout-after-accept", "2"); code != 2 || !strings.Contains(errOut, "timeout_after_accept must be a rate") {
+	if code, _, errOut := runArgs(t, "serve", "rail", "--timeout-after-accept", "2"); code != 2 || !strings.Contains(errOut, "--timeout-after-accept must be a rate") {
 		t.Errorf("serve rail --timeout-after-accept 2: exit %d (%q), want 2 naming the rate", code, errOut)
 	}
 	// A level in another case, and warning for warn, are levels.

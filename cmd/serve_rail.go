@@ -3,6 +3,7 @@ package cmd
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -36,7 +37,13 @@ back on start, so the stub remembers what it paid across its restarts as a real 
 				return err
 			}
 			if err := rail.ValidateFaults(f); err != nil {
-				return &ExitError{Code: 2, Err: fmt.Errorf("fault flags (--timeout-after-accept and the other rates, --decline-beneficiary-prefix): %s", problem.From(err).Message)}
+				// The rail names the field of PUT /v1/faults; here it is the flag.
+				pe := problem.From(err)
+				var field string
+				if !pe.Extension("field", &field) {
+					return &ExitError{Code: 2, Err: fmt.Errorf("fault flags: %s", pe.Message)}
+				}
+				return &ExitError{Code: 2, Err: fmt.Errorf("--%s%s", strings.ReplaceAll(field, "_", "-"), strings.TrimPrefix(pe.Message, field+":"))}
 			}
 			env, err := sf.setup(cmd, a)
 			if err != nil {

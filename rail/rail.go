@@ -441,7 +441,7 @@ func ValidateFaults(f railclient.Faults) error {
 		return wire.BadField("latency_ms", "must be between 0 and %d, got %d", MaxLatencyMS, f.LatencyMS)
 	}
 	if len(f.DeclineBeneficiaryPrefix) > wire.MaxRefLen {
-		return wire.BadField("decline_beneficiary_prefix", "longer than %d bytes", wire.MaxRefLen)
+		return wire.BadField("decline_beneficiary_prefix", "is longer than %d bytes", wire.MaxRefLen)
 	}
 	return nil
 }
