@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
@@ -22,7 +23,14 @@ type ledgerScan struct {
 	sums map[string]int64      // account -> sum of its entries
 	// highest is, per customer account, the payout entry with the highest
 	// token read so far (ledgerTokenOrder).
-	highest map[string]pc.LedgerEntry
+	highest map[string]postedUnder
+}
+
+// postedUnder is the part of a ledger entry ledgerTokenOrder keeps.
+type postedUnder struct {
+	id       int64
+	payoutID string
+	token    fencing.Token
 }
 
 // customerAccount is the account whose lock a payout's ledger entry was
@@ -38,7 +46,7 @@ func customerAccount(e pc.LedgerEntry) string {
 // only while their running sum is not zero (the entries of a group are
 // written together, so few are open at once).
 func (r *Reconciler) scanLedger(ctx context.Context, rep *Report, grants *grantIndex) (*ledgerScan, error) {
-	ls := &ledgerScan{open: map[string]*openGroup{}, sums: map[string]int64{}, highest: map[string]pc.LedgerEntry{}}
+	ls := &ledgerScan{open: map[string]*openGroup{}, sums: map[string]int64{}, highest: map[string]postedUnder{}}
 	var grantErr error
 	err := r.eachLedgerEntry(ctx, func(e pc.LedgerEntry) {
 		rep.Scanned.LedgerEntries++
@@ -115,14 +123,14 @@ func (ls *ledgerScan) ledgerTokenOrder(rep *Report, e pc.LedgerEntry) {
 		return
 	}
 	prev, seen := ls.highest[acc]
-	if !seen || e.Token >= prev.Token {
-		ls.highest[acc] = e
+	if !seen || e.Token >= prev.token {
+		ls.highest[acc] = postedUnder{e.ID, e.PayoutID, e.Token}
 		return
 	}
 	rep.add(CheckLedgerTokenOrder, map[string]any{"entry_id": e.ID, "payout_id": e.PayoutID, "account_id": acc, "token": e.Token,
-		"previous_entry_id": prev.ID, "previous_payout_id": prev.PayoutID, "previous_token": prev.Token},
+		"previous_entry_id": prev.id, "previous_payout_id": prev.payoutID, "previous_token": prev.token},
 		"ledger entry %d of payout %s was posted on %s under token %d after entry %d of payout %s under token %d: a holder wrote below the fence the account had stored",
-		e.ID, e.PayoutID, acc, e.Token, prev.ID, prev.PayoutID, prev.Token)
+		e.ID, e.PayoutID, acc, e.Token, prev.id, prev.payoutID, prev.token)
 }
 
 // recheckGroups sums the suspect groups again over a second full read:
