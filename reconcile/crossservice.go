@@ -136,6 +136,13 @@ func evaluate(v payoutView) []candidate {
 			add(CheckAmbiguousNoSubmission, nil,
 				"payout %s is RAIL_AMBIGUOUS but the proxy has no forwarded submission for it: nothing can be looked up; an operator must decide", p.ID)
 		}
+		// The rail declined it, by the proxy's record, and settled it: the
+		// resolution leaves such a payout for a human (the rail contradicts
+		// itself), so nothing else would ever say that money left.
+		if sub != nil && sub.Outcome == proxyclient.OutcomeRejected && len(settled) > 0 {
+			add(CheckSettledNotPosted, map[string]any{"rail_refs": railRefs(settled), "amount": p.Amount, "submission": subDesc},
+				"payout %s is RAIL_AMBIGUOUS and the proxy recorded the rail's decline, but the rail settled %d payment(s) for it: money left with no ledger entry, and the rail contradicts itself", p.ID, len(settled))
+		}
 	}
 	return out
 }

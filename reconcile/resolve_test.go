@@ -214,3 +214,28 @@ func TestResolveLeavesAPayoutWhoseRailContradictsItsAck(t *testing.T) {
 		t.Fatalf("payout %s: %v %s, want still RAIL_AMBIGUOUS", p.ID, err, got.State)
 	}
 }
+
+// TestDeclinedButSettledAmbiguousPayoutIsReported: the proxy recorded the
+// rail's decline of a payout left RAIL_AMBIGUOUS, and the rail settled it
+// all the same. Resolution leaves it for a human (the rail contradicts
+// itself); the pass reports the money that left without a ledger entry as
+// settled_not_posted, instead of nothing until the ambiguity SLA.
+func TestDeclinedButSettledAmbiguousPayoutIsReported(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.ambiguous(t, e.newPayout(t, acc, 78), railclient.Faults{TimeoutAfterAccept: 1})
+	e.exec(t, "proxydb", true, `UPDATE rail_submission SET outcome = 'REJECTED', error_code = 'DECLINED' WHERE payout_id = $1`, p.ID)
+	r := e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		rep := pass(t, r)
+		if len(find(rep, reconcile.CheckSettledNotPosted, map[string]any{"payout_id": p.ID})) > 0 {
+			mustFind(t, rep, reconcile.INV03, reconcile.CheckSettledNotPosted, map[string]any{"payout_id": p.ID, "state": "RAIL_AMBIGUOUS"})
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("payout %s: no settled_not_posted once the rail settled it; findings: %+v", p.ID, rep.Findings)
+		}
+		time.Sleep(200 * time.Millisecond) // the rail's settlement window, not synchronisation
+	}
+}
