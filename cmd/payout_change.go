@@ -21,6 +21,8 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 		reason string
 		owner  string
 		wait   time.Duration
+		// despite: abandon overrules the rail's answer the proxy recorded.
+		despite bool
 	)
 	c := &cobra.Command{
 		Use:               verb + " PAYOUT_ID --reason TEXT",
@@ -50,7 +52,10 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 				return &ExitError{Code: 2, Err: err}
 			}
 			do := op.Cancel
-			if verb == "abandon" {
+			switch {
+			case verb == "abandon" && despite:
+				do = op.AbandonDespiteRailAnswer
+			case verb == "abandon":
 				do = op.Abandon
 			}
 			p, err := do(cmd.Context(), args[0], reason)
@@ -66,5 +71,8 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 	fl.StringVar(&reason, "reason", "", "why (required; recorded in the payout's history)")
 	fl.StringVar(&owner, "owner", "", "name of this operator in the lock service (default operator:$USER@HOST)")
 	fl.DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the account's lock")
+	if verb == "abandon" {
+		fl.BoolVar(&despite, "despite-rail-answer", false, "abandon even though the rail proxy recorded an ACKED or REJECTED answer, which the rail's own lookup contradicts (the reconciler left the payout for a human); say why in --reason")
+	}
 	return c
 }

@@ -106,31 +106,49 @@ func (o *Operator) Cancel(ctx context.Context, payoutID, reason string) (pc.Payo
 // would release money the rail may have paid, where the reconciler (or an
 // executor) applies the answer.
 func (o *Operator) Abandon(ctx context.Context, payoutID, reason string) (pc.Payout, error) {
+	return o.abandon(ctx, payoutID, reason, false)
+}
+
+// AbandonDespiteRailAnswer is Abandon for a payout whose proxy record holds
+// an ACKED or REJECTED outcome the rail's own lookup contradicts: the
+// reconciler leaves such a payout for a human, and this is the human's
+// decision. A resolution still refuses it: the reconciler applies that.
+func (o *Operator) AbandonDespiteRailAnswer(ctx context.Context, payoutID, reason string) (pc.Payout, error) {
+	return o.abandon(ctx, payoutID, reason, true)
+}
+
+func (o *Operator) abandon(ctx context.Context, payoutID, reason string, despiteOutcome bool) (pc.Payout, error) {
 	return o.underLock(ctx, payoutID, reason, pc.RailAmbiguous, func(rec proxyclient.Record) error {
-		answer := "outcome " + outcomeName(rec.Outcome)
 		switch {
 		case rec.Resolution != proxyclient.ResolutionNone:
-			answer = "resolution " + string(rec.Resolution)
-		case rec.Outcome.Ambiguous():
-			return nil // no answer from the rail: the operator's decision stands
+			return problem.New(problem.Conflict,
+				"payout %s was not abandoned: the rail proxy holds the rail's answer for it (resolution %s); "+
+					"run `payouts reconcile --once` to apply it, see docs/operations.md#ambiguity-resolution", payoutID, rec.Resolution)
+		case rec.Outcome.Ambiguous() || despiteOutcome:
+			return nil // no answer from the rail, or one a human has overruled
 		}
 		return problem.New(problem.Conflict,
-			"payout %s was not abandoned: the rail proxy holds the rail's answer for it (%s); "+
-				"run `payouts reconcile --once` to apply it, see docs/operations.md#ambiguity-resolution", payoutID, answer)
+			"payout %s was not abandoned: the rail proxy holds the rail's answer for it (outcome %s); "+
+				"run `payouts reconcile --once` to apply it; if the reconciler leaves the payout because the rail contradicts that answer, "+
+				"decide with the rail's operator and abandon with --despite-rail-answer, see docs/operations.md#abandon", payoutID, outcomeName(rec.Outcome))
 	}, o.pay.Abandon)
 }
 
 // forwarded is the proxy's forwarded submission of the payout, if it has
-// one (FENCED attempts were never sent and do not count).
+// one (FENCED attempts were never sent and do not count). It reads every
+// attempt, whose answer is a list even when there is none: a 404 is then
+// never "no submission" but a wrong --proxy-url, and refuses the change.
 func (o *Operator) forwarded(ctx context.Context, payoutID string) (proxyclient.Record, bool, error) {
-	rec, err := o.prx.Get(ctx, payoutID)
-	switch {
-	case problem.Has(err, problem.NotFound):
-		return proxyclient.Record{}, false, nil
-	case err != nil:
+	recs, err := o.prx.GetAll(ctx, payoutID)
+	if err != nil {
 		return proxyclient.Record{}, false, fmt.Errorf("ask the rail proxy whether payout %s was sent to the rail (nothing was changed): %w", payoutID, err)
 	}
-	return rec, rec.Outcome != proxyclient.OutcomeFenced, nil
+	for _, rec := range recs {
+		if rec.Outcome != proxyclient.OutcomeFenced {
+			return rec, true, nil
+		}
+	}
+	return proxyclient.Record{}, false, nil
 }
 
 // outcomeName is how a message names an outcome; none yet reads "null".

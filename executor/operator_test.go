@@ -175,6 +175,16 @@ func TestOperatorChangesAskTheProxyFirst(t *testing.T) {
 		if _, err := blind.Cancel(ctx, p.ID, "customer withdrew"); err == nil || !strings.Contains(err.Error(), "nothing was changed") {
 			t.Fatalf("cancel without the proxy: %v, want an error saying nothing was changed", err)
 		}
+		// A --proxy-url naming another role answers 404 "no route": that is
+		// no proxy saying it holds no submission.
+		wrong, err := NewOperator(OperatorConfig{Owner: "operator:test", LockURL: r.LockURL, PaymentURL: r.PaymentURL,
+			ProxyURL: r.PaymentURL, Token: r.Tokens.Operator, Wait: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := wrong.Cancel(ctx, p.ID, "customer withdrew"); err == nil || !strings.Contains(err.Error(), "nothing was changed") {
+			t.Fatalf("cancel with the payment resource's URL as --proxy-url: %v, want an error saying nothing was changed", err)
+		}
 		if got := s.state(t, p.ID); got != pc.Pending {
 			t.Fatalf("payout %s is %s, want PENDING", p.ID, got)
 		}
@@ -187,6 +197,11 @@ func TestOperatorChangesAskTheProxyFirst(t *testing.T) {
 		}
 		_, err := op.Abandon(ctx, p.ID, "past SLA")
 		refused(t, "abandon", err, p.ID, pc.RailAmbiguous, "outcome ACKED")
+		// A human who has found the rail contradicting that answer decides.
+		got, err := op.AbandonDespiteRailAnswer(ctx, p.ID, "rail lookup says no payment; rail ticket R-1")
+		if err != nil || got.State != pc.Abandoned {
+			t.Fatalf("abandon despite the rail's answer: %+v, %v; want ABANDONED", got, err)
+		}
 	})
 
 	t.Run("abandon of ambiguous payouts the rail never answered", func(t *testing.T) {
@@ -224,5 +239,7 @@ func TestOperatorChangesAskTheProxyFirst(t *testing.T) {
 		}
 		_, err = op.Abandon(ctx, p6.ID, "past SLA")
 		refused(t, "abandon", err, p6.ID, pc.RailAmbiguous, "resolution SETTLED")
+		_, err = op.AbandonDespiteRailAnswer(ctx, p6.ID, "past SLA")
+		refused(t, "abandon despite the rail's answer", err, p6.ID, pc.RailAmbiguous, "resolution SETTLED")
 	})
 }
