@@ -70,14 +70,16 @@ func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
 		{"payment resource", &from.Payment, &rep.SafetyEventsSeen.Payment, &from.PaymentAt, &rep.SafetyEventsSeen.PaymentAt},
 		{"rail proxy", &from.Proxy, &rep.SafetyEventsSeen.Proxy, &from.ProxyAt, &rep.SafetyEventsSeen.ProxyAt},
 	} {
-		rewound, err := cursorRewound(rep, g.guard, *g.id, *g.at, func(after int64) (eventMark, bool, error) {
+		rewound, at, err := cursorRewound(rep, g.guard, *g.id, *g.at, func(after int64) (eventMark, bool, error) {
 			return r.firstEventAfter(ctx, g.guard, after)
 		})
-		if err != nil {
+		switch {
+		case err != nil:
 			return err
-		}
-		if rewound {
+		case rewound:
 			*g.id, *g.seenID, *g.at, *g.seenAt = 0, 0, time.Time{}, time.Time{}
+		default:
+			*g.seenAt = at // a state file written before the time was kept gets it now
 		}
 	}
 
@@ -149,15 +151,17 @@ func (r *Reconciler) firstEventAfter(ctx context.Context, guard string, after in
 
 // cursorRewound reports whether a guard's log no longer holds the event its
 // cursor names (id, recorded at at), and notes it; first returns the first
-// event after an id. A cursor saved without the event's time (an older
-// state file) is checked for the id alone; no cursor, for nothing.
-func cursorRewound(rep *Report, guard string, id int64, at time.Time, first func(after int64) (eventMark, bool, error)) (bool, error) {
+// event after an id. Otherwise it returns the time the event was recorded
+// (zero without a cursor). A cursor saved without the event's time (an
+// older state file) is checked for the id alone, and gets the time for the
+// next pass.
+func cursorRewound(rep *Report, guard string, id int64, at time.Time, first func(after int64) (eventMark, bool, error)) (bool, time.Time, error) {
 	if id <= 0 {
-		return false, nil
+		return false, at, nil
 	}
 	got, ok, err := first(id - 1)
 	if err != nil {
-		return false, cannotRun("read the "+guard+"'s safety events", err)
+		return false, at, cannotRun("read the "+guard+"'s safety events", err)
 	}
 	switch {
 	case !ok || got.id != id:
@@ -166,7 +170,7 @@ func cursorRewound(rep *Report, guard string, id int64, at time.Time, first func
 		rep.note("the %s's safety event %d was recorded at %s, not at %s as when an earlier pass read it: its database was restored or failed over behind it and gives old ids to new events; its events are read again from the start",
 			guard, id, got.at.UTC().Format(time.RFC3339Nano), at.UTC().Format(time.RFC3339Nano))
 	default:
-		return false, nil
+		return false, got.at, nil
 	}
-	return true, nil
+	return true, time.Time{}, nil
 }

@@ -190,6 +190,13 @@ func TestSafetyEventsOfARewoundLogAreReported(t *testing.T) {
 	if hasNote(quiet, "read again from the start") {
 		t.Fatalf("notes %q: a log that was not rewound reported as rewound", quiet.Notes)
 	}
+	// A cursor from a state file written before the event's time was kept
+	// gets it from its first pass, with no new event to read.
+	old := reconcile.EventCursor{Payment: quiet.SafetyEventsSeen.Payment}
+	upgraded := pass(t, e.reconciler(t, reconcile.Options{SafetyEventsAfter: old}, e.st.Ready.Tokens.Operator))
+	if got := upgraded.SafetyEventsSeen; got.Payment != old.Payment || !got.PaymentAt.Equal(quiet.SafetyEventsSeen.PaymentAt) {
+		t.Fatalf("cursor after a pass from an id alone: %+v, want id %d at %s", got, old.Payment, quiet.SafetyEventsSeen.PaymentAt)
+	}
 }
 
 func hasNote(rep *reconcile.Report, s string) bool {
