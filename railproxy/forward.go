@@ -170,28 +170,14 @@ func (s *Server) railHolds(ctx context.Context, log *slog.Logger, req proxyclien
 			"a resubmission is forwarded only once the rail says it holds no payment of its client reference, and the rail could not be asked: it was not recorded and not forwarded (nothing was sent); submit it again later").
 			With(proxyclient.ForwardedExtension, false)
 	}
-	var settled []railclient.Payment
-	var declined *railclient.Payment
-	for _, p := range l.Items {
-		switch {
-		case p.ClientRef != req.ClientRef:
-		case p.Status == railclient.StatusSettled:
-			settled = append(settled, p)
-		case p.Status == railclient.StatusDeclined && declined == nil:
-			declined = &p
-		}
-	}
-	if len(settled) > 1 {
-		log.Error("the rail holds more than one settled payment for one client reference: money moved twice",
-			obs.KeyEvent, "duplicate_payment", "client_ref", req.ClientRef, "settled", len(settled))
-	}
+	held := paymentsOf(log, req.ClientRef, l.Items)
 	switch {
-	case len(settled) > 0:
+	case len(held.settled) > 0:
 		s.m.resubmissionChecks.WithLabelValues("held").Inc()
-		return &settled[0], nil
-	case declined != nil:
+		return &held.settled[0], nil
+	case held.declined != nil:
 		s.m.resubmissionChecks.WithLabelValues("held").Inc()
-		return declined, nil
+		return held.declined, nil
 	case !l.Final:
 		s.m.resubmissionChecks.WithLabelValues("unconfirmed").Inc()
 		log.Info("resubmission not recorded, not forwarded: the rail's answer about its client reference is not final yet")
@@ -201,6 +187,37 @@ func (s *Server) railHolds(ctx context.Context, log *slog.Logger, req proxyclien
 	}
 	s.m.resubmissionChecks.WithLabelValues("absent").Inc()
 	return nil, nil
+}
+
+// railPayments is what the rail's answer holds for one client reference.
+type railPayments struct {
+	items    []railclient.Payment // the reference's payments (others are no evidence about it)
+	settled  []railclient.Payment // those settled
+	declined *railclient.Payment  // the first declined, if any
+}
+
+// paymentsOf keeps of the rail's answer what concerns clientRef, and logs
+// more than one settled payment of it: money moved twice.
+func paymentsOf(log *slog.Logger, clientRef string, items []railclient.Payment) railPayments {
+	var out railPayments
+	for _, p := range items {
+		if p.ClientRef != clientRef {
+			continue
+		}
+		out.items = append(out.items, p)
+		switch {
+		case p.Status == railclient.StatusSettled:
+			out.settled = append(out.settled, p)
+		case p.Status == railclient.StatusDeclined && out.declined == nil:
+			d := p
+			out.declined = &d
+		}
+	}
+	if len(out.settled) > 1 {
+		log.Error("the rail holds more than one settled payment for one client reference: money moved twice",
+			obs.KeyEvent, "duplicate_payment", "client_ref", clientRef, "settled", len(out.settled))
+	}
+	return out
 }
 
 // fromRail is the outcome of a resubmission the rail already holds a
@@ -228,8 +245,7 @@ func (s *Server) fromRail(ctx context.Context, log *slog.Logger, rec proxyclient
 	defer cancel()
 	err := s.st.recordEvents(wctx, safetylog.Event{Kind: proxyclient.KindDuplicateAttempt, Key: fencing.Key(rec.AccountID),
 		Presented: rec.FenceToken, Holder: rec.Holder, PayoutID: rec.PayoutID, Detail: detail})
-	s.m.duplicates.Inc()
-	s.m.safetyEvents.WithLabelValues(proxyclient.KindDuplicateAttempt).Inc()
+	s.countDuplicate()
 	if err != nil {
 		log.Error("duplicate_attempt: the rail already holds the resubmitted payout; not sent again, but the evidence could not be recorded",
 			obs.KeyEvent, proxyclient.KindDuplicateAttempt, "rail_ref", held.RailRef, obs.KeyError, err.Error())

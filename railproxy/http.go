@@ -185,12 +185,17 @@ func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, reqs []proxycl
 		"token %d is stale at the rail proxy for %s (high-water %d); the submission was not forwarded", req.Token, key, ev.StoredToken)
 }
 
+// countDuplicate counts a duplicate_attempt, recorded or not.
+func (s *Server) countDuplicate() {
+	s.m.duplicates.Inc()
+	s.m.safetyEvents.WithLabelValues(proxyclient.KindDuplicateAttempt).Inc()
+}
+
 func (s *Server) duplicate(ctx context.Context, log *slog.Logger, req proxyclient.SubmitRequest) error {
 	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	existing, err := s.st.recordDuplicate(ctx, req)
-	s.m.duplicates.Inc()
-	s.m.safetyEvents.WithLabelValues(proxyclient.KindDuplicateAttempt).Inc()
+	s.countDuplicate()
 	if err != nil {
 		log.Error("duplicate_attempt: payout already forwarded; refused, but the evidence could not be recorded",
 			obs.KeyEvent, proxyclient.KindDuplicateAttempt, obs.KeyError, err.Error())

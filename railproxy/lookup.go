@@ -13,7 +13,6 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
-	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
@@ -83,20 +82,11 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 		return problem.Wrap(problem.Unavailable, err, "could not ask the rail about client reference %s; nothing recorded", rec.ClientRef)
 	}
 	ev := evidence{Source: "rail_lookup", ClientRef: rec.ClientRef, Final: l.Final, Items: []proxyclient.RailPayment{}, AskedAt: time.Now().UTC()}
-	settled := 0
-	for _, p := range l.Items {
-		if p.ClientRef != rec.ClientRef {
-			continue // not evidence about this payout
-		}
+	held := paymentsOf(log, rec.ClientRef, l.Items)
+	for _, p := range held.items {
 		ev.Items = append(ev.Items, proxyclient.RailPayment(p))
-		if p.Status == railclient.StatusSettled {
-			settled++
-		}
 	}
-	if settled > 1 {
-		log.Error("the rail holds more than one settled payment for one client reference: money moved twice",
-			obs.KeyEvent, "duplicate_payment", "client_ref", rec.ClientRef, "settled", settled)
-	}
+	settled := len(held.settled)
 	out := proxyclient.LookupResult{Final: l.Final, RailItems: ev.Items, Submission: rec}
 	if !l.Final {
 		out.Detail = "the rail's answer is not final yet (its settlement window has not passed); nothing recorded"

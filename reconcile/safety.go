@@ -64,14 +64,15 @@ func (r *Reconciler) checkSafetyEvents(ctx context.Context, rep *Report) error {
 	// otherwise hide every new event until the ids pass it again.
 	for _, g := range []struct {
 		guard      string
+		proxy      bool
 		id, seenID *int64
 		at, seenAt *time.Time
 	}{
-		{"payment resource", &from.Payment, &rep.SafetyEventsSeen.Payment, &from.PaymentAt, &rep.SafetyEventsSeen.PaymentAt},
-		{"rail proxy", &from.Proxy, &rep.SafetyEventsSeen.Proxy, &from.ProxyAt, &rep.SafetyEventsSeen.ProxyAt},
+		{"payment resource", false, &from.Payment, &rep.SafetyEventsSeen.Payment, &from.PaymentAt, &rep.SafetyEventsSeen.PaymentAt},
+		{"rail proxy", true, &from.Proxy, &rep.SafetyEventsSeen.Proxy, &from.ProxyAt, &rep.SafetyEventsSeen.ProxyAt},
 	} {
 		rewound, at, err := cursorRewound(rep, g.guard, *g.id, *g.at, func(after int64) (eventMark, bool, error) {
-			return r.firstEventAfter(ctx, g.guard, after)
+			return r.firstEventAfter(ctx, g.proxy, after)
 		})
 		switch {
 		case err != nil:
@@ -133,9 +134,10 @@ type eventMark struct {
 	at time.Time
 }
 
-// firstEventAfter is the first event of a guard's log after an id, if any.
-func (r *Reconciler) firstEventAfter(ctx context.Context, guard string, after int64) (eventMark, bool, error) {
-	if guard == "rail proxy" {
+// firstEventAfter is the first event of a guard's log (the proxy's, or
+// the payment resource's) after an id, if any.
+func (r *Reconciler) firstEventAfter(ctx context.Context, proxy bool, after int64) (eventMark, bool, error) {
+	if proxy {
 		page, err := r.c.Proxy.SafetyEvents(ctx, strconv.FormatInt(after, 10), 1)
 		if err != nil || len(page.Items) == 0 {
 			return eventMark{}, false, err

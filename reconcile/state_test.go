@@ -13,6 +13,7 @@ import (
 
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/railproxy/proxyclient"
 	"github.com/payouts/payouts/reconcile"
 )
 
@@ -228,4 +229,43 @@ func (e *testBundle) staleClaimer(t *testing.T) (account string, fencedOut func(
 			t.Fatalf("stale claim as %s: %v, want fenced_out", holder, err)
 		}
 	}
+}
+
+// TestProxySafetyEventsOfARewoundLogAreReported: the same for the rail
+// proxy's log (proxydb restored from a backup): its cursor is checked
+// against the proxy's events, and a new event under the lost one's id is
+// reported.
+func TestProxySafetyEventsOfARewoundLogAreReported(t *testing.T) {
+	e := startStack(t, time.Second) // its own: the test rewinds proxydb's log
+	acc := e.newAccount(t, 10_000)
+	older := e.payOut(t, e.newPayout(t, acc, 10))
+	e.payOut(t, e.newPayout(t, acc, 10)) // the proxy's high-water moves past older's token
+	fencedOut := func(holder string) {
+		t.Helper()
+		p := e.newPayout(t, acc, 10)
+		_, err := e.proxy.Submit(ctxT(t), proxyclient.Submission{PayoutID: p.ID, AccountID: acc, ClientRef: p.ClientRef,
+			Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: p.BeneficiaryRef}, older.Token, fencing.Holder(holder))
+		if !problem.Has(err, problem.FencedOut) {
+			t.Fatalf("stale submission as %s: %v, want fenced_out", holder, err)
+		}
+	}
+	fencedOut("proxy-before-backup")
+	fencedOut("proxy-lost-in-restore")
+	first := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	cur := first.SafetyEventsSeen
+	if cur.Proxy < 2 || cur.ProxyAt.IsZero() {
+		t.Fatalf("cursor %+v: want the proxy's last event's id and time", cur)
+	}
+	e.exec(t, "proxydb", true, `DELETE FROM safety_event WHERE id >= $1`, cur.Proxy)
+	e.exec(t, "proxydb", false, `SELECT setval(pg_get_serial_sequence('safety_event', 'id'), $1, false)`, cur.Proxy)
+	fencedOut("proxy-after-restore")
+	rep := pass(t, e.reconciler(t, reconcile.Options{SafetyEventsAfter: cur}, e.st.Ready.Tokens.Operator))
+	f := mustFind(t, rep, reconcile.INV05, reconcile.CheckFencedOut, map[string]any{"guard": "proxy", "holder": "proxy-after-restore"})
+	if id, _ := f.Objects["event_id"].(int64); id != cur.Proxy {
+		t.Fatalf("the new event's id is %v, want %d, the lost one's", f.Objects["event_id"], cur.Proxy)
+	}
+	if !hasNote(rep, "the rail proxy's safety event") {
+		t.Fatalf("notes %q: want the rail proxy's rewound log named", rep.Notes)
+	}
+	mustNotFind(t, rep, reconcile.CheckFencedOut, map[string]any{"guard": "payment"})
 }
