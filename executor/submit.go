@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
@@ -208,9 +208,6 @@ func noUsableAnswer(err error) bool {
 	return !errors.As(err, &pe) || pe.Status() >= 500 || pe.Code == problem.Unavailable
 }
 
-// maxErrorCode bounds the error_code sent with /refuse (one line).
-const maxErrorCode = 200
-
 // refused ends a payout whose submission the proxy refused without
 // forwarding it (invalid input it will never accept): retrying cannot
 // succeed, and left RAIL_SUBMITTED the payout would hold its money and
@@ -225,10 +222,7 @@ func (r *run) refused(p pc.Payout, refusal error) (pc.Payout, error) {
 	if pe.Extension("field", &field) && field != "" {
 		code += ":" + field
 	}
-	code = strings.ReplaceAll(code, "\n", " ")
-	if len(code) > maxErrorCode {
-		code = code[:maxErrorCode]
-	}
+	code = wire.OneLine(code, wire.MaxRefLen)
 	evidence := "proxy 400 forwarded=false: " + pe.Message
 	log := r.log.With("step", "refuse", obs.KeyPayoutID, p.ID, "error_code", code)
 	rec, found, err := r.lookup(p)
@@ -321,6 +315,14 @@ func (r *run) outcomeItem(p pc.Payout, rec proxyclient.Record) pc.StepItem {
 		r.log.Error("the proxy's submission does not match the payout; recording it as ambiguous for a human",
 			obs.KeyPayoutID, p.ID, "submission_payout", rec.PayoutID, "submission_amount", rec.Amount, "submission_client_ref", rec.ClientRef)
 		outcome, railRef, code = pc.OutcomeTimeout, "", "submission_mismatch"
+	}
+	// The rail's reference and decline code are the rail's text, kept as
+	// it sent them in the proxy's record: the payment resource takes one
+	// line of at most wire.MaxRefLen bytes, and refusing this report would
+	// hold the payout's money, and its account, for ever.
+	railRef, code = wire.OneLine(railRef, wire.MaxRefLen), wire.OneLine(code, wire.MaxRefLen)
+	if railRef == "" && outcome == pc.OutcomeAcked {
+		railRef = fmt.Sprintf("none given (proxy submission %d)", rec.ID)
 	}
 	if code == "" && outcome == pc.OutcomeTimeout {
 		code = "rail_timeout"

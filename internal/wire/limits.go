@@ -4,6 +4,7 @@ import (
 	"regexp"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/payouts/payouts/lock/fencing"
 )
@@ -75,6 +76,28 @@ func ValidText(field, v string, maxLen int, required, oneLine bool) error {
 		}
 	}
 	return nil
+}
+
+// OneLine makes text that comes from outside the system (a rail's
+// reference or decline code) fit a one-line field ValidText accepts: every
+// NUL, control, format or invalid character becomes '?', and the text is cut
+// to at most maxLen bytes on a character boundary. Blank text becomes "".
+// The original stays where it was received, as evidence.
+func OneLine(v string, maxLen int) string {
+	var b strings.Builder
+	for _, r := range v { // invalid UTF-8 ranges as unicode.ReplacementChar
+		if r == 0 || r == unicode.ReplacementChar || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
+			r = '?'
+		}
+		if b.Len()+utf8.RuneLen(r) > maxLen {
+			break
+		}
+		b.WriteRune(r)
+	}
+	if strings.TrimSpace(b.String()) == "" {
+		return ""
+	}
+	return b.String()
 }
 
 // ValidRef checks a required one-line reference (beneficiary_ref and the like).

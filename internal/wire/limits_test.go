@@ -45,3 +45,26 @@ func TestOneLineFieldsRefuseFormatCharacters(t *testing.T) {
 		t.Errorf("free text refused: %v", err)
 	}
 }
+
+// What a rail sends back is made to fit a one-line field: whatever OneLine
+// returns, ValidText accepts, and plain text passes unchanged.
+func TestOneLineFitsWhatValidTextAccepts(t *testing.T) {
+	long := strings.Repeat("é", MaxRefLen) // 2 bytes each: cut mid-character at MaxRefLen+1
+	for _, v := range []string{"RR-1\r\nX-Injected: 1", "\u202eref\u200b", "a\x00b", "bad \xff\xfe utf8",
+		"x" + long, long, "\t\n"} {
+		got := OneLine(v, MaxRefLen)
+		if err := ValidText("rail_ref", got, MaxRefLen, true, true); err != nil {
+			t.Errorf("OneLine(%q) = %q, which ValidText refuses: %v", v, got, err)
+		}
+	}
+	for _, v := range []string{"RR-000123", "Zoë Ünal", strings.Repeat("r", MaxRefLen)} {
+		if got := OneLine(v, MaxRefLen); got != v {
+			t.Errorf("OneLine(%q) = %q; want it unchanged", v, got)
+		}
+	}
+	for v, want := range map[string]string{"ab\ncd": "ab?cd", "   ": "", "": ""} {
+		if got := OneLine(v, MaxRefLen); got != want {
+			t.Errorf("OneLine(%q) = %q; want %q", v, got, want)
+		}
+	}
+}
