@@ -66,6 +66,14 @@ func (s *Service) ApplySteps(ctx context.Context, b Steps) ([]pc.StepResult, err
 	}
 	res, rejs, fenced, err := s.stepsTx(ctx, b)
 	if err != nil {
+		// The items refused before the error were never to be written:
+		// their evidence stands whether the others' write failed or not.
+		for i, rej := range rejs {
+			if rej != nil {
+				s.afterRefusalHook()
+				_ = s.reject(ctx, b.Account, b.Items[i].PayoutID, b.itemCommand(i), rej)
+			}
+		}
 		return nil, err
 	}
 	if fenced != nil {
@@ -131,17 +139,19 @@ func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rej
 		if !stopped && b.WhileCovered && claimed && p.State == pc.Pending {
 			available, err := o.funds.available(ctx, tx)
 			if err != nil {
-				return nil, nil, nil, err
+				return nil, rejs, nil, err
 			}
 			stopped = available < p.Amount
 		}
-		if stopped {
+		if stopped && p.State == pc.Pending {
+			// Left to wait for funds; any other item is judged as ever,
+			// its refusal recorded.
 			res[i] = pc.StepResult{Payout: p, PayoutID: p.ID}
 			continue
 		}
 		ch, rej, err := s.decideOne(ctx, tx, p, b.itemCommand(i), o.funds)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, rejs, nil, err
 		}
 		if rej != nil {
 			rej.fence = o.fence
@@ -151,7 +161,7 @@ func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rej
 		}
 		claimed = claimed || ch.claim
 		if ch, err = s.decideThen(ctx, tx, b, ch, o.funds); err != nil {
-			return nil, nil, nil, err
+			return nil, rejs, nil, err
 		}
 		chs, slots = append(chs, ch), append(slots, i)
 	}
@@ -162,10 +172,10 @@ func (s *Service) stepsTx(ctx context.Context, b Steps) ([]pc.StepResult, []*rej
 	tx.CommitAfterNextBatch() // COMMIT rides behind the write batch
 	out, err := writeChanges(ctx, tx, b.Cmd, o.fence.account, chs)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, rejs, nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, nil, nil, fmt.Errorf("commit %s of %d payouts: %w", b.label(), len(chs), err)
+		return nil, rejs, nil, fmt.Errorf("commit %s of %d payouts: %w", b.label(), len(chs), err)
 	}
 	for k, i := range slots {
 		res[i] = pc.StepResult{Payout: out[k], PayoutID: out[k].ID}

@@ -222,7 +222,59 @@ func TestStepsClaimWhileCovered(t *testing.T) {
 	// Without the flag the same uncovered item fails on funds.
 	res = e.steps(t, "acc-2", 6, "h", pc.StepClaim, items("po-z"))
 	wantState(t, res[0], pc.Failed)
+
+	// Past the stop only PENDING items wait: a claim of a finished payout
+	// is refused there as anywhere, with its evidence.
+	e.account(t, "acc-3", 1_000)
+	e.payout(t, "po-p", "acc-3", 400)
+	e.payout(t, "po-q", "acc-3", 700) // 600 left after po-p: the stop
+	e.payout(t, "po-r", "acc-3", 100)
+	e.drive(t, "po-r", pc.Posted, 7, "h")
+	res, err = e.exec.PostSteps(tctx(t), "acc-3", pc.StepsRequest{Token: 7, Holder: "h", Op: pc.StepClaim,
+		WhileCovered: true, Items: items("po-p", "po-q", "po-r")})
+	if err != nil || len(res) != 3 {
+		t.Fatalf("claim while covered: %+v, %v", res, err)
+	}
+	wantState(t, res[0], pc.Claimed)
+	wantState(t, res[1], pc.Pending)
+	if res[2].Err == nil || res[2].Err.Code != problem.InvalidTransition {
+		t.Fatalf("a POSTED payout after the stop: %+v, want invalid_transition", res[2])
+	}
+	if k := e.safetyKinds(t, "po-r"); strings.Join(k, ",") != pc.KindRejectedTransition {
+		t.Fatalf("po-r safety events %v, want one rejected_transition", k)
+	}
 	e.assertLedger(t)
+}
+
+// TestRefusedItemsKeepTheirEvidenceWhenTheWriteFails: a batch whose
+// accepted items cannot be written (the database refuses the write) rolls
+// back, and the items it refused keep their rejected_transition evidence:
+// they were never to be written, and their caller, finding them finished,
+// will not ask again.
+func TestRefusedItemsKeepTheirEvidenceWhenTheWriteFails(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 10_000)
+	e.payout(t, "po-ok", "acc-1", 100)
+	e.payout(t, "po-done", "acc-1", 100)
+	e.drive(t, "po-done", pc.Posted, 5, "h")
+	if _, err := e.svc.pool.Exec(tctx(t), `
+		CREATE FUNCTION refuse_write() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'write refused by the test'; END $$;
+		CREATE TRIGGER refuse_write BEFORE UPDATE ON payout FOR EACH ROW
+		WHEN (NEW.id = 'po-ok') EXECUTE FUNCTION refuse_write();`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.exec.PostSteps(tctx(t), "acc-1", pc.StepsRequest{Token: 6, Holder: "h", Op: pc.StepClaim, Items: items("po-ok", "po-done")})
+	if err == nil {
+		t.Fatal("a batch whose write the database refused was answered as applied")
+	}
+	if p, _ := e.exec.Payout(bg, "po-ok"); p.State != pc.Pending {
+		t.Fatalf("po-ok is %s after a failed write, want PENDING", p.State)
+	}
+	if k := e.safetyKinds(t, "po-done"); strings.Join(k, ",") != pc.KindRejectedTransition {
+		t.Fatalf("po-done safety events %v, want one rejected_transition", k)
+	}
 }
 
 // TestStepsWhileCoveredIsForClaims: while_covered on any other op is

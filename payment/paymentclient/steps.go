@@ -42,9 +42,10 @@ type StepItem struct {
 //
 // WhileCovered (claim only) makes the claims stop, once an item of the
 // request has been claimed, at the first PENDING item the account's
-// available funds do not cover: that item and every one after it are
-// answered as they stand, unchanged, to be claimed once the claimed ones
-// have settled — as if claimed one at a time. Without it such an item fails
+// available funds do not cover: that item and every PENDING one after it
+// are answered as they stand, unchanged, to be claimed once the claimed ones
+// have settled — as if claimed one at a time. An item in another state is
+// judged as without it. Without it such an item fails
 // with insufficient_funds, though a claimed one declined at the rail would
 // have given its money back.
 type StepsRequest struct {
