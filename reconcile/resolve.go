@@ -8,6 +8,7 @@ import (
 
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
@@ -47,7 +48,36 @@ type lookupEvidence struct {
 	SubmissionID int64                     `json:"submission_id"`
 	Outcome      proxyclient.Outcome       `json:"submission_outcome"`
 	RailItems    []proxyclient.RailPayment `json:"rail_items"`
-	AskedAt      time.Time                 `json:"asked_at"`
+	// RailItemsLeftOut counts the rail's payments left out of RailItems to
+	// keep the evidence within what the payment resource records; the
+	// proxy's lookup shows them all.
+	RailItemsLeftOut int       `json:"rail_items_left_out,omitempty"`
+	AskedAt          time.Time `json:"asked_at"`
+}
+
+// text is the evidence as the payment resource records it: at most
+// wire.MaxTextLen bytes of valid text. The rail's payments are its own text
+// and as many as it holds for the client reference (a duplicate payment
+// adds one): their strings are made one line each, and the last ones are
+// left out, counted, while the whole is too long. Refused, the resolution
+// would be tried and refused again on every pass, the payout's money held.
+func (ev lookupEvidence) text() (string, error) {
+	items := make([]proxyclient.RailPayment, len(ev.RailItems))
+	for i, it := range ev.RailItems {
+		for _, f := range []*string{&it.RailRef, &it.ClientRef, &it.Currency, &it.BeneficiaryRef, &it.Status, &it.DeclineCode, &it.At} {
+			*f = wire.OneLine(*f, wire.MaxRefLen)
+		}
+		items[i] = it
+	}
+	ev.RailItems = items
+	for {
+		raw, err := json.Marshal(ev)
+		if err != nil || len(raw) <= wire.MaxTextLen || len(ev.RailItems) == 0 {
+			return string(raw), err
+		}
+		ev.RailItems = ev.RailItems[:len(ev.RailItems)-1]
+		ev.RailItemsLeftOut++
+	}
 }
 
 func (r *Reconciler) leave(rep *Report, p pc.Payout, format string, args ...any) {
@@ -149,12 +179,12 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
 	if ev.RailItems == nil {
 		ev.RailItems = []proxyclient.RailPayment{}
 	}
-	raw, err := json.Marshal(ev)
+	evidence, err := ev.text()
 	if err != nil {
 		r.leave(rep, p, "could not encode the evidence: %v", err)
 		return
 	}
-	out, err := r.c.Payment.Resolve(ctx, p.ID, lease.Token, lease.Holder, res, string(raw))
+	out, err := r.c.Payment.Resolve(ctx, p.ID, lease.Token, lease.Holder, res, evidence)
 	switch {
 	case problem.Has(err, problem.FencedOut):
 		log.Warn("resolution fenced out at the payment resource: a newer holder owns the account", obs.KeyEvent, "fenced_out", obs.KeyError, err.Error())
@@ -168,6 +198,6 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
 	log.Info("ambiguous payout resolved from rail evidence", "resolution", string(res), "state", string(out.State), "rail_payments", len(lk.RailItems))
 	rep.Resolved = append(rep.Resolved, Resolved{
 		PayoutID: p.ID, AccountID: p.AccountID, ClientRef: p.ClientRef, Resolution: string(res),
-		State: string(out.State), Token: lease.Token, Evidence: string(raw),
+		State: string(out.State), Token: lease.Token, Evidence: evidence,
 	})
 }

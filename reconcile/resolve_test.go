@@ -239,3 +239,42 @@ func TestDeclinedButSettledAmbiguousPayoutIsReported(t *testing.T) {
 		time.Sleep(200 * time.Millisecond) // the rail's settlement window, not synchronisation
 	}
 }
+
+// TestResolutionEvidenceOfManyRailPaymentsFits: the evidence recorded with
+// a resolution lists the rail's payments of the client reference, and the
+// rail may hold more of them than the payment resource records text for
+// (here fifteen, with long beneficiary references). The evidence keeps what
+// fits and counts the rest, so the payout is resolved instead of refused on
+// every pass with its money held.
+func TestResolutionEvidenceOfManyRailPaymentsFits(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	ben := strings.Repeat("B", 200)
+	p, err := e.pay.CreatePayout(ctxT(t), pc.CreatePayoutRequest{ID: uniq("po"), AccountID: acc, Amount: 55, Currency: "EUR", BeneficiaryRef: ben})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = e.ambiguous(t, p, railclient.Faults{TimeoutAfterAccept: 1})
+	const more = 14
+	for range more {
+		if _, err := e.railPay.Pay(ctxT(t), railclient.PaymentRequest{ClientRef: p.ClientRef, Amount: p.Amount, Currency: p.Currency, BeneficiaryRef: ben}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator)
+	x := resolveUntil(t, r, p.ID)
+	if x.State != string(pc.RailAcked) {
+		t.Fatalf("resolved %+v, want RAIL_ACKED", x)
+	}
+	var ev struct {
+		RailItems []proxyclient.RailPayment `json:"rail_items"`
+		LeftOut   int                       `json:"rail_items_left_out"`
+	}
+	if err := json.Unmarshal([]byte(x.Evidence), &ev); err != nil {
+		t.Fatalf("evidence %s: %v", x.Evidence, err)
+	}
+	if len(x.Evidence) > 4096 || ev.LeftOut == 0 || len(ev.RailItems)+ev.LeftOut != 1+more {
+		t.Fatalf("evidence of %d bytes lists %d rail payments and leaves out %d; want at most 4096 bytes accounting for all %d",
+			len(x.Evidence), len(ev.RailItems), ev.LeftOut, 1+more)
+	}
+}
