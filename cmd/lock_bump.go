@@ -24,8 +24,9 @@ func newLockBumpCmd(a *app) *cobra.Command {
 		Use:   "bump-tokens (--to N | --from-guards) --database-url-file FILE",
 		Short: "After restoring lockdb or promoting a replica (PostgreSQL backend), make every future token greater than N (D-13); never moves tokens down",
 		Long: "After restoring lockdb from a backup, or promoting an asynchronous replica of it, run this before the\n" +
-			"lock service grants again: with --to N, N at or above the highest fence either guard has stored\n" +
-			"(payouts reconcile prints it); with --from-guards, it reads both guards' GET /v1/fences/high itself\n" +
+			"lock service grants again (stop every lock service first): with --to N, N above the highest fence\n" +
+			"either guard has stored (payouts reconcile prints it) by a margin, since tokens granted after the\n" +
+			"backup may not have reached a guard yet; with --from-guards, it reads both guards' GET /v1/fences/high itself\n" +
 			"(with the operator or reconciler token) and bumps to the larger plus --margin. It refuses to move the\n" +
 			"token sequence down. For the etcd backend use etcdutl snapshot restore --bump-revision instead.",
 		Args: cobra.NoArgs,

@@ -73,7 +73,7 @@ func (p *prober) probeAll(targets []target) statusReport {
 			rep.Problems = append(rep.Problems, r.Role+": "+e)
 		}
 		if r.HighFence != nil && lockHigh != nil && *r.HighFence > *lockHigh {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("%s's high fence %d exceeds the lock service's high token %d: the lock service's tokens went back (restore without D-13?); new holders are fenced out until its tokens pass it: on the PostgreSQL backend `payouts lock bump-tokens --to %d --database-url-file FILE`, on etcd a restore with `etcdutl snapshot restore --bump-revision` (docs/operations.md, lock_service_rewound)",
+			rep.Problems = append(rep.Problems, fmt.Sprintf("%s's high fence %d exceeds the lock service's high token %d: the lock service's tokens went back (restore without D-13?) and it re-issues tokens already issued: accounts whose fence is above them stall, the others accept them; stop every lock service, then on the PostgreSQL backend `payouts lock bump-tokens --from-guards --database-url-file FILE` (or --to above %d by a margin), on etcd a restore with `etcdutl snapshot restore --bump-revision` (docs/operations.md, lock_service_rewound)",
 				r.Role, *r.HighFence, *lockHigh, *r.HighFence))
 		}
 	}

@@ -292,3 +292,57 @@ func TestComposeStateOnVolumes(t *testing.T) {
 		t.Errorf("the reconciler keeps no state file under the image's /var/lib/payouts: %v", stateFiles)
 	}
 }
+
+// TestComposeEtcdAutoCompaction: every etcd member compacts its history.
+// Deleting the grant log's keys does not shrink it, so without
+// auto-compaction etcd's database grows to its quota, raises NOSPACE and
+// refuses every write: the lock service grants nothing
+// (docs/lock-service.md, "Bounded state").
+func TestComposeEtcdAutoCompaction(t *testing.T) {
+	project := loadCompose(t)
+	for name, s := range project.Services {
+		if !strings.Contains(s.Image, "etcd") {
+			continue
+		}
+		setting := func(env, flag string) string {
+			if v := flagValue(s.Command, flag); v != "" {
+				return v
+			}
+			if v, ok := s.Environment[env]; ok && v != nil {
+				return *v
+			}
+			return ""
+		}
+		if mode := setting("ETCD_AUTO_COMPACTION_MODE", "auto-compaction-mode"); mode != "periodic" {
+			t.Errorf("%s: auto-compaction mode %q, want periodic (ETCD_AUTO_COMPACTION_MODE)", name, mode)
+		}
+		if r := setting("ETCD_AUTO_COMPACTION_RETENTION", "auto-compaction-retention"); r == "" || r == "0" {
+			t.Errorf("%s: no auto-compaction retention (ETCD_AUTO_COMPACTION_RETENTION, e.g. 1h)", name)
+		}
+	}
+}
+
+// TestComposePostgresHealthcheck: pg_isready over TCP. Over the local
+// socket it passes while the image's entrypoint runs its temporary
+// initialization server (socket only), before the databases exist.
+func TestComposePostgresHealthcheck(t *testing.T) {
+	project := loadCompose(t)
+	pg, ok := project.Services["postgres"]
+	if !ok || pg.HealthCheck == nil {
+		t.Fatal("compose has no postgres service with a healthcheck")
+	}
+	test := []string(pg.HealthCheck.Test)
+	if !slices.Contains(test, "pg_isready") || flagValueShort(test, "-h") == "" {
+		t.Errorf("postgres healthcheck %q: want pg_isready -h 127.0.0.1 (TCP, not the local socket)", test)
+	}
+}
+
+// flagValueShort is the value given to a short flag such as -h in args.
+func flagValueShort(args []string, flag string) string {
+	for i, a := range args {
+		if a == flag && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
+}
