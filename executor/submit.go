@@ -205,7 +205,7 @@ func noUsableAnswer(err error) bool {
 		return false
 	}
 	var pe *problem.Error
-	return !errors.As(err, &pe) || pe.Status() >= 500 || pe.Code == problem.Unavailable
+	return !errors.As(err, &pe) || pe.Status() >= 500 || pe.Code == problem.Unavailable || pe.Code == problem.Internal
 }
 
 // refused ends a payout whose submission the proxy refused without

@@ -103,8 +103,14 @@ func certPool(file string) (*x509.CertPool, error) {
 // deadline is each call's context (Client's WithTimeout), so a waiting
 // lock acquire is not cut short by a client-wide timeout.
 func NewHTTPClient(tlsCfg *tls.Config) *http.Client {
-	return &http.Client{Transport: newTransport(tlsCfg)}
+	return &http.Client{Transport: newTransport(tlsCfg), CheckRedirect: noRedirects}
 }
+
+// noRedirects answers a redirect with the redirect itself: the roles never
+// redirect, so one comes from something in between, and following it would
+// send a POST again elsewhere, or turn it into a GET whose answer reads as
+// the POST's. Decoded as an error of no known kind, its outcome is unknown.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // readHeaderTimeout is how long a server waits for a request's header,
 // a new connection's first request included; clientIdleTimeout is how

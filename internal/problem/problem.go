@@ -343,7 +343,15 @@ func Decode(resp *http.Response) error {
 func DecodeBody(statusCode int, raw []byte) error {
 	var b body
 	if err := json.Unmarshal(raw, &b); err != nil || b.Code == "" {
+		// Not a problem document: not the service's answer but something's
+		// in front of it (a load balancer, another server at that
+		// address). Its status says nothing about the request — a 404
+		// is not "no such payout" — beyond refused credentials and being
+		// unavailable; anything else is an answer of no known kind.
 		code := codeForStatus(statusCode)
+		if code != Unauthorized && code != Forbidden && code != Unavailable {
+			code = Internal
+		}
 		msg := string(raw)
 		if len(msg) > 200 {
 			msg = msg[:200]

@@ -82,3 +82,26 @@ func TestUnreachableDatabaseIsUnavailable(t *testing.T) {
 		t.Fatal("an ordinary error is no longer internal")
 	}
 }
+
+// TestAnAnswerThatIsNoProblemDocumentSaysNothingOfTheRequest: every role
+// answers an error with a problem document. A body that is not one comes
+// from something in front of the role (a load balancer's 404 page, another
+// server at that address), and its status does not mean what the role's
+// would: a 404 there is not "no such submission", which the executor would
+// act on. Only refused credentials and unavailability keep their meaning.
+func TestAnAnswerThatIsNoProblemDocumentSaysNothingOfTheRequest(t *testing.T) {
+	for status, want := range map[int]Code{
+		404: Internal, 405: Internal, 400: Internal, 409: Internal, 422: Internal, 302: Internal, 500: Internal,
+		401: Unauthorized, 403: Forbidden, 429: Unavailable, 502: Unavailable, 503: Unavailable, 504: Unavailable,
+	} {
+		err := DecodeBody(status, []byte("<html><body>Not Found</body></html>"))
+		var pe *Error
+		if !errors.As(err, &pe) || pe.Code != want {
+			t.Errorf("HTTP %d with an HTML body: %v; want code %s", status, err, want)
+		}
+	}
+	// The role's own problem document keeps its code.
+	if err := DecodeBody(404, []byte(`{"type":"about:blank","title":"not found","status":404,"code":"not_found","detail":"no submission"}`)); !Has(err, NotFound) {
+		t.Errorf("a not_found problem document decoded as %v", err)
+	}
+}
