@@ -115,7 +115,34 @@ func (f *serverFlags) setup(cmd *cobra.Command, a *app) (*serverEnv, error) {
 		}
 		env.Logger.Info("migrations applied", "db", string(f.db))
 	}
+	if err := checkSchema(cmd.Context(), env.Logger, f.db, env.DatabaseURL); err != nil {
+		return nil, err
+	}
 	return env, nil
+}
+
+// checkSchema refuses to serve from a database whose schema is older than
+// this binary's: its statements would fail on every call while the role
+// reports ready. A newer schema (replicas of the previous release while an
+// upgrade rolls out) is served, with a warning.
+func checkSchema(ctx context.Context, log *slog.Logger, db migrations.DB, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	want, err := migrations.Latest(db)
+	if err != nil {
+		return err
+	}
+	have, err := migrations.Version(ctx, db, url)
+	if err != nil {
+		return fmt.Errorf("%s: read its schema version: %w", db, err)
+	}
+	switch {
+	case have < want:
+		return fmt.Errorf("%s is at schema version %d and this binary needs %d: run `payouts migrate --db %s` (or start with --migrate)", db, have, want, db)
+	case have > want:
+		log.Warn("the database's schema is newer than this binary's; serving it: finish upgrading every replica", "db", string(db), "schema_version", have, "binary_schema_version", want)
+	}
+	return nil
 }
 
 // run runs the role (and the pprof listener, when asked for) until ctx

@@ -2,12 +2,18 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/payouts/payouts/dev/infra"
+	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/migrations"
 )
 
 // TestMigrateCLI runs `payouts migrate` against a PostgreSQL server started
@@ -51,6 +57,31 @@ func TestMigrateCLI(t *testing.T) {
 	}
 	if _, errOut, code := runCLI(t, []string{"PAYOUTS_DATABASE_URL="}, "migrate", "--db", "paydb"); code != 2 || !strings.Contains(errOut, "--database-url") {
 		t.Fatalf("missing --database-url: exit %d, stderr %q", code, errOut)
+	}
+
+	// A server refuses a schema older than its own instead of reporting
+	// ready and failing every call.
+	latest, err := migrations.Latest(migrations.PayDB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, pg.URL("paydb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = $1`, latest); err != nil {
+		t.Fatal(err)
+	}
+	sctx, scancel := context.WithTimeout(ctx, time.Minute)
+	defer scancel()
+	serve := exec.CommandContext(sctx, proctest.Binary(t), "serve", "payment", "--insecure-no-auth", "--listen", "127.0.0.1:0", "--database-url", pg.URL("paydb"))
+	var stderr strings.Builder
+	serve.Stderr = &stderr
+	err = serve.Run()
+	want := fmt.Sprintf("paydb is at schema version %d and this binary needs %d", latest-1, latest)
+	if sctx.Err() != nil || err == nil || !strings.Contains(stderr.String(), want) || !strings.Contains(stderr.String(), "payouts migrate --db paydb") {
+		t.Fatalf("serve payment on a schema one version behind: %v (still running: %v), stderr %q; want a refusal saying %q", err, sctx.Err() != nil, stderr.String(), want)
 	}
 }
 
