@@ -139,7 +139,9 @@ type Backend interface {
 	Locks(ctx context.Context, prefix string, limit int) ([]Lock, error)
 	// Grants pages the grant log in token order, tokens > after.
 	Grants(ctx context.Context, after fencing.Token, limit int) ([]GrantRecord, error)
-	// HighToken is the highest token ever issued (0 before the first).
+	// HighToken is at least every token ever issued, and every future
+	// token is above it (0 before the first): PostgreSQL's token sequence
+	// position, etcd's revision.
 	HighToken(ctx context.Context) (fencing.Token, error)
 	// Changed returns a channel that is signalled (best effort) when key may
 	// have become free, until cancel is called. Waiting acquires also retry

@@ -246,6 +246,19 @@ type sessionValue struct {
 	// expiry, as lockdb does: the lease that held them is gone.
 	LastHeartbeatAt time.Time `json:"last_heartbeat_at,omitzero"`
 	ClosedAt        time.Time `json:"closed_at,omitzero"`
+	// EndSeenAt is when compaction first found the session ended with no
+	// end recorded: etcd keeps no time for a lease's expiry (nor did a
+	// close before ClosedAt was written). Compaction deletes the record
+	// once its end is older than the retention.
+	EndSeenAt time.Time `json:"end_seen_at,omitzero"`
+}
+
+// end is when the ended session's record says it ended (zero: not known).
+func (v sessionValue) end() time.Time {
+	if v.Closed && !v.ClosedAt.IsZero() {
+		return v.ClosedAt
+	}
+	return v.EndSeenAt
 }
 
 func mustJSON(v any) string {

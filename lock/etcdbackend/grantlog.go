@@ -184,12 +184,19 @@ func (b *Backend) readKeys(ctx context.Context, keys []string, rev int64) ([]*mv
 	return out, err
 }
 
-// HighToken implements backend.Backend: the higher of the newest open
-// marker's CreateRevision and the last ended record's token, read keys
-// only (etcd answers from its in-memory index, without reading records).
-// The last ended record is looked for in windows of tokens below the
-// revision read at, each twice as wide as the last, for the reason Grants
-// gives: the newest records are near the top.
+// HighToken implements backend.Backend: 0 before the first grant, then
+// the store's revision at the read. Every token issued is a CreateRevision
+// at or below it and every future one is above it, as with the token
+// sequence's position on PostgreSQL. The highest grant's token alone can
+// be far below: after a restore with --bump-revision (D-13) the restored
+// grants are all below the guards' fences while the revision is above
+// them, and the correctly restored store was reported rewound until its
+// next grant (a restore without the bump still is: its revision is below
+// the fences). The grants are the newest open marker and the last ended
+// record, read keys only (etcd answers from its in-memory index, without
+// reading records). The last ended record is looked for in windows of
+// tokens below the revision read at, each twice as wide as the last, for
+// the reason Grants gives: the newest records are near the top.
 func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
 	high, err := retryCompacted(func() (fencing.Token, error) { return b.highToken(ctx) })
 	if err != nil {
@@ -220,10 +227,19 @@ func (b *Backend) highToken(ctx context.Context) (fencing.Token, error) {
 		}
 		if len(r.Kvs) > 0 {
 			t, err := b.endedToken(r.Kvs[0])
-			return fencing.Token(max(high, t)), err
+			return highAt(max(high, t), rev), err
 		}
 	}
-	return fencing.Token(high), nil
+	return highAt(high, rev), nil
+}
+
+// highAt is the high token when high is the highest grant's token at
+// revision rev (0: there is none).
+func highAt(high, rev int64) fencing.Token {
+	if high == 0 {
+		return 0
+	}
+	return fencing.Token(max(high, rev))
 }
 
 // expiring is a grant whose lock key vanished without a release or revoke
@@ -462,8 +478,8 @@ const (
 
 // Compact deletes ended grant records older than the retention (always
 // keeping the newest ended record, so the high token stays known), and the
-// records of sessions created before the retention that have ended (their
-// alive key is gone). It reports how many of each it deleted. Run calls it
+// records of sessions that ended (their alive key is gone) before the
+// retention. It reports how many of each it deleted. Run calls it
 // every CompactInterval; it is exported for tests and tools. etcd's own
 // history of the deleted keys goes with etcd's compaction (auto-compaction;
 // see docs/lock-service.md).
@@ -516,28 +532,66 @@ func (b *Backend) Compact(ctx context.Context) (grants, sessions int, err error)
 	if grants, err = b.deleteKeys(ctx, dels); err != nil {
 		return grants, 0, err
 	}
-	alive, err := b.cli.Get(ctx, b.alivePath(""), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	// A session's record goes once its end, not its creation, is before
+	// the cutoff, as lockdb's do: by its creation, a session opened before
+	// the cutoff was deleted at once when it ended, and then read as not
+	// found and a second close answered session_expired, not CLOSED. The
+	// alive keys and the records are read at one revision: a session
+	// created between two reads would look ended.
+	resp, err := b.cli.Txn(ctx).Then(
+		clientv3.OpGet(b.alivePath(""), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(b.sessionPath(""), clientv3.WithPrefix()),
+	).Commit()
 	if err != nil {
 		return grants, 0, classify("compact sessions", err)
 	}
-	live := make(map[string]bool, len(alive.Kvs))
-	for _, kv := range alive.Kvs {
+	alive, recs := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+	live := make(map[string]bool, len(alive))
+	for _, kv := range alive {
 		live[strings.TrimPrefix(string(kv.Key), b.alivePath(""))] = true
 	}
-	recs, err := b.cli.Get(ctx, b.sessionPath(""), clientv3.WithPrefix())
-	if err != nil {
-		return grants, 0, classify("compact sessions", err)
-	}
 	dels = dels[:0]
-	for _, kv := range recs.Kvs {
+	var undated []endedSession
+	for _, kv := range recs {
 		id := strings.TrimPrefix(string(kv.Key), b.sessionPath(""))
 		var rec sessionValue
-		if !live[id] && json.Unmarshal(kv.Value, &rec) == nil && rec.CreatedAt.Before(cutoff) {
+		if live[id] || json.Unmarshal(kv.Value, &rec) != nil {
+			continue
+		}
+		switch end := rec.end(); {
+		case end.IsZero():
+			undated = append(undated, endedSession{kv: kv, rec: rec})
+		case end.Before(cutoff):
 			dels = append(dels, string(kv.Key))
 		}
 	}
+	if err := inBatches(undated, expiryBatch, func(batch []endedSession) error { return b.dateEnds(ctx, batch, now) }); err != nil {
+		return grants, 0, classify("compact sessions", err)
+	}
 	sessions, err = b.deleteKeys(ctx, dels)
 	return grants, sessions, err
+}
+
+// endedSession is the record of a session that ended with no end recorded.
+type endedSession struct {
+	kv  *mvccpb.KeyValue
+	rec sessionValue
+}
+
+// dateEnds records now as the end of the sessions of batch, in one
+// transaction of one conditional transaction per record: a record changed
+// since it was read (a close in flight writing its own end) is left as it
+// is.
+func (b *Backend) dateEnds(ctx context.Context, batch []endedSession, now time.Time) error {
+	ops := make([]clientv3.Op, len(batch))
+	for i, s := range batch {
+		s.rec.EndSeenAt = now.UTC()
+		k := string(s.kv.Key)
+		ops[i] = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(k), "=", s.kv.ModRevision)},
+			[]clientv3.Op{clientv3.OpPut(k, mustJSON(s.rec))}, nil)
+	}
+	_, err := b.cli.Txn(ctx).Then(ops...).Commit()
+	return err
 }
 
 // deleteKeys deletes keys in transactions of compactOps.

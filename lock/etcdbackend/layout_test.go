@@ -71,6 +71,17 @@ func allGrants(t *testing.T, ctx context.Context, b backend.Backend, limit int) 
 	}
 }
 
+// revision is the store's revision now: once a grant was made, the high
+// token read after it is at least this.
+func revision(t *testing.T, ctx context.Context, cli *clientv3.Client) int64 {
+	t.Helper()
+	resp, err := cli.Get(ctx, "/revision")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
 // grantRecordsCounted is how many ended grant records etcd counted (which
 // it does for every key of a range it reads, whatever the limit) in the
 // range reads of calls.
@@ -156,8 +167,8 @@ func TestAGrantPageReadsItsOwnRecordsNotTheLog(t *testing.T) {
 
 // TestGrantPagesAndHighTokenCrossGaps: tokens are etcd revisions, and other
 // writes (or compaction of old records) leave gaps between grants far wider
-// than a page. The log reads across them and the high token is found
-// below them.
+// than a page. The log reads across them, and the grants below them are
+// found: the high token is the store's revision, not 0.
 func TestGrantPagesAndHighTokenCrossGaps(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -195,16 +206,18 @@ func TestGrantPagesAndHighTokenCrossGaps(t *testing.T) {
 	if recs, err := b.Grants(ctx, first, 1); err != nil || len(recs) != 1 || recs[0].Token != second {
 		t.Fatalf("page after %d: %+v %v; want token %d", first, recs, err, second)
 	}
-	if high, err := b.HighToken(ctx); err != nil || high != second {
-		t.Fatalf("high token below a gap: %d %v; want %d", high, err, second)
+	rev := revision(t, ctx, cli)
+	if high, err := b.HighToken(ctx); err != nil || int64(high) < rev {
+		t.Fatalf("high token with the last grant, %d, below a gap: %d %v; want at least the revision %d", second, high, err, rev)
 	}
 	open, err := b.Acquire(ctx, "gap:open", s.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	gap()
-	if high, err := b.HighToken(ctx); err != nil || high != open.Token {
-		t.Fatalf("high token with a held grant: %d %v; want %d", high, err, open.Token)
+	rev = revision(t, ctx, cli)
+	if high, err := b.HighToken(ctx); err != nil || int64(high) < rev {
+		t.Fatalf("high token with a held grant, %d, below a gap: %d %v; want at least the revision %d", open.Token, high, err, rev)
 	}
 }
 
@@ -348,8 +361,9 @@ func TestEarlierLayoutIsMigrated(t *testing.T) {
 			t.Errorf("grant %d after the move: granted at %v; want %v", i, r.GrantedAt, at)
 		}
 	}
-	if high, err := b.HighToken(ctx); err != nil || high != endedHereToken {
-		t.Errorf("high token after the move: %d %v; want %d", high, err, endedHereToken)
+	rev := revision(t, ctx, cli)
+	if high, err := b.HighToken(ctx); err != nil || int64(high) < rev {
+		t.Errorf("high token after the move: %d %v; want at least the revision %d", high, err, rev)
 	}
 	running(t, ctx, b)
 	waitExpired(t, ctx, b, lapsedToken)
@@ -400,8 +414,8 @@ func TestAGrantPageIsReadAtOneRevision(t *testing.T) {
 
 // TestHighTokenIsReadAtOneRevision: the high token's reads are at one
 // revision, so a grant made and released between them, and a compaction
-// that deletes the record they look for, cannot make it lower than the
-// highest token of any moment.
+// that deletes the record they look for, cannot make them find no grant
+// (a high token of 0): it is the revision of the first read.
 func TestHighTokenIsReadAtOneRevision(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -428,8 +442,50 @@ func TestHighTokenIsReadAtOneRevision(t *testing.T) {
 	if err != nil || newer == 0 {
 		t.Fatalf("high token: %v (newer grant %d)", err, newer)
 	}
-	if high != old {
-		t.Fatalf("high token read while %d was made and %d compacted away: %d; want %d, the highest when the read began", newer, old, high, old)
+	if high < old || high >= newer {
+		t.Fatalf("high token read while %d was made and %d compacted away: %d; want the revision when the read began, from %d to %d", newer, old, high, old, newer-1)
+	}
+}
+
+// TestHighTokenCoversTheStoresRevision: every future token (a
+// CreateRevision) is above the store's current revision, so the high
+// token is at least that revision, not only the highest grant's token.
+// After a restore with --bump-revision (D-13) the restored grants are all
+// below the guards' fences and the bumped revision above them: before,
+// the high token was the highest restored grant, and the reconciler and
+// payouts status reported the correctly restored store as rewound until a
+// new grant was made. Writes that are not grants move the revision here.
+func TestHighTokenCoversTheStoresRevision(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, cli, b := countedBackend(t, ctx)
+	s, err := b.CreateSession(ctx, "w", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := makeGrants(t, ctx, b, s.ID, "rev:last", 1)[0]
+	var rev int64
+	for i := range 100 {
+		resp, err := cli.Put(ctx, fmt.Sprintf("/rev-gap/%d", i), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev = resp.Header.Revision
+	}
+	high, err := b.HighToken(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(high) < rev || high < last {
+		t.Fatalf("high token %d; want at least the store's revision %d (the last grant's token is %d)", high, rev, last)
+	}
+	next, err := b.Acquire(ctx, "rev:next", s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.Token <= high {
+		t.Fatalf("next grant's token %d; want above the high token %d", next.Token, high)
 	}
 }
 

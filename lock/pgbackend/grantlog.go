@@ -3,9 +3,11 @@ package pgbackend
 import (
 	"context"
 	"fmt"
+	"maps"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/payouts/payouts/internal/pgpool"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/fencing"
 )
@@ -93,7 +95,16 @@ func bumpTokens(ctx context.Context, databaseURL string, to fencing.Token, floor
 	if !to.Valid() {
 		return 0, fmt.Errorf("bump-tokens: --to %d is not a valid token (1 .. 2^53-1)", int64(to))
 	}
-	conn, err := pgx.Connect(ctx, databaseURL)
+	cc, err := pgx.ParseConfig(databaseURL)
+	if err != nil {
+		return 0, fmt.Errorf("bump-tokens: parse database URL: %w", err)
+	}
+	// The bump is reported done only once its commit is durable, whatever
+	// lockdb's default: with asynchronous commit a crash right after could
+	// lose it, and the sequence would issue tokens the guards have seen
+	// (INV-04). The same settings as the service's pool (Open).
+	maps.Copy(cc.RuntimeParams, pgpool.DurableCommits())
+	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return 0, fmt.Errorf("bump-tokens: connect: %w", err)
 	}

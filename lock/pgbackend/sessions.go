@@ -68,15 +68,22 @@ func (b *Backend) KeepAlive(ctx context.Context, id string) (backend.Session, er
 	return s, b.classify("keepalive", err)
 }
 
-// closeSessionSQL closes a live session, frees its locks and ends their
-// grants as released, in one statement.
+// closeSessionSQL closes a live session; closeEntriesSQL then frees its
+// locks and ends their grants as released. They are two statements of one
+// transaction, not one: the close's update waits for the session's row
+// while an acquire holds it FOR SHARE, and a statement sees only what had
+// committed when it began, so a delete in the same statement would miss the
+// lock that acquire commits meanwhile and leave it held by a CLOSED session
+// (for the reaper to end as expired). The delete begins after the update
+// has the row: every acquire that granted to the session has committed by
+// then, and no other can (it finds the session closed).
 const closeSessionSQL = `
-WITH s AS (
 	UPDATE lock_session SET state = 'CLOSED', expires_at = least(expires_at, now())
-	 WHERE id = $1 AND lock_session_live(state, expires_at)
-	RETURNING id
-), d AS (
-	DELETE FROM lock_entry WHERE session_id IN (SELECT id FROM s) RETURNING key, token
+	 WHERE id = $1 AND lock_session_live(state, expires_at)`
+
+const closeEntriesSQL = `
+WITH d AS (
+	DELETE FROM lock_entry WHERE session_id = $1 RETURNING key, token
 ), g AS (
 	UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'released', actor = 'session closed'
 	 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
@@ -84,14 +91,23 @@ WITH s AS (
 ), n AS (
 	SELECT pg_notify('` + notifyChannel + `', d.key) FROM d
 )
-SELECT EXISTS (SELECT 1 FROM s), (SELECT count(*) FROM g), (SELECT count(*) FROM n)`
+SELECT (SELECT count(*) FROM g), (SELECT count(*) FROM n)`
 
-// CloseSession implements backend.Backend. Its statement deletes several
+// CloseSession implements backend.Backend. Its delete removes several
 // entries, as a batch of releases does, each in its own order: when
-// PostgreSQL aborts it as a deadlock it had no effect, and runs again.
+// PostgreSQL aborts it as a deadlock the transaction had no effect, and
+// runs again. It runs at READ COMMITTED whatever the database's default,
+// so that the delete takes a snapshot of its own.
 func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session, error) {
 	closed, err := againIfRetryable(func() (closed bool, err error) {
-		err = b.pool.QueryRow(ctx, closeSessionSQL, id).Scan(&closed, new(int64), new(int64))
+		err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, closeSessionSQL, id)
+			if err != nil || tag.RowsAffected() == 0 {
+				return err
+			}
+			closed = true
+			return tx.QueryRow(ctx, closeEntriesSQL, id).Scan(new(int64), new(int64))
+		})
 		return closed, err
 	})
 	if err != nil {
