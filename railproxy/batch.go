@@ -169,6 +169,10 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 	// As for a single submission: from here on the caller going away
 	// changes nothing.
 	detached := context.WithoutCancel(r.Context())
+	if !s.enter() {
+		return shuttingDown()
+	}
+	defer s.forwards.Done()
 	// While the rail is paused, the items past those admitted (none, or
 	// one: the probe) are answered without being written or forwarded.
 	admitted := s.gate.Admit(s.now(), len(reqs))

@@ -86,6 +86,10 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) error {
 	// From here on the caller going away changes nothing: an interrupted
 	// commit would leave us not knowing whether the intent was written.
 	detached := context.WithoutCancel(r.Context())
+	if !s.enter() {
+		return shuttingDown()
+	}
+	defer s.forwards.Done()
 	if s.gate.Admit(s.now(), 1) == 0 {
 		return s.paused(detached, w, log, []proxyclient.SubmitRequest{req})
 	}

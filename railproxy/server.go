@@ -33,6 +33,7 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/pgpool"
+	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/railgate"
 	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
@@ -70,6 +71,9 @@ type Config struct {
 	crashPoint string
 	// now is the rail pause's clock (tests only; default time.Now).
 	now func() time.Time
+	// shutdownGrace is the HTTP server's grace for in-flight requests at
+	// shutdown (tests only; default httpx's).
+	shutdownGrace time.Duration
 }
 
 // Crash points (test builds only): see crashpoint_on.go.
@@ -92,7 +96,12 @@ type Server struct {
 	// usable answer (pause.go); its clock is cfg.now.
 	gate railgate.Gate
 
-	forwards sync.WaitGroup // detached rail calls still running
+	// forwards counts the submissions being handled past their decoding
+	// and the rail calls they start, detached from their callers; closing,
+	// set when shutdown waits for them, refuses new ones (enter).
+	fmu      sync.Mutex
+	closing  bool
+	forwards sync.WaitGroup
 	inflight sync.Map       // payout id -> struct{} while its rail call runs
 
 	// afterRefusal, when set (tests only), runs after a fenced-out
@@ -163,7 +172,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	cfg.Registry.MustRegister(newUnresolvedCollector(s.st, s.resolvableAge(), cfg.Logger))
 	s.http = httpx.NewServer(httpx.Config{
 		Role: "proxy", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,
-		RequestTimeout: cfg.RequestTimeout,
+		RequestTimeout: cfg.RequestTimeout, ShutdownTimeout: cfg.shutdownGrace,
 		Ready:          []httpx.Check{func(ctx context.Context) error { return pool.Ping(ctx) }},
 		TLS:            cfg.TLS,
 	})
@@ -197,8 +206,39 @@ func (s *Server) Listen() (net.Addr, error) { return s.http.Listen() }
 // detached rail call to finish and be recorded.
 func (s *Server) Serve(ctx context.Context) error {
 	err := s.http.Serve(ctx)
-	s.forwards.Wait()
+	s.drain()
 	return err
+}
+
+// enter counts a submission in for the shutdown to wait for, unless the
+// shutdown has begun (false: it must write and forward nothing). A handler
+// the HTTP server's grace did not wait for is still waited for here, with
+// every rail call it starts: the process never exits between a committed
+// intent and its forward, nor during a rail call.
+func (s *Server) enter() bool {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.forwards.Add(1)
+	return true
+}
+
+// drain refuses new submissions and waits for those entered and their rail
+// calls.
+func (s *Server) drain() {
+	s.fmu.Lock()
+	s.closing = true
+	s.fmu.Unlock()
+	s.forwards.Wait()
+}
+
+// shuttingDown is the answer to a submission that arrives once the
+// shutdown has begun: nothing was recorded or forwarded.
+func shuttingDown() error {
+	return problem.New(problem.Unavailable, "the proxy is shutting down: the submission was not recorded or forwarded; submit it to another proxy or later").
+		With(proxyclient.ForwardedExtension, false)
 }
 
 // Handler is the full HTTP handler.
@@ -206,7 +246,7 @@ func (s *Server) Handler() http.Handler { return s.http.Handler() }
 
 // Close waits for detached rail calls and closes the database pool.
 func (s *Server) Close() {
-	s.forwards.Wait()
+	s.drain()
 	s.st.outcomes.Wait()
 	s.pool.Close()
 }
