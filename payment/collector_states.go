@@ -32,16 +32,17 @@ const (
 	terminalRecountTimeout = time.Minute
 )
 
-// stateCollector reads the payouts per state and the age of the oldest
-// unresolved ambiguous payout from paydb when /metrics is scraped, so the
-// numbers are exact whichever process or restart moved the payouts
-// (counters of transitions cannot be: they restart at zero).
+// stateCollector reads the payouts per state, the age of the oldest payout
+// in each state an executor moves, and the age of the oldest unresolved
+// ambiguous payout from paydb when /metrics is scraped, so the numbers are
+// exact whichever process or restart moved the payouts (counters of
+// transitions cannot be: they restart at zero).
 type stateCollector struct {
-	pool                              *pgxpool.Pool
-	log                               *slog.Logger
-	sla                               time.Duration
-	byState, oldestAmbiguous, slaDesc *prometheus.Desc
-	errors                            prometheus.Counter
+	pool                                          *pgxpool.Pool
+	log                                           *slog.Logger
+	sla                                           time.Duration
+	byState, oldestOpen, oldestAmbiguous, slaDesc *prometheus.Desc
+	errors                                        prometheus.Counter
 
 	// every is how old the terminal counts may be before a scrape has
 	// them recounted (terminalRecountEvery; tests shorten it).
@@ -68,13 +69,15 @@ func newStateCollector(pool *pgxpool.Pool, log *slog.Logger, sla time.Duration, 
 		pool: pool, log: log, sla: sla, every: terminalRecountEvery, stop: stop,
 		byState: prometheus.NewDesc("payouts_payment_payouts",
 			"Payouts in each state, read from paydb: the open states at scrape time, the terminal states (POSTED, FAILED, ABANDONED) recounted at most once a minute.", []string{"state"}, nil),
+		oldestOpen: prometheus.NewDesc("payouts_payment_oldest_open_age_seconds",
+			"Age (since it was created) of the oldest payout in each state an executor moves on its own (PENDING, CLAIMED, RAIL_SUBMITTED, RAIL_ACKED), read from paydb at scrape time; 0 when none is in it. Executors move a payout through these in seconds: one that stays for minutes means no executor is working, executors cannot reach a role they need (payment resource, proxy, lock service), or the rail is paused (alert PayoutsStuck).", []string{"state"}, nil),
 		oldestAmbiguous: prometheus.NewDesc("payouts_payment_oldest_ambiguous_age_seconds",
 			"Age of the oldest payout in RAIL_AMBIGUOUS (since it was submitted to the rail), read from paydb at scrape time; 0 when none is ambiguous.", nil, nil),
 		slaDesc: prometheus.NewDesc("payouts_payment_resolution_sla_seconds",
 			"The resolution SLA (--resolution-sla): an ambiguous payout older than this needs an operator, who may then abandon it.", nil, nil),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "payouts_payment_state_scrape_errors_total",
-			Help: "Reads of payouts by state from paydb that failed or timed out: a scrape's count of the open states (that scrape lacks payouts_payment_payouts and payouts_payment_oldest_ambiguous_age_seconds) or a recount of the terminal states (scrapes keep the previous terminal counts, or lack them while none was ever read).",
+			Help: "Reads of payouts by state from paydb that failed or timed out: a scrape's count of the open states (that scrape lacks payouts_payment_payouts, payouts_payment_oldest_open_age_seconds and payouts_payment_oldest_ambiguous_age_seconds) or a recount of the terminal states (scrapes keep the previous terminal counts, or lack them while none was ever read).",
 		}),
 	}
 }
@@ -92,11 +95,12 @@ func inList(terminal bool) string {
 	return "(" + strings.Join(lits, ", ") + ")"
 }
 
-// openStateQuery counts the payouts in each open state, the backlog, and
-// finds the oldest ambiguous payout among the (few) RAIL_AMBIGUOUS rows
-// only. The age is measured as the reconciler's ambiguous_over_sla check
+// openStateQuery counts the payouts in each open state, the backlog, with
+// the age of the oldest payout in each (since its creation), and finds the
+// oldest ambiguous payout among the (few) RAIL_AMBIGUOUS rows only. That
+// ambiguous age is measured as the reconciler's ambiguous_over_sla check
 // measures it. It reads no terminal payout.
-var openStateQuery = `SELECT state, count(*),
+var openStateQuery = `SELECT state, count(*), EXTRACT(EPOCH FROM now() - min(created_at))::float8,
 	COALESCE(EXTRACT(EPOCH FROM now() - (SELECT min(COALESCE(submitted_at, claimed_at, created_at))
 		FROM payout WHERE state = '` + string(pc.RailAmbiguous) + `'))::float8, 0)
 	FROM payout WHERE state IN ` + inList(false) + ` GROUP BY state`
@@ -107,6 +111,7 @@ var terminalStateQuery = `SELECT state, count(*) FROM payout WHERE state IN ` + 
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.byState
+	ch <- c.oldestOpen
 	ch <- c.oldestAmbiguous
 	ch <- c.slaDesc
 	c.errors.Describe(ch)
@@ -117,7 +122,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	defer c.errors.Collect(ch)
 	ctx, cancel := context.WithTimeout(c.stop, stateQueryTimeout)
 	defer cancel()
-	open, oldest, err := c.readOpen(ctx)
+	open, err := c.readOpen(ctx)
 	if err != nil {
 		c.errors.Inc()
 		c.log.Warn("payouts by state could not be read for /metrics", slog.Any("error", err))
@@ -132,7 +137,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	// rather than vanishing from the graphs. Terminal states are left out
 	// only while no count of them was ever read.
 	for _, s := range pc.States {
-		n := open[string(s)]
+		n := open.counts[string(s)]
 		if s.Terminal() {
 			if terminal == nil {
 				continue
@@ -141,18 +146,49 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.byState, prometheus.GaugeValue, float64(n), string(s))
 	}
-	ch <- prometheus.MustNewConstMetric(c.oldestAmbiguous, prometheus.GaugeValue, oldest)
+	// The states an executor moves on its own, zeros included: an age
+	// that is 0 rather than absent when the state empties, so an alert on
+	// it resolves.
+	for _, s := range pc.States {
+		if s.Actionable() {
+			ch <- prometheus.MustNewConstMetric(c.oldestOpen, prometheus.GaugeValue, open.oldest[string(s)], string(s))
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.oldestAmbiguous, prometheus.GaugeValue, open.oldestAmbiguous)
 }
 
-// readOpen runs openStateQuery.
-func (c *stateCollector) readOpen(ctx context.Context) (map[string]int64, float64, error) {
-	var oldest float64
-	counts, err := c.count(ctx, openStateQuery, &oldest)
-	return counts, max(oldest, 0), err
+// openRead is what openStateQuery reads: per open state, its payouts and
+// the age in seconds of its oldest one (since created_at); and the age of
+// the oldest ambiguous payout (0 when none).
+type openRead struct {
+	counts          map[string]int64
+	oldest          map[string]float64
+	oldestAmbiguous float64
 }
 
-// count runs a query of (state, count[, extra]) rows.
-func (c *stateCollector) count(ctx context.Context, sql string, extra ...any) (map[string]int64, error) {
+// readOpen runs openStateQuery. No age is reported negative (as a step
+// back of the database host's clock could make it).
+func (c *stateCollector) readOpen(ctx context.Context) (openRead, error) {
+	r := openRead{counts: map[string]int64{}, oldest: map[string]float64{}}
+	rows, err := c.pool.Query(ctx, openStateQuery)
+	if err != nil {
+		return r, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var state string
+		var n int64
+		var age, ambiguous float64
+		if err := rows.Scan(&state, &n, &age, &ambiguous); err != nil {
+			return r, err
+		}
+		r.counts[state], r.oldest[state], r.oldestAmbiguous = n, max(age, 0), max(ambiguous, 0)
+	}
+	return r, rows.Err()
+}
+
+// count runs a query of (state, count) rows.
+func (c *stateCollector) count(ctx context.Context, sql string) (map[string]int64, error) {
 	rows, err := c.pool.Query(ctx, sql)
 	if err != nil {
 		return nil, err
@@ -162,7 +198,7 @@ func (c *stateCollector) count(ctx context.Context, sql string, extra ...any) (m
 	for rows.Next() {
 		var state string
 		var n int64
-		if err := rows.Scan(append([]any{&state, &n}, extra...)...); err != nil {
+		if err := rows.Scan(&state, &n); err != nil {
 			return nil, err
 		}
 		counts[state] = n

@@ -63,6 +63,86 @@ func TestStateCollector(t *testing.T) {
 	}
 }
 
+// The age of the oldest payout in each state an executor moves on its own
+// (every open state but RAIL_AMBIGUOUS, which waits for the rail and has
+// its own gauge) is read at every scrape, counted from the payout's
+// creation by the database clock: every such state has a series, 0 when no
+// payout is in it, and no finished or ambiguous payout counts, however old.
+func TestStateCollectorOldestOpenAge(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ages := func() map[string]float64 {
+		t.Helper()
+		got := series(t, e.reg, "payouts_payment_oldest_open_age_seconds", "state")
+		var want []string
+		for _, s := range pc.States {
+			if !s.Terminal() && s != pc.RailAmbiguous {
+				want = append(want, string(s))
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("payouts_payment_oldest_open_age_seconds = %v, want one series for each of %v", got, want)
+		}
+		for _, s := range want {
+			if _, ok := got[s]; !ok {
+				t.Fatalf("payouts_payment_oldest_open_age_seconds = %v, no series for %s", got, s)
+			}
+		}
+		return got
+	}
+	about := func(got map[string]float64, s pc.State, want float64) {
+		t.Helper()
+		if v := got[string(s)]; v < want || v > want+600 {
+			t.Fatalf("oldest %s payout %.0fs old, want about %.0fs (all: %v)", s, v, want, got)
+		}
+	}
+	if got := ages(); !maps.Equal(got, map[string]float64{"PENDING": 0, "CLAIMED": 0, "RAIL_SUBMITTED": 0, "RAIL_ACKED": 0}) {
+		t.Fatalf("ages with no payouts: %v, want every state at 0", got)
+	}
+
+	e.account(t, "acc-1", 10_000)
+	e.account(t, "acc-2", 10_000)
+	e.account(t, "acc-3", 10_000)
+	// Old payouts that are finished or ambiguous: none of them counts.
+	e.payout(t, "po-posted", "acc-1", 100)
+	e.drive(t, "po-posted", pc.Posted, 5, "holder-a")
+	e.payout(t, "po-failed", "acc-1", 100)
+	e.drive(t, "po-failed", pc.Failed, 5, "holder-a")
+	e.payout(t, "po-abandoned", "acc-1", 100)
+	e.drive(t, "po-abandoned", pc.Abandoned, 5, "holder-a")
+	e.payout(t, "po-amb", "acc-1", 100)
+	e.drive(t, "po-amb", pc.RailAmbiguous, 5, "holder-a")
+	backdate(t, e, `UPDATE payout SET created_at = now() - interval '10 hours' WHERE id IN ('po-posted', 'po-failed', 'po-abandoned', 'po-amb')`)
+	if got := ages(); !maps.Equal(got, map[string]float64{"PENDING": 0, "CLAIMED": 0, "RAIL_SUBMITTED": 0, "RAIL_ACKED": 0}) {
+		t.Fatalf("ages with only finished and ambiguous payouts: %v, want every state at 0", got)
+	}
+
+	// Two hours PENDING beside a fresh PENDING one; half an hour CLAIMED.
+	e.payout(t, "po-old", "acc-2", 100)
+	e.payout(t, "po-new", "acc-2", 100)
+	e.payout(t, "po-claimed", "acc-3", 100)
+	e.drive(t, "po-claimed", pc.Claimed, 6, "holder-b")
+	backdate(t, e, `UPDATE payout SET created_at = now() - interval '2 hours' WHERE id = 'po-old'`)
+	backdate(t, e, `UPDATE payout SET created_at = now() - interval '30 minutes' WHERE id = 'po-claimed'`)
+	got := ages()
+	about(got, pc.Pending, 2*3600)
+	about(got, pc.Claimed, 30*60)
+	if got[string(pc.RailSubmitted)] != 0 || got[string(pc.RailAcked)] != 0 {
+		t.Fatalf("ages %v: want RAIL_SUBMITTED and RAIL_ACKED at 0 (no payout there)", got)
+	}
+
+	// The old one moves on: PENDING follows the fresh one, and the age
+	// still counts from creation in its new state.
+	e.drive(t, "po-old", pc.RailSubmitted, 7, "holder-c")
+	got = ages()
+	about(got, pc.Pending, 0)
+	about(got, pc.Claimed, 30*60)
+	about(got, pc.RailSubmitted, 2*3600)
+	if got[string(pc.RailAcked)] != 0 {
+		t.Fatalf("ages %v: want RAIL_ACKED at 0", got)
+	}
+}
+
 // A scrape while paydb cannot answer loses the database-read series, not
 // the whole /metrics, and counts the failure.
 func TestStateCollectorWithoutDatabase(t *testing.T) {
@@ -72,8 +152,11 @@ func TestStateCollectorWithoutDatabase(t *testing.T) {
 	if got := series(t, e.reg, "payouts_payment_payouts", "state"); len(got) != 0 {
 		t.Fatalf("payouts by state with paydb closed: %v, want none", got)
 	}
-	if n := gaugeValue(t, e.reg, "payouts_payment_state_scrape_errors_total"); n != 2 {
-		t.Fatalf("scrape errors %v after two scrapes, want 2", n)
+	if got := series(t, e.reg, "payouts_payment_oldest_open_age_seconds", "state"); len(got) != 0 {
+		t.Fatalf("oldest open payout ages with paydb closed: %v, want none", got)
+	}
+	if n := gaugeValue(t, e.reg, "payouts_payment_state_scrape_errors_total"); n != 3 {
+		t.Fatalf("scrape errors %v after three scrapes, want 3", n)
 	}
 	if n := gaugeValue(t, e.reg, "payouts_payment_resolution_sla_seconds"); n <= 0 {
 		t.Fatalf("resolution SLA gauge %v", n)
