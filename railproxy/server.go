@@ -102,7 +102,7 @@ type Server struct {
 	fmu      sync.Mutex
 	closing  bool
 	forwards sync.WaitGroup
-	inflight sync.Map       // payout id -> struct{} while its rail call runs
+	inflight sync.Map // payout id -> struct{} while its rail call runs
 
 	// afterRefusal, when set (tests only), runs after a fenced-out
 	// submission's transaction has ended and before its evidence is recorded.
@@ -173,8 +173,8 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.http = httpx.NewServer(httpx.Config{
 		Role: "proxy", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,
 		RequestTimeout: cfg.RequestTimeout, ShutdownTimeout: cfg.shutdownGrace,
-		Ready:          []httpx.Check{func(ctx context.Context) error { return pool.Ping(ctx) }},
-		TLS:            cfg.TLS,
+		Ready: []httpx.Check{func(ctx context.Context) error { return pool.Ping(ctx) }},
+		TLS:   cfg.TLS,
 	})
 	s.routes(s.http.Router())
 	if !guardEnabled {
