@@ -29,7 +29,7 @@ var wantSeries = []string{
 	"payouts_lock_grants_total", "payouts_lock_expirations_total", "payouts_lock_expired_sessions_total", "payouts_lock_revocations_total",
 	"payouts_payment_fenced_out_total", "payouts_payment_token_regressions_total", "payouts_payment_transitions_total",
 	"payouts_payment_ledger_drift_accounts", "payouts_payment_ledger_unbalanced_groups",
-	"payouts_payment_payouts", "payouts_payment_oldest_ambiguous_age_seconds", "payouts_payment_resolution_sla_seconds",
+	"payouts_payment_payouts", "payouts_payment_oldest_open_age_seconds", "payouts_payment_oldest_ambiguous_age_seconds", "payouts_payment_resolution_sla_seconds",
 	"payouts_proxy_fenced_out_total", "payouts_proxy_duplicate_attempts_total", "payouts_proxy_submissions_total",
 	"payouts_payment_guard_disabled", "payouts_proxy_guard_disabled", "payouts_rail_payments_total",
 	"payouts_executor_payouts_total", "payouts_executor_step_duration_seconds_bucket",
