@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/railgate"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
@@ -198,5 +200,34 @@ func TestANotSentAnswerSaysNothingOfTheRail(t *testing.T) {
 	}
 	if !e.rail.PausedUntil().IsZero() {
 		t.Fatal("the rail's own decline did not end the pause")
+	}
+}
+
+// TestAProxyShuttingDownSaysNothingOfTheRail: a proxy that refuses
+// submissions while it shuts down (503, nothing recorded or forwarded)
+// says nothing of the rail, so a batch sent to it does not pause the
+// executor's claims as a rail outage would; the proxy's own pause does
+// count.
+func TestAProxyShuttingDownSaysNothingOfTheRail(t *testing.T) {
+	e := newBareExecutor()
+	log := slog.New(slog.DiscardHandler)
+	r := &run{e: e, log: log}
+	report := func(p pc.Payout, _ proxyclient.Record) (pc.Payout, error) { return p, nil }
+	p := pc.Payout{ID: "po-1", State: pc.RailSubmitted}
+	unforwarded := problem.New(problem.Unavailable, "not recorded, not forwarded").With(proxyclient.ForwardedExtension, false)
+	down := problem.New(problem.Unavailable, "shutting down").With(proxyclient.ForwardedExtension, false).With(proxyclient.ShuttingDownExtension, true)
+	for range 2 * railgate.TripAfter {
+		if _, err := r.answered(p, proxyclient.Record{}, down, report); !errors.Is(err, errLeave) {
+			t.Fatalf("a submission refused by a proxy shutting down: %v; want the payout left for a later pass", err)
+		}
+	}
+	if !e.rail.PausedUntil().IsZero() {
+		t.Fatal("a proxy shutting down paused the executor's claims as a rail outage")
+	}
+	for range railgate.TripAfter {
+		_, _ = r.answered(p, proxyclient.Record{}, unforwarded, report)
+	}
+	if e.rail.PausedUntil().IsZero() {
+		t.Fatal("the proxy's rail pause did not count toward the executor's")
 	}
 }

@@ -179,6 +179,11 @@ func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report fu
 		// RAIL_SUBMITTED; a later pass asks the proxy first (D-4), then
 		// submits it again.
 		r.e.m.steps.WithLabelValues("submit", resultTransient).Inc()
+		if proxyclient.ShuttingDown(err) {
+			// A proxy going away says nothing of the rail.
+			log.Info("the proxy is shutting down: the payout stays RAIL_SUBMITTED for a later pass (nothing was sent)", obs.KeyError, err.Error())
+			return p, errLeave
+		}
 		log.Info("the proxy forwards nothing while the rail gives no usable answer: the payout stays RAIL_SUBMITTED for a later pass (nothing was sent)",
 			obs.KeyError, err.Error())
 		r.e.railAnswer(log, false)

@@ -238,7 +238,7 @@ func (s *Server) drain() {
 // shutdown has begun: nothing was recorded or forwarded.
 func shuttingDown() error {
 	return problem.New(problem.Unavailable, "the proxy is shutting down: the submission was not recorded or forwarded; submit it to another proxy or later").
-		With(proxyclient.ForwardedExtension, false)
+		With(proxyclient.ForwardedExtension, false).With(proxyclient.ShuttingDownExtension, true)
 }
 
 // Handler is the full HTTP handler.

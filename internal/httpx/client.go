@@ -135,12 +135,6 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	if err != nil {
 		return err
 	}
-	if method != http.MethodGet {
-		// Without GetBody the transport cannot send a written request
-		// again: HTTP/2 would otherwise resend it after a stream reset the
-		// server may have sent after acting on it (a payment at the rail).
-		req.GetBody = nil
-	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}

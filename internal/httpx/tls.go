@@ -126,7 +126,12 @@ func newTransport(tlsCfg *tls.Config) *http.Transport {
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		TLSClientConfig:     tlsCfg,
 		TLSHandshakeTimeout: 10 * time.Second,
-		ForceAttemptHTTP2:   tlsCfg != nil,
+		// HTTP/1.1 only, TLS or not. Go's HTTP/2 client sends a request
+		// again, body and all, when the server resets its stream with a
+		// protocol error, which a server may do after acting on it: a
+		// payment at the rail made twice. HTTP/1.1 sends a POST again only
+		// when not a byte of it was written.
+		ForceAttemptHTTP2: false,
 		// A worker pool of up to 256 callers (executor --concurrency)
 		// keeps its connections: fewer idle slots than callers means
 		// closing and re-dialling connections under load.

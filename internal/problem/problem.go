@@ -333,7 +333,8 @@ func Write(w http.ResponseWriter, err error) {
 
 // Decode turns a non-2xx response back into an *Error so errors.As works
 // across the process boundary. A body that is not a problem document
-// becomes an error with a code derived from the status.
+// becomes unauthorized, forbidden or unavailable by its status, and
+// internal (an answer of no known kind) otherwise.
 func Decode(resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	return DecodeBody(resp.StatusCode, raw)

@@ -286,6 +286,20 @@ func PausedUnforwarded(err error) bool {
 	return unforwarded(err, problem.Unavailable)
 }
 
+// ShuttingDownExtension is the problem member (true) of a submission the
+// proxy refused, unrecorded and unforwarded, because it is shutting down:
+// it says nothing of the rail.
+const ShuttingDownExtension = "shutting_down"
+
+// ShuttingDown reports whether err is a proxy refusing a submission, with
+// nothing recorded or forwarded, because it is shutting down (a
+// PausedUnforwarded answer that says nothing of the rail).
+func ShuttingDown(err error) bool {
+	var pe *problem.Error
+	var down bool
+	return PausedUnforwarded(err) && errors.As(err, &pe) && pe.Extension(ShuttingDownExtension, &down) && down
+}
+
 func unforwarded(err error, code problem.Code) bool {
 	var pe *problem.Error
 	if !errors.As(err, &pe) || pe.Code != code {
