@@ -157,13 +157,16 @@ func checkHealthcheck(t *testing.T, service string, s types.ServiceConfig, path,
 	return flags
 }
 
-// flagValue is the value given to --name in args ("" when absent).
+// flagValue is the value given to --name in args, or to a short flag given as "-h" ("" when absent).
 func flagValue(args []string, name string) string {
+	if !strings.HasPrefix(name, "-") {
+		name = "--" + name
+	}
 	for i, a := range args {
-		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
 			return v
 		}
-		if a == "--"+name && i+1 < len(args) {
+		if a == name && i+1 < len(args) {
 			return args[i+1]
 		}
 	}
@@ -332,17 +335,7 @@ func TestComposePostgresHealthcheck(t *testing.T) {
 		t.Fatal("compose has no postgres service with a healthcheck")
 	}
 	test := []string(pg.HealthCheck.Test)
-	if !slices.Contains(test, "pg_isready") || flagValueShort(test, "-h") == "" {
+	if h := flagValue(test, "-h"); !slices.Contains(test, "pg_isready") || (h != "127.0.0.1" && h != "localhost") {
 		t.Errorf("postgres healthcheck %q: want pg_isready -h 127.0.0.1 (TCP, not the local socket)", test)
 	}
-}
-
-// flagValueShort is the value given to a short flag such as -h in args.
-func flagValueShort(args []string, flag string) string {
-	for i, a := range args {
-		if a == flag && i+1 < len(args) {
-			return args[i+1]
-		}
-	}
-	return ""
 }

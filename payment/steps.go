@@ -68,12 +68,7 @@ func (s *Service) ApplySteps(ctx context.Context, b Steps) ([]pc.StepResult, err
 	if err != nil {
 		// The items refused before the error were never to be written:
 		// their evidence stands whether the others' write failed or not.
-		for i, rej := range rejs {
-			if rej != nil {
-				s.afterRefusalHook()
-				_ = s.reject(ctx, b.Account, b.Items[i].PayoutID, b.itemCommand(i), rej)
-			}
-		}
+		s.recordRejections(ctx, b, rejs, nil)
 		return nil, err
 	}
 	if fenced != nil {
@@ -82,13 +77,24 @@ func (s *Service) ApplySteps(ctx context.Context, b Steps) ([]pc.StepResult, err
 		cmd.Op = b.label()
 		return nil, s.reject(ctx, b.Account, b.Items[0].PayoutID, cmd, fenced)
 	}
+	s.recordRejections(ctx, b, rejs, res)
+	return res, nil
+}
+
+// recordRejections records the evidence of every item of b the transition
+// table refused (rejs[i] != nil) and, when res is not nil, puts each
+// item's problem in its slot.
+func (s *Service) recordRejections(ctx context.Context, b Steps, rejs []*rejection, res []pc.StepResult) {
 	for i, rej := range rejs {
-		if rej != nil {
-			s.afterRefusalHook()
-			res[i].Err = problem.From(s.reject(ctx, b.Account, b.Items[i].PayoutID, b.itemCommand(i), rej))
+		if rej == nil {
+			continue
+		}
+		s.afterRefusalHook()
+		err := s.reject(ctx, b.Account, b.Items[i].PayoutID, b.itemCommand(i), rej)
+		if res != nil {
+			res[i].Err = problem.From(err)
 		}
 	}
-	return res, nil
 }
 
 func (s *Service) afterRefusalHook() {

@@ -34,7 +34,7 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 	if rep.HighestFence > lockHigh {
 		rep.add(CheckLockRewound, map[string]any{
 			"highest_fence": rep.HighestFence, "paydb_high_fence": payHigh, "proxy_high_fence": proxyHigh, "lock_high_token": lockHigh,
-		}, "the guards store fence %d but the lock service has issued only up to %d: it was restored or rewound and will re-issue tokens already issued (stop the lock services and bump it above %d by a margin, DESIGN D-13)",
+		}, "the guards store fence %d but the lock service's tokens reach only %d: it was restored or rewound and will re-issue tokens already issued (stop the lock services and bump it above %d by a margin, DESIGN D-13)",
 			rep.HighestFence, lockHigh, rep.HighestFence)
 	}
 

@@ -53,7 +53,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"guard"}),
 		lockHighToken: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "payouts_reconcile_lock_high_token",
-			Help: "Highest token the lock service reports having issued.",
+			Help: "The lock service's high token: at or above every token it has issued, below every one it will issue.",
 		}),
 		up: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "payouts_reconcile_up",

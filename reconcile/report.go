@@ -129,7 +129,8 @@ type Report struct {
 	HighestFence fencing.Token `json:"highest_fence"`
 	PayDBFence   fencing.Token `json:"paydb_high_fence"`
 	ProxyFence   fencing.Token `json:"proxy_high_fence"`
-	// LockHighToken is the highest token the lock service has issued.
+	// LockHighToken is the lock service's high token: at or above every
+	// token it has issued, below every one it will issue (GET /v1/tokens/high).
 	LockHighToken fencing.Token `json:"lock_high_token"`
 	// Counts are the findings per check, including any not listed
 	// because of the listing cap.
@@ -249,7 +250,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(tw, "\nhighest fence stored by either guard: %d (paydb %d, proxy %d)\n", r.HighestFence, r.PayDBFence, r.ProxyFence)
-	fmt.Fprintf(tw, "lock service's highest issued token: %d\n", r.LockHighToken)
+	fmt.Fprintf(tw, "lock service's high token (every token issued is at or below it): %d\n", r.LockHighToken)
 	fmt.Fprintf(tw, "scanned: %d payouts, %d accounts, %d ledger entries, %d grants, %d rail payments, %d safety events\n",
 		r.Scanned.Payouts, r.Scanned.Accounts, r.Scanned.LedgerEntries, r.Scanned.Grants, r.Scanned.RailPayments, r.Scanned.SafetyEvents)
 	for _, n := range r.Notes {

@@ -153,7 +153,8 @@ func (c *Client) AllGrants(ctx context.Context, after fencing.Token) ([]GrantRec
 	}
 }
 
-// HighToken is the highest token the service has issued.
+// HighToken is the service's high token: at or above every token it has
+// issued, below every one it will issue.
 func (c *Client) HighToken(ctx context.Context) (fencing.Token, error) {
 	var r HighTokenResponse
 	err := c.hc.Get(ctx, "/v1/tokens/high", nil, &r)
