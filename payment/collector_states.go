@@ -42,7 +42,7 @@ type stateCollector struct {
 	log                                           *slog.Logger
 	sla                                           time.Duration
 	byState, oldestOpen, oldestAmbiguous, slaDesc *prometheus.Desc
-	errors                                        prometheus.Counter
+	errors                                        *prometheus.CounterVec
 
 	// every is how old the terminal counts may be before a scrape has
 	// them recounted (terminalRecountEvery; tests shorten it).
@@ -65,7 +65,7 @@ type stateCollector struct {
 }
 
 func newStateCollector(pool *pgxpool.Pool, log *slog.Logger, sla time.Duration, stop context.Context) *stateCollector {
-	return &stateCollector{
+	c := &stateCollector{
 		pool: pool, log: log, sla: sla, every: terminalRecountEvery, stop: stop,
 		byState: prometheus.NewDesc("payouts_payment_payouts",
 			"Payouts in each state, read from paydb: the open states at scrape time, the terminal states (POSTED, FAILED, ABANDONED) recounted at most once a minute.", []string{"state"}, nil),
@@ -75,11 +75,15 @@ func newStateCollector(pool *pgxpool.Pool, log *slog.Logger, sla time.Duration, 
 			"Age of the oldest payout in RAIL_AMBIGUOUS (since it was submitted to the rail), read from paydb at scrape time; 0 when none is ambiguous.", nil, nil),
 		slaDesc: prometheus.NewDesc("payouts_payment_resolution_sla_seconds",
 			"The resolution SLA (--resolution-sla): an ambiguous payout older than this needs an operator, who may then abandon it.", nil, nil),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "payouts_payment_state_scrape_errors_total",
-			Help: "Reads of payouts by state from paydb that failed or timed out: a scrape's count of the open states (that scrape lacks payouts_payment_payouts, payouts_payment_oldest_open_age_seconds and payouts_payment_oldest_ambiguous_age_seconds) or a recount of the terminal states (scrapes keep the previous terminal counts, or lack them while none was ever read).",
-		}),
+			Help: "Reads of payouts by state from paydb that failed or timed out, by read: open, a scrape's count of the open states (that scrape lacks payouts_payment_payouts, payouts_payment_oldest_open_age_seconds and payouts_payment_oldest_ambiguous_age_seconds; alert PayoutsStoreUnreachable); terminal, a recount of the terminal states (scrapes keep the previous terminal counts, or lack them while none was ever read; on a paydb of very many finished payouts it may fail where paydb is fine).",
+		}, []string{"read"}),
 	}
+	for _, read := range []string{"open", "terminal"} {
+		c.errors.WithLabelValues(read) // present at 0: increase() sees the first error
+	}
+	return c
 }
 
 // inList is states as an SQL list of literals: the planner then sees the
@@ -124,13 +128,13 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	open, err := c.readOpen(ctx)
 	if err != nil {
-		c.errors.Inc()
+		c.errors.WithLabelValues("open").Inc()
 		c.log.Warn("payouts by state could not be read for /metrics", slog.Any("error", err))
 		return
 	}
 	terminal, err := c.terminalCounts(ctx)
 	if err != nil {
-		c.errors.Inc()
+		c.errors.WithLabelValues("terminal").Inc()
 		c.log.Warn("payouts in terminal states could not be recounted for /metrics; the previous counts stand", slog.Any("error", err))
 	}
 	// Every state, zeros included: a state that empties drops to 0
