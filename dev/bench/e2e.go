@@ -466,6 +466,9 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 		}
 		prx, err := sys.startServer(ctx, "proxy-"+strconv.Itoa(i), "serve", "proxy",
 			"--database-url-file", proxyDB, "--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["proxy"],
+			// The stack proxy's: a proxy resolves a submission another
+			// forwarded by the send window of its own flags.
+			"--rail-timeout", stack.DefaultRailTimeout.String(),
 			"--listen", "127.0.0.1:0", "--auth-file", authFile)
 		if err != nil {
 			return err

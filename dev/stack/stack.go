@@ -23,6 +23,11 @@ import (
 	"github.com/payouts/payouts/migrations"
 )
 
+// DefaultRailTimeout is the stack proxy's --rail-timeout unless Options
+// says otherwise. Every proxy over one proxydb must run the same one: a
+// proxy resolves a submission by the send window its own flags give.
+const DefaultRailTimeout = 2 * time.Second
+
 // Options configures the stack.
 type Options struct {
 	Dir string
@@ -37,7 +42,8 @@ type Options struct {
 	Logger *slog.Logger
 	// SettlementWindow is passed to the rail stub.
 	SettlementWindow time.Duration
-	// RailTimeout is the proxy's timeout for a rail call.
+	// RailTimeout is the proxy's timeout for a rail call (default
+	// DefaultRailTimeout).
 	RailTimeout time.Duration
 	// EtcdNodes is the size of the embedded etcd cluster (default 1). With
 	// more than one, only the first member's ports follow PortBase.
@@ -166,7 +172,7 @@ func (o *Options) defaults() error {
 		o.SettlementWindow = 3 * time.Second
 	}
 	if o.RailTimeout == 0 {
-		o.RailTimeout = 2 * time.Second
+		o.RailTimeout = DefaultRailTimeout
 	}
 	if o.EtcdNodes == 0 {
 		o.EtcdNodes = 1
