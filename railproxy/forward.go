@@ -162,6 +162,16 @@ func (s *Server) railHolds(ctx context.Context, log *slog.Logger, req proxyclien
 	if fenced {
 		return nil, s.fencedOut(ctx, log, []proxyclient.SubmitRequest{req}, hw)
 	}
+	if _, sending := s.inflight.Load(req.PayoutID); sending {
+		// A submission of it whose row proxydb lost (a failover behind
+		// it) may still be waiting for a slot or on its way: the rail,
+		// which has not seen it yet, would answer "no payment".
+		s.m.resubmissionChecks.WithLabelValues("unconfirmed").Inc()
+		log.Warn("resubmission not recorded, not forwarded: this proxy is still sending an earlier submission of the payout")
+		return nil, problem.New(problem.Unavailable,
+			"a resubmission is forwarded only once the rail says it holds no payment of its client reference, and this proxy is still sending an earlier submission of it: it was not recorded and not forwarded (nothing was sent); submit it again later").
+			With(proxyclient.ForwardedExtension, false)
+	}
 	l, err := s.rail.Find(ctx, req.ClientRef)
 	if err != nil {
 		s.m.resubmissionChecks.WithLabelValues("unconfirmed").Inc()

@@ -1,7 +1,13 @@
 package railproxy
 
 import (
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -114,5 +120,76 @@ func TestAResubmissionIsNotSentWhenTheRailCannotBeAsked(t *testing.T) {
 	}
 	if _, err := b.pc.Submit(ctx, s, 3, holder(3)); !problem.Has(err, problem.FencedOut) {
 		t.Fatalf("a stale holder's resubmission: %v, want fenced_out", err)
+	}
+}
+
+// TestAResubmissionWaitsForThisProxysOwnSend: proxydb failed over to a
+// replica that lost a submission's row while this proxy was still sending
+// it (its rail call on its way, or an item waiting for a slot). The rail
+// has not seen it yet and answers, finally, that it holds no payment; sent
+// now, the resubmission would be paid and then the earlier send too. The
+// proxy answers 503, nothing recorded or sent, until its own send is done.
+func TestAResubmissionWaitsForThisProxysOwnSend(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Now()}
+	railURL := startRail(t, clock, time.Minute)
+	target, err := url.Parse(railURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	rp := httputil.NewSingleHostReverseProxy(target)
+	var held atomic.Bool
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/payments" && held.CompareAndSwap(false, true) {
+			close(entered) // the first send only
+			<-release
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	t.Cleanup(free) // before front.Close, which waits for the held send
+	b := setup(t, options{railURL: front.URL})
+	ctx := ctxFor(t)
+
+	s := sub("p-own", "acc-own")
+	first := make(chan error, 1)
+	go func() {
+		_, err := b.pc.Submit(ctx, s, 1, holder(1))
+		first <- err
+	}()
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("the first submission never reached the rail")
+	}
+	// The failover loses its row; the rail's answer about it is final.
+	tx, err := b.proxy.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM rail_submission WHERE payout_id = $1`, s.PayoutID); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Minute)
+
+	again := s
+	again.Resubmission = true
+	rec, err := b.pc.Submit(ctx, again, 2, holder(2))
+	if !proxyclient.PausedUnforwarded(err) {
+		t.Fatalf("resubmission while this proxy still sends the payout: %+v %v; want 503 with forwarded false", rec, err)
+	}
+	free()
+	<-first // its row is gone: its outcome cannot be recorded, and the payout is then ambiguous
+	if got := b.atRail(t, s.ClientRef); len(got) != 1 {
+		t.Fatalf("%d payments at the rail, want 1: %+v", len(got), got)
 	}
 }
