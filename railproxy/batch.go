@@ -43,7 +43,7 @@ func (st *store) writeIntents(ctx context.Context, reqs []proxyclient.SubmitRequ
 	first := reqs[0]
 	b := &pgx.Batch{}
 	queueGuard(b, first.AccountID, first.Token, first.Holder)
-	b.Queue(intentSQL+recordCols, intentArgs(reqs)...)
+	b.Queue(intentSQL+recordCols, st.intentArgs(reqs)...)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	m, accepted, err := scanGuard(br.QueryRow())

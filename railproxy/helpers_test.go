@@ -308,7 +308,9 @@ func runCrashHelper() int {
 	ctx := context.Background()
 	s, err := New(ctx, Config{
 		Addr: "127.0.0.1:0", Logger: obs.NewLogger(os.Stderr, slog.LevelInfo, "proxy"), Auth: testAuth(),
-		DatabaseURL: os.Getenv("RAILPROXY_DB"), RailURL: os.Getenv("RAILPROXY_RAIL"), RailToken: proxyBearer, RailTimeout: 20 * time.Second,
+		// The rail timeout of the proxy the tests restart on its database
+		// (lookup_test.go): every proxy over one proxydb runs the same one.
+		DatabaseURL: os.Getenv("RAILPROXY_DB"), RailURL: os.Getenv("RAILPROXY_RAIL"), RailToken: proxyBearer, RailTimeout: time.Second,
 		crashPoint: os.Getenv(helperEnv),
 	})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,5 +138,69 @@ func TestLookupWaitsForTheSendWindowAndTheRailCall(t *testing.T) {
 	}
 	if !old.Recorded || old.Resolution != proxyclient.ResolutionAbsent {
 		t.Errorf("lookup of a submission without outcome past its send window and rail timeout: %+v; want ABSENT recorded", old)
+	}
+}
+
+// TestLookupWaitsForTheWritersSendWindow: proxies over one proxydb with
+// different flags (a rolling change of --rail-timeout, a replica started
+// otherwise). A submission another proxy is still sending is older than
+// this proxy's send window and rail timeout, but not than its writer's:
+// this proxy must not resolve it ABSENT (a payout failed and its money
+// released while the rail is about to pay it), nor even ask the rail.
+func TestLookupWaitsForTheWritersSendWindow(t *testing.T) {
+	t.Parallel()
+	// A rail that holds the slow proxy's payment until the test ends, then
+	// fails it, and answers every lookup: nothing of it.
+	var pays, looks atomic.Int32
+	release := make(chan struct{})
+	rail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			pays.Add(1)
+			_, _ = io.Copy(io.Discard, r.Body)
+			select {
+			case <-release:
+				w.WriteHeader(http.StatusServiceUnavailable)
+			case <-r.Context().Done():
+			}
+			return
+		}
+		looks.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"items":[],"final":true}`))
+	}))
+	t.Cleanup(rail.Close)
+	defer close(release)
+	railURL, payments, lookups := rail.URL, func() int { return int(pays.Load()) }, func() int { return int(looks.Load()) }
+	dbURL := pgtest.NewDB(t, migrations.ProxyDB)
+	slow := setup(t, options{railURL: railURL, dbURL: dbURL, railTimeout: 20 * time.Second, sendWindow: 20 * time.Second})
+	quick := setup(t, options{railURL: railURL, dbURL: dbURL, railTimeout: 2 * time.Second, sendWindow: 2 * time.Second})
+	s := sub("p-writer", "acc-writer")
+	go func() { _, _ = slow.pc.Submit(context.Background(), s, 3, holder(1)) }() // the rail never answers
+	eventually(t, "the slow proxy's rail call is made", func() (bool, error) { return payments() == 1, nil })
+	// Its intent 15 s old: past the quick proxy's 4 s, within the slow one's 40 s.
+	conn := pgtest.Conn(t, dbURL)
+	ctx := ctxFor(t)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE rail_submission SET created_at = created_at - interval '15 seconds' WHERE payout_id = $1`, s.PayoutID); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := quick.recon.Lookup(ctx, s.PayoutID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Recorded || got.Resolution != proxyclient.ResolutionNone {
+		t.Errorf("lookup through a proxy of a shorter window, of a submission another proxy may still send: %+v; want nothing recorded", got)
+	}
+	if n := lookups(); n != 0 {
+		t.Errorf("the rail was asked %d time(s) about a submission still within its writer's send window, want 0", n)
 	}
 }

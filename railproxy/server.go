@@ -169,6 +169,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	m := newMetrics(cfg.Registry)
 	st := newStore(pool, func(n int) { m.outcomeGroup.Observe(float64(n)) })
 	s := &Server{cfg: cfg, log: cfg.Logger, pool: pool, st: st, rail: rail, m: m}
+	st.resolvable = s.resolvableAge()
 	cfg.Registry.MustRegister(newUnresolvedCollector(s.st, s.resolvableAge(), cfg.Logger))
 	s.http = httpx.NewServer(httpx.Config{
 		Role: "proxy", Addr: cfg.Addr, Logger: cfg.Logger, Registry: cfg.Registry, Auth: cfg.Auth,

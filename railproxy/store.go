@@ -20,6 +20,9 @@ import (
 type store struct {
 	pool     *pgxpool.Pool
 	outcomes *batcher.Batcher[outcomeRequest, outcomeAnswer] // recordOutcome's groups (outcomes.go)
+	// resolvable is written with each intent: how long after it this
+	// proxy may still send it (its send window and rail timeout).
+	resolvable time.Duration
 }
 
 // intentResult is how the intent transaction ended.
@@ -114,12 +117,13 @@ func scanGuard(row pgx.Row) (m mark, accepted bool, err error) {
 	return mark{token: fencing.Token(t), holder: fencing.Holder(h)}, accepted, nil
 }
 
-// Submission rows from intentArgs: one row per element of the arrays $4..
+// Submission rows from intentArgs: one row per element of the arrays $4..$8
 // (payout id, client reference, amount, currency, beneficiary), all under
-// the batch's account ($1), token ($2) and holder ($3).
+// the batch's account ($1), token ($2) and holder ($3), resolvable after $9
+// seconds.
 const (
-	submissionCols   = `payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref`
-	submissionVals   = `u.payout_id, $1::text, $2::bigint, $3::text, u.client_ref, u.amount, u.currency, u.beneficiary_ref`
+	submissionCols   = `payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, resolvable_after`
+	submissionVals   = `u.payout_id, $1::text, $2::bigint, $3::text, u.client_ref, u.amount, u.currency, u.beneficiary_ref, make_interval(secs => $9::float8)`
 	submissionArrays = `FROM unnest($4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[]) AS u(payout_id, client_ref, amount, currency, beneficiary_ref)`
 )
 
@@ -142,14 +146,14 @@ RETURNING ` + recordCols
 
 // intentArgs are the parameters of intentSQL for reqs, one submission's
 // or a batch's (one account, token and holder: reqs[0]'s).
-func intentArgs(reqs []proxyclient.SubmitRequest) []any {
+func (st *store) intentArgs(reqs []proxyclient.SubmitRequest) []any {
 	n := len(reqs)
 	payouts, refs, amounts, currencies, beneficiaries := make([]string, n), make([]string, n), make([]int64, n), make([]string, n), make([]string, n)
 	for i, r := range reqs {
 		payouts[i], refs[i], amounts[i], currencies[i], beneficiaries[i] = r.PayoutID, r.ClientRef, r.Amount, r.Currency, r.BeneficiaryRef
 	}
 	first := reqs[0]
-	return []any{first.AccountID, int64(first.Token), string(first.Holder), payouts, refs, amounts, currencies, beneficiaries}
+	return []any{first.AccountID, int64(first.Token), string(first.Holder), payouts, refs, amounts, currencies, beneficiaries, st.resolvable.Seconds()}
 }
 
 // fencedEvidence is what recordFenced wrote.
@@ -170,7 +174,7 @@ func (st *store) recordFenced(ctx context.Context, reqs []proxyclient.SubmitRequ
 	ev := fencedEvidence{StoredToken: refusedBy.token, StoredHolder: refusedBy.holder}
 	ev.Regression = ev.StoredToken == first.Token && ev.StoredHolder != first.Holder
 	err := pgx.BeginFunc(ctx, st.pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, fencedRowsSQL, intentArgs(reqs)...)
+		rows, err := tx.Query(ctx, fencedRowsSQL, st.intentArgs(reqs)...)
 		if err != nil {
 			return fmt.Errorf("insert FENCED rows: %w", err)
 		}
@@ -245,7 +249,7 @@ func (st *store) recordResolution(ctx context.Context, id int64, read proxyclien
 		UPDATE rail_submission SET resolution = $2, resolution_evidence = $3
 		 WHERE id = $1 AND resolution IS NULL
 		   AND outcome IS NOT DISTINCT FROM $5
-		   AND (outcome = 'TIMEOUT' OR (outcome IS NULL AND created_at < now() - make_interval(secs => $4)))
+		   AND (outcome = 'TIMEOUT' OR (outcome IS NULL AND `+resolvableSQL("$4")+`))
 		RETURNING `+recordCols, id, string(res), string(evidence), minAge.Seconds(), nullIfEmpty(string(read))))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return proxyclient.Record{}, false, nil
@@ -253,11 +257,21 @@ func (st *store) recordResolution(ctx context.Context, id int64, read proxyclien
 	return rec, err == nil, err
 }
 
-// olderThan reports whether submission id was written more than age ago,
-// by the database's clock (the one that dated it).
+// resolvableSQL is true for a submission row no proxy may still send: older
+// than the window its writer recorded (resolvable_after) and than age, the
+// parameter param, in seconds — this proxy's own, by the database's clock
+// (the one that dated it). GREATEST ignores a NULL resolvable_after (a row
+// written before it was recorded).
+func resolvableSQL(param string) string {
+	return `created_at + GREATEST(resolvable_after, make_interval(secs => ` + param + `)) < now()`
+}
+
+// olderThan reports whether no proxy may still send submission id: it was
+// written more than age (this proxy's window) and more than its writer's
+// window ago.
 func (st *store) olderThan(ctx context.Context, id int64, age time.Duration) (bool, error) {
 	var old bool
-	err := st.pool.QueryRow(ctx, `SELECT created_at < now() - make_interval(secs => $2) FROM rail_submission WHERE id = $1`,
+	err := st.pool.QueryRow(ctx, `SELECT `+resolvableSQL("$2")+` FROM rail_submission WHERE id = $1`,
 		id, age.Seconds()).Scan(&old)
 	return old, err
 }
@@ -323,7 +337,7 @@ func (st *store) highWater(ctx context.Context, after string, limit int) ([]prox
 // (forwarding died or is stuck), and TIMEOUT rows with no resolution.
 func (st *store) unresolvedCounts(ctx context.Context, age time.Duration) (noOutcome, timeoutUnresolved int64, err error) {
 	err = st.pool.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE outcome IS NULL AND created_at < now() - make_interval(secs => $1)),
+		SELECT count(*) FILTER (WHERE outcome IS NULL AND `+resolvableSQL("$1")+`),
 		       count(*) FILTER (WHERE outcome = 'TIMEOUT')
 		  FROM rail_submission
 		 WHERE (outcome IS NULL OR outcome = 'TIMEOUT') AND resolution IS NULL`, age.Seconds()).Scan(&noOutcome, &timeoutUnresolved)
