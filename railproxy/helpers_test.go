@@ -9,10 +9,14 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -412,4 +416,30 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// heldRail is a rail stub (its clock, settlement window) behind a front
+// that holds the first request of method to /v1/payments until free is
+// called (or the test ends); entered is closed when that request arrives.
+func heldRail(t *testing.T, clock *fakeClock, method string) (railURL string, entered <-chan struct{}, free func()) {
+	t.Helper()
+	target, err := url.Parse(startRail(t, clock, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, release := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	var once sync.Once
+	free = func() { once.Do(func() { close(release) }) }
+	rp := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == method && r.URL.Path == "/v1/payments" && held.CompareAndSwap(false, true) {
+			close(in)
+			<-release
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	t.Cleanup(free) // before front.Close, which waits for the held request
+	return front.URL, in, free
 }

@@ -2,12 +2,7 @@ package railproxy
 
 import (
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,26 +127,8 @@ func TestAResubmissionIsNotSentWhenTheRailCannotBeAsked(t *testing.T) {
 func TestAResubmissionWaitsForThisProxysOwnSend(t *testing.T) {
 	t.Parallel()
 	clock := &fakeClock{t: time.Now()}
-	railURL := startRail(t, clock, time.Minute)
-	target, err := url.Parse(railURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
-	rp := httputil.NewSingleHostReverseProxy(target)
-	var held atomic.Bool
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && r.URL.Path == "/v1/payments" && held.CompareAndSwap(false, true) {
-			close(entered) // the first send only
-			<-release
-		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(front.Close)
-	t.Cleanup(free) // before front.Close, which waits for the held send
-	b := setup(t, options{railURL: front.URL})
+	railURL, entered, free := heldRail(t, clock, http.MethodPost) // the first send
+	b := setup(t, options{railURL: railURL})
 	ctx := ctxFor(t)
 
 	s := sub("p-own", "acc-own")

@@ -4,10 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,29 +22,12 @@ import (
 func TestShutdownWaitsForASubmissionPastItsGrace(t *testing.T) {
 	t.Parallel()
 	clock := &fakeClock{t: time.Now()}
-	railURL := startRail(t, clock, time.Minute)
-	target, err := url.Parse(railURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	entered, release := make(chan struct{}), make(chan struct{})
-	rp := httputil.NewSingleHostReverseProxy(target)
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet && r.URL.Path == "/v1/payments" {
-			close(entered) // one lookup only: the resubmission's
-			<-release
-		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(front.Close)
-	var releaseOnce sync.Once
-	free := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(free) // before front.Close, which waits for the held request
+	railURL, entered, free := heldRail(t, clock, http.MethodGet) // the resubmission's lookup
 
 	logs := &syncBuffer{}
 	s, err := New(ctxFor(t), Config{
 		Addr: "127.0.0.1:0", Logger: obs.NewLogger(logs, slog.LevelDebug, "proxy"), Auth: testAuth(),
-		DatabaseURL: pgtest.NewDB(t, migrations.ProxyDB), RailURL: front.URL, RailToken: proxyBearer, RailTimeout: 20 * time.Second,
+		DatabaseURL: pgtest.NewDB(t, migrations.ProxyDB), RailURL: railURL, RailToken: proxyBearer, RailTimeout: 20 * time.Second,
 		shutdownGrace: 50 * time.Millisecond,
 	})
 	if err != nil {
