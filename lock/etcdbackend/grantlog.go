@@ -185,61 +185,29 @@ func (b *Backend) readKeys(ctx context.Context, keys []string, rev int64) ([]*mv
 }
 
 // HighToken implements backend.Backend: 0 before the first grant, then
-// the store's revision at the read. Every token issued is a CreateRevision
-// at or below it and every future one is above it, as with the token
-// sequence's position on PostgreSQL. The highest grant's token alone can
-// be far below: after a restore with --bump-revision (D-13) the restored
-// grants are all below the guards' fences while the revision is above
-// them, and the correctly restored store was reported rewound until its
-// next grant (a restore without the bump still is: its revision is below
-// the fences). The grants are the newest open marker and the last ended
-// record, read keys only (etcd answers from its in-memory index, without
-// reading records). The last ended record is looked for in windows of
-// tokens below the revision read at, each twice as wide as the last, for
-// the reason Grants gives: the newest records are near the top.
+// the store's revision. Every token issued is a CreateRevision at or below
+// it and every future one is above it, as with the token sequence's
+// position on PostgreSQL. The highest grant's token alone can be far below:
+// after a restore with --bump-revision (D-13) the restored grants are all
+// below the guards' fences while the revision is above them, and the
+// correctly restored store was reported rewound until its next grant (a
+// restore without the bump still is: its revision is below the fences).
+// Whether any grant was made is one read of keys at one revision: an open
+// marker, or an ended record (compaction always keeps the newest).
 func (b *Backend) HighToken(ctx context.Context) (fencing.Token, error) {
-	high, err := retryCompacted(func() (fencing.Token, error) { return b.highToken(ctx) })
+	resp, err := b.cli.Txn(ctx).Then(
+		clientv3.OpGet(b.openPath(""), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
+		clientv3.OpGet(b.endedFrom(), clientv3.WithRange(b.endedEnd()), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
+	).Commit()
 	if err != nil {
 		return 0, classify("read high token", err)
 	}
-	return high, nil
-}
-
-// highToken reads the windows at the revision of the first read: at a
-// later one, a grant made and released meanwhile would let compaction
-// delete the record the windows look for, and find nothing.
-func (b *Backend) highToken(ctx context.Context) (fencing.Token, error) {
-	resp, err := b.cli.Get(ctx, b.openPath(""), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(1))
-	if err != nil {
-		return 0, err
-	}
-	var high int64
-	if len(resp.Kvs) > 0 {
-		high = resp.Kvs[0].CreateRevision
-	}
-	rev := resp.Header.Revision
-	for to, w := rev+1, int64(1024); to > high+1; to, w = to-w, 2*w {
-		r, err := b.cli.Get(ctx, b.grantPath(max(to-w, high+1)), clientv3.WithRange(b.grantPath(to)), clientv3.WithKeysOnly(),
-			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1), clientv3.WithRev(rev))
-		if err != nil {
-			return 0, err
-		}
-		if len(r.Kvs) > 0 {
-			t, err := b.endedToken(r.Kvs[0])
-			return highAt(max(high, t), rev), err
+	for _, r := range resp.Responses {
+		if len(r.GetResponseRange().Kvs) > 0 {
+			return fencing.Token(resp.Header.Revision), nil
 		}
 	}
-	return highAt(high, rev), nil
-}
-
-// highAt is the high token when high is the highest grant's token at
-// revision rev (0: there is none).
-func highAt(high, rev int64) fencing.Token {
-	if high == 0 {
-		return 0
-	}
-	return fencing.Token(max(high, rev))
+	return 0, nil
 }
 
 // expiring is a grant whose lock key vanished without a release or revoke

@@ -412,10 +412,10 @@ func TestAGrantPageIsReadAtOneRevision(t *testing.T) {
 	}
 }
 
-// TestHighTokenIsReadAtOneRevision: the high token's reads are at one
-// revision, so a grant made and released between them, and a compaction
-// that deletes the record they look for, cannot make them find no grant
-// (a high token of 0): it is the revision of the first read.
+// TestHighTokenIsReadAtOneRevision: the high token is read at one
+// revision, so a grant made and released right after, and a compaction
+// that deletes the record it found, cannot make it find no grant (a high
+// token of 0): it is the revision of the read.
 func TestHighTokenIsReadAtOneRevision(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -430,8 +430,8 @@ func TestHighTokenIsReadAtOneRevision(t *testing.T) {
 	time.Sleep(retention + 100*time.Millisecond) // older than the retention (the condition, not a synchronisation)
 	var newer fencing.Token
 	rc.between(func(_ string, req any) bool {
-		r, ok := req.(*etcdserverpb.RangeRequest)
-		return ok && strings.Contains(string(r.Key), "/open/")
+		r, ok := req.(*etcdserverpb.TxnRequest)
+		return ok && len(r.Success) > 0 && strings.Contains(string(r.Success[0].GetRequestRange().GetKey()), "/open/")
 	}, func() {
 		newer = makeGrants(t, ctx, b, s.ID, "high:new", 1)[0]
 		if n, _, err := b.Compact(ctx); err != nil || n != 1 {
