@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -12,9 +13,11 @@ import (
 
 func newMigrateCmd(a *app) *cobra.Command {
 	var (
-		db    string
-		dbURL databaseURL
-		out   output
+		db          string
+		dbURL       databaseURL
+		out         output
+		timeout     time.Duration
+		lockTimeout time.Duration
 	)
 	c := &cobra.Command{
 		Use:   "migrate --db paydb|proxydb|lockdb",
@@ -29,9 +32,16 @@ func newMigrateCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
+			if timeout < 0 || lockTimeout < 0 {
+				return &ExitError{Code: 2, Err: errors.New("--timeout and --lock-timeout cannot be negative")}
+			}
+			ctx, cancel := cmd.Context(), context.CancelFunc(func() {})
+			if timeout > 0 {
+				ctx, cancel = context.WithTimeout(ctx, timeout)
+			}
 			defer cancel()
-			if err := migrations.Apply(ctx, kind, url); err != nil {
+			if err := migrations.Apply(ctx, kind, url, migrations.WithLockTimeout(lockTimeout),
+				migrations.WithLogger(a.logger(cmd, "migrate"))); err != nil {
 				return err
 			}
 			v, err := migrations.Version(ctx, kind, url)
@@ -46,6 +56,9 @@ func newMigrateCmd(a *app) *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&db, "db", "", "which database: paydb, proxydb or lockdb")
+	c.Flags().DurationVar(&timeout, "timeout", 0, "give up (exit 1) after this long, rolling back the migration in progress; 0: no limit (an index build on a large table takes minutes)")
+	c.Flags().DurationVar(&lockTimeout, "lock-timeout", migrations.DefaultLockTimeout,
+		"longest a migration waits for a table lock before it is rolled back and tried again, so the table's traffic never queues behind it for longer; 0: the database's own lock_timeout")
 	dbURL.register(c, "that database")
 	out.register(c, false)
 	return c

@@ -110,7 +110,7 @@ func (f *serverFlags) setup(cmd *cobra.Command, a *app) (*serverEnv, error) {
 	if f.migrate {
 		ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
 		defer cancel()
-		if err := migrations.Apply(ctx, f.db, env.DatabaseURL); err != nil {
+		if err := migrations.Apply(ctx, f.db, env.DatabaseURL, migrations.WithLogger(env.Logger)); err != nil {
 			return nil, fmt.Errorf("migrate %s: %w", f.db, err)
 		}
 		env.Logger.Info("migrations applied", "db", string(f.db))

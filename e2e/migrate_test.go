@@ -59,6 +59,39 @@ func TestMigrateCLI(t *testing.T) {
 		t.Fatalf("missing --database-url: exit %d, stderr %q", code, errOut)
 	}
 
+	if _, errOut, code := runCLI(t, nil, "migrate", "--db", "paydb", "--database-url", pg.URL("paydb"), "--timeout", "-1s"); code != 2 || !strings.Contains(errOut, "cannot be negative") {
+		t.Fatalf("negative --timeout: exit %d, stderr %q", code, errOut)
+	}
+
+	// A migration waiting for a lock that a long transaction holds gives up
+	// its wait after --lock-timeout and tries again, until --timeout.
+	proxy, err := pgx.Connect(ctx, pg.URL("proxydb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close(ctx)
+	if _, err := proxy.Exec(ctx, `ALTER TABLE rail_submission DROP COLUMN resolvable_after;
+		DELETE FROM goose_db_version WHERE version_id = 3`); err != nil {
+		t.Fatal(err)
+	}
+	readTx, err := proxy.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readTx.Exec(ctx, `SELECT count(*) FROM rail_submission`); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code = runCLI(t, nil, "migrate", "--db", "proxydb", "--database-url", pg.URL("proxydb"), "--lock-timeout", "200ms", "--timeout", "3s")
+	if code != 1 || !strings.Contains(errOut, "trying again") || !strings.Contains(errOut, "migration 3 waited for a table lock") {
+		t.Fatalf("migrate while a transaction holds the table: exit %d, stderr %q; want exit 1 after retries, the lock wait named", code, errOut)
+	}
+	if err := readTx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := runCLI(t, nil, "migrate", "--db", "proxydb", "--database-url", pg.URL("proxydb")); code != 0 {
+		t.Fatalf("migrate once the transaction ended: exit %d\n%s%s", code, out, errOut)
+	}
+
 	// A server refuses a schema older than its own instead of reporting
 	// ready and failing every call.
 	latest, err := migrations.Latest(migrations.PayDB)

@@ -14,10 +14,15 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
+	"strconv"
 	"strings"
+	"time"
 
-	// Registers the "pgx" database/sql driver.
-	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	// Also registers the "pgx" database/sql driver.
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 )
@@ -109,16 +114,52 @@ func Latest(db DB) (int64, error) {
 	return latest, nil
 }
 
+// DefaultLockTimeout is how long a migration's statement waits for a table
+// lock before the migration is rolled back and tried again.
+const DefaultLockTimeout = 3 * time.Second
+
+// Option changes how Apply migrates.
+type Option func(*settings)
+
+type settings struct {
+	lockTimeout time.Duration
+	log         *slog.Logger
+}
+
+// WithLockTimeout bounds how long each statement of a migration waits for a
+// lock (PostgreSQL's lock_timeout, DefaultLockTimeout unless given). A
+// migration that needs a table's exclusive lock queues behind a transaction
+// that holds the table, and every read and write of that table then queues
+// behind the migration: without a bound, one long transaction stops the role
+// that uses the table. Past the bound, the migration is rolled back, the
+// table's traffic goes on, and Apply tries again after a pause (1 s, doubling
+// to 30 s) until ctx ends. Zero leaves the database's own setting.
+func WithLockTimeout(d time.Duration) Option {
+	return func(s *settings) { s.lockTimeout = d }
+}
+
+// WithLogger names where Apply says that a migration waited too long for a
+// lock and will be tried again (a WARN each time; nothing is logged
+// otherwise).
+func WithLogger(log *slog.Logger) Option {
+	return func(s *settings) { s.log = log }
+}
+
 // Apply brings the database at databaseURL up to the latest schema for db.
 // Running it again, or from several processes at once, is a no-op once the
 // schema is current. It refuses a database that already holds one of the
-// other two schemas: each role has a database of its own.
-func Apply(ctx context.Context, db DB, databaseURL string) error {
+// other two schemas: each role has a database of its own. Each migration is
+// one transaction; see WithLockTimeout for one that waits on a lock.
+func Apply(ctx context.Context, db DB, databaseURL string, opts ...Option) error {
+	set := settings{lockTimeout: DefaultLockTimeout, log: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(&set)
+	}
 	fsys, err := source(db)
 	if err != nil {
 		return err
 	}
-	sqlDB, err := open(ctx, db, databaseURL)
+	sqlDB, err := open(ctx, db, databaseURL, set.lockTimeout)
 	if err != nil {
 		return err
 	}
@@ -136,10 +177,36 @@ func Apply(ctx context.Context, db DB, databaseURL string) error {
 	if err != nil {
 		return fmt.Errorf("migrations: %s: %w", db, err)
 	}
-	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("migrations: %s: apply: %w", db, err)
+	pause := time.Second
+	for attempt := 1; ; attempt++ {
+		_, err := p.Up(ctx)
+		if err == nil {
+			return nil
+		}
+		var partial *goose.PartialError
+		if !isLockTimeout(err) || !errors.As(err, &partial) || ctx.Err() != nil {
+			return fmt.Errorf("migrations: %s: apply: %w", db, err)
+		}
+		set.log.Warn("a migration waited too long for a table lock, held by another transaction: rolled back, the table's traffic goes on, trying again",
+			"db", string(db), "migration", partial.Failed.Source.Version, "lock_timeout", set.lockTimeout,
+			"attempt", attempt, "retry_in", pause)
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("migrations: %s: migration %d waited for a table lock held by another transaction (lock_timeout %s, %d attempts) until it was stopped: %w",
+				db, partial.Failed.Source.Version, set.lockTimeout, attempt, ctx.Err())
+		case <-t.C:
+		}
+		pause = min(2*pause, 30*time.Second)
 	}
-	return nil
+}
+
+// isLockTimeout reports whether err is PostgreSQL's lock_not_available: a
+// statement gave up waiting for a lock after lock_timeout.
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
 // Version reports the schema version the database at databaseURL holds for
@@ -150,7 +217,7 @@ func Version(ctx context.Context, db DB, databaseURL string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	sqlDB, err := open(ctx, db, databaseURL)
+	sqlDB, err := open(ctx, db, databaseURL, 0)
 	if err != nil {
 		return 0, err
 	}
@@ -186,14 +253,20 @@ func newProvider(sqlDB *sql.DB, fsys fs.FS, opts ...goose.ProviderOption) (*goos
 	return goose.NewProvider(goose.DialectPostgres, sqlDB, fsys, opts...)
 }
 
-func open(ctx context.Context, db DB, databaseURL string) (*sql.DB, error) {
+// open connects to databaseURL; a positive lockTimeout becomes every
+// session's lock_timeout.
+func open(ctx context.Context, db DB, databaseURL string, lockTimeout time.Duration) (*sql.DB, error) {
 	if databaseURL == "" {
 		return nil, fmt.Errorf("migrations: %s: empty database URL", db)
 	}
-	sqlDB, err := sql.Open("pgx", databaseURL)
+	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %s: open: %w", db, err)
 	}
+	if lockTimeout > 0 {
+		cfg.RuntimeParams["lock_timeout"] = strconv.FormatInt(max(lockTimeout.Milliseconds(), 1), 10)
+	}
+	sqlDB := stdlib.OpenDB(*cfg)
 	if err := sqlDB.PingContext(ctx); err != nil {
 		sqlDB.Close()
 		return nil, fmt.Errorf("migrations: %s: connect: %w", db, err)

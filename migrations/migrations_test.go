@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -293,6 +294,122 @@ func TestApplyBadURL(t *testing.T) {
 	}
 	if err := migrations.Apply(ctx, migrations.PayDB, "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"); err == nil {
 		t.Error("Apply with unreachable URL: want error")
+	}
+}
+
+// warnings is a slog.Handler that hands every WARN record's message to a
+// channel.
+type warnings chan string
+
+func (w warnings) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w warnings) Handle(_ context.Context, r slog.Record) error {
+	select {
+	case w <- r.Message:
+	default:
+	}
+	return nil
+}
+func (w warnings) WithAttrs([]slog.Attr) slog.Handler { return w }
+func (w warnings) WithGroup(string) slog.Handler      { return w }
+
+// A migration that needs a table's exclusive lock while a long transaction
+// reads the table must not stop that table's traffic: every statement on the
+// table queues behind the waiting migration. It gives up its wait after its
+// lock timeout, rolls back, lets the traffic through and tries again, until
+// the transaction ends or its context does.
+func TestAMigrationWaitingForALockDoesNotStopTheTablesTraffic(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	url := pgtest.EmptyDB(t)
+	// proxydb at version 2; 00003 adds a column to rail_submission.
+	sqlDB, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlDB.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, os.DirFS("proxydb"), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+
+	// A long reader holds the table.
+	reader, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close(context.Background())
+	readTx, err := reader.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer readTx.Rollback(context.Background()) //nolint:errcheck // committed below on success
+	if _, err := readTx.Exec(ctx, `SELECT count(*) FROM rail_submission`); err != nil {
+		t.Fatal(err)
+	}
+
+	// Bounded by its context, it says what it waited for.
+	shortCtx, shortCancel := context.WithTimeout(ctx, 2*time.Second)
+	defer shortCancel()
+	err = migrations.Apply(shortCtx, migrations.ProxyDB, url, migrations.WithLockTimeout(200*time.Millisecond))
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "waited for a table lock") {
+		t.Fatalf("Apply bounded by its context while the reader holds the table = %v, want the lock wait named and the deadline", err)
+	}
+
+	warned := make(warnings, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- migrations.Apply(ctx, migrations.ProxyDB, url,
+			migrations.WithLockTimeout(500*time.Millisecond), migrations.WithLogger(slog.New(warned)))
+	}()
+
+	// Once the migration waits for the lock, the table's traffic still goes
+	// through: within a bound far past the lock timeout, where without one it
+	// would wait as long as the reader does.
+	watch, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(context.Background())
+	for waiting := false; !waiting; {
+		if err := watch.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query ILIKE 'ALTER TABLE rail_submission%'`).Scan(&waiting); err != nil {
+			t.Fatalf("waiting for the migration to wait on its lock: %v", err)
+		}
+	}
+	trafficCtx, trafficCancel := context.WithTimeout(ctx, 30*time.Second)
+	defer trafficCancel()
+	var n int
+	if err := watch.QueryRow(trafficCtx, `SELECT count(*) FROM rail_submission`).Scan(&n); err != nil {
+		t.Fatalf("a read of the table while the migration waited for its lock: %v (the migration holds the table's traffic)", err)
+	}
+	if _, err := watch.Exec(trafficCtx, `UPDATE rail_submission SET holder = holder WHERE id = -1`); err != nil {
+		t.Fatalf("a write while the migration waited for its lock: %v", err)
+	}
+	select {
+	case msg := <-warned:
+		if !strings.Contains(msg, "trying again") {
+			t.Fatalf("warning = %q, want one saying the migration is tried again", msg)
+		}
+	case err := <-done:
+		t.Fatalf("Apply returned while the reader held the table: %v", err)
+	case <-ctx.Done():
+		t.Fatal("no warning that the migration gave up its wait and tries again")
+	}
+
+	// The reader ends: the migration goes through.
+	if err := readTx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Apply after the reader ended: %v", err)
+	}
+	latest, _ := migrations.Latest(migrations.ProxyDB)
+	if v, err := migrations.Version(ctx, migrations.ProxyDB, url); err != nil || v != latest {
+		t.Fatalf("Version = %d, %v; want %d", v, err, latest)
 	}
 }
 
