@@ -97,18 +97,24 @@ func (m *Metrics) Observe(rep *Report, err error, took time.Duration, end time.T
 			m.resolved.WithLabelValues(x.Resolution).Inc()
 		}
 	}
-	if err != nil || rep == nil {
+	switch {
+	case err != nil || rep == nil:
 		m.up.Set(0)
 		m.passes.WithLabelValues("failed").Inc()
-		return
-	}
-	m.up.Set(1)
-	if rep.Clean() {
+		// A pass that checked everything but could not resolve every
+		// ambiguous payout still tells what it found.
+		if !rep.Complete() {
+			return
+		}
+	case rep.Clean():
+		m.up.Set(1)
 		m.passes.WithLabelValues("clean").Inc()
-	} else {
+		m.lastSuccess.Set(float64(end.Unix()))
+	default:
+		m.up.Set(1)
 		m.passes.WithLabelValues("findings").Inc()
+		m.lastSuccess.Set(float64(end.Unix()))
 	}
-	m.lastSuccess.Set(float64(end.Unix()))
 	for _, c := range Checks() {
 		m.findings.WithLabelValues(InvariantOf(c), c).Set(float64(rep.Counts[c]))
 	}

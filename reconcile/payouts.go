@@ -82,8 +82,14 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 		if inFlight(p.State) {
 			flying[p.AccountID] = append(flying[p.AccountID], p.ID)
 		}
-		if p.State == pc.RailAmbiguous {
-			since := ambiguousSince(p)
+		if p.State == pc.RailAmbiguous && now.Sub(ambiguousSince(p)) > r.opts.AmbiguitySLA {
+			// Confirmed from the history: the payout's entry into
+			// RAIL_AMBIGUOUS, as the abandon gate measures it, may be
+			// much later than its submission.
+			since, err := r.ambiguousAt(ctx, p)
+			if err != nil {
+				return pool.stop(err)
+			}
 			if age := now.Sub(since); age > r.opts.AmbiguitySLA {
 				rep.add(CheckAmbiguousOverSLA, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "client_ref": p.ClientRef, "amount": p.Amount, "ambiguous_since": since.UTC(), "age_seconds": int64(age.Seconds())},
 					"payout %s has been RAIL_AMBIGUOUS for %s, longer than the SLA %s: the rail has not given final evidence; an operator must decide (abandon to finance)", p.ID, age.Round(time.Second), r.opts.AmbiguitySLA)
@@ -232,7 +238,9 @@ func (r *Reconciler) checkJob(ctx context.Context, rep *Report, j payoutJob, ri 
 	return r.checkPayout(ctx, rep, j.p, j.subs, pays, grants)
 }
 
-// ambiguousSince is when a payout's ending became unknown.
+// ambiguousSince bounds from below when a payout's ending became unknown:
+// its entry into RAIL_AMBIGUOUS (ambiguousAt) came at its submission or
+// later (a resubmission by a later holder, D-4).
 func ambiguousSince(p pc.Payout) time.Time {
 	switch {
 	case p.SubmittedAt != nil:
@@ -242,6 +250,26 @@ func ambiguousSince(p pc.Payout) time.Time {
 	default:
 		return p.CreatedAt
 	}
+}
+
+// ambiguousAt is when payout p last entered RAIL_AMBIGUOUS, from its
+// history, as the payment resource's abandon gate measures it;
+// ambiguousSince(p), never later, when the history has no such change.
+func (r *Reconciler) ambiguousAt(ctx context.Context, p pc.Payout) (time.Time, error) {
+	events, err := r.payoutEvents(ctx, p.ID)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var at time.Time
+	for _, ev := range events {
+		if ev.ToState == pc.RailAmbiguous && ev.At.After(at) {
+			at = ev.At
+		}
+	}
+	if at.IsZero() {
+		return ambiguousSince(p), nil
+	}
+	return at, nil
 }
 
 // checkClaimHistory: a payout's accepted changes carry non-decreasing

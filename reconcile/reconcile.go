@@ -198,7 +198,10 @@ func cannotRun(what string, err error) error {
 
 // Pass runs one reconciliation: ambiguity resolution first (when enabled),
 // then every check. A nil error means the report is complete; an error
-// wraps ErrCannotRun and the report must not be trusted as clean.
+// wraps ErrCannotRun and the report must not be trusted as clean. The
+// report then holds what the pass found before it stopped; Complete says
+// whether every check ran (only the resolution of some ambiguous payouts
+// failed).
 func (r *Reconciler) Pass(ctx context.Context) (*Report, error) {
 	rep := newReport(r.opts.MaxFindings)
 	// A key this reconciler failed to release would keep every executor
@@ -206,16 +209,22 @@ func (r *Reconciler) Pass(ctx context.Context) (*Report, error) {
 	if n, err := r.c.Lock.RetryReleases(ctx); n > 0 {
 		r.log.Warn("lock releases still not acknowledged; retrying on the next pass", "pending", n, obs.KeyError, errText(err))
 	}
+	var incomplete error
 	if r.opts.Resolve {
 		if err := r.resolveAmbiguous(ctx, rep); err != nil {
-			return rep, err
+			if !errors.Is(err, errResolutionIncomplete) {
+				return rep, err
+			}
+			incomplete = err
 		}
 	}
 	if err := r.check(ctx, rep); err != nil {
+		rep.sort()
 		return rep, err
 	}
 	rep.sort()
-	return rep, nil
+	rep.checked = true
+	return rep, incomplete
 }
 
 func errText(err error) string {

@@ -90,6 +90,9 @@ func Checks() []string {
 // InvariantOf returns the invariant a check asserts.
 func InvariantOf(check string) string { return checkInvariant[check] }
 
+// Complete reports whether every check of the pass ran to its end.
+func (r *Report) Complete() bool { return r != nil && r.checked }
+
 // Finding is one violation, or one piece of evidence that a safety net
 // fired: which invariant, which check, the objects involved and what was
 // seen.
@@ -147,6 +150,9 @@ type Report struct {
 	SafetyEventsSeen EventCursor `json:"safety_events_seen"`
 
 	maxFindings int
+	// checked: every check ran to its end (also in a pass whose
+	// resolution of ambiguous payouts could not finish).
+	checked bool
 	// mu guards Findings, Counts, Truncated and Notes: payouts are checked
 	// concurrently.
 	mu sync.Mutex

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/wire"
 	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
@@ -18,9 +20,18 @@ import (
 // rail gives a final answer for: settled -> RAIL_ACKED (the executor then
 // posts it), absent -> FAILED. Each resolution is made under a grant of
 // the payout's account, with its token (D-8). Time alone never resolves
-// anything: a payout the rail has no final answer for is left.
+// anything: a payout the rail has no final answer for is left. A payout
+// that could not be looked at (a service unreachable or failing) is left
+// too, and the others are still tried; the error then returned wraps
+// errResolutionIncomplete: the pass goes on with its checks and ends
+// "could not run" (exit 2), since money may be held that a working system
+// would have released or posted.
 func (r *Reconciler) resolveAmbiguous(ctx context.Context, rep *Report) error {
 	after := ""
+	var (
+		failed int
+		first  error
+	)
 	for {
 		page, err := r.c.Payment.Payouts(ctx, pc.PayoutFilter{State: pc.RailAmbiguous, After: after, Limit: r.opts.PageSize})
 		if err != nil {
@@ -30,14 +41,26 @@ func (r *Reconciler) resolveAmbiguous(ctx context.Context, rep *Report) error {
 			if err := ctx.Err(); err != nil {
 				return cannotRun("resolve ambiguous payouts", err)
 			}
-			r.resolveOne(ctx, rep, p)
+			if err := r.resolveOne(ctx, rep, p); err != nil {
+				failed++
+				if first == nil {
+					first = fmt.Errorf("payout %s: %w", p.ID, err)
+				}
+			}
 		}
 		if page.Next == "" || len(page.Items) == 0 {
-			return nil
+			break
 		}
 		after = page.Next
 	}
+	if failed > 0 {
+		return cannotRun(fmt.Sprintf("resolve %d ambiguous payout(s)", failed), fmt.Errorf("%w: first, %w", errResolutionIncomplete, first))
+	}
+	return nil
 }
+
+// errResolutionIncomplete: some ambiguous payouts could not be looked at.
+var errResolutionIncomplete = errors.New("a service the resolution needs failed")
 
 // lookupEvidence is the evidence recorded with a resolution.
 type lookupEvidence struct {
@@ -86,12 +109,25 @@ func (r *Reconciler) leave(rep *Report, p pc.Payout, format string, args ...any)
 	r.log.Info("ambiguous payout left unresolved", obs.KeyPayoutID, p.ID, obs.KeyAccountID, p.AccountID, "reason", reason)
 }
 
-func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
+// resolveOne resolves payout p if the rail's answer is final and fits the
+// payout, or leaves it, saying why. The error is a service that failed:
+// the payout could not be looked at.
+func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) error {
 	log := r.log.With(obs.KeyPayoutID, p.ID, obs.KeyAccountID, p.AccountID)
-	since := ambiguousSince(p)
+	// Measured from its entry into RAIL_AMBIGUOUS; submitted_at, earlier,
+	// spares reading the history of a payout younger than the window.
+	if age := r.opts.Now().Sub(ambiguousSince(p)); age < r.opts.SettlementWindow {
+		r.leave(rep, p, "ambiguous for at most %s, less than the settlement window %s; looked up later", age.Round(time.Second), r.opts.SettlementWindow)
+		return nil
+	}
+	since, err := r.ambiguousAt(ctx, p)
+	if err != nil {
+		r.leave(rep, p, "could not read the payout's history: %v", err)
+		return err
+	}
 	if age := r.opts.Now().Sub(since); age < r.opts.SettlementWindow {
 		r.leave(rep, p, "ambiguous for %s, less than the settlement window %s; looked up later", age.Round(time.Second), r.opts.SettlementWindow)
-		return
+		return nil
 	}
 	key := lockKey(p.AccountID)
 	lease, held, err := r.c.Lock.Acquire(ctx, key, 0)
@@ -104,7 +140,7 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
 	if err != nil {
 		log.Warn("could not acquire the account's lock to resolve an ambiguous payout", obs.KeyKey, key, obs.KeyError, err.Error())
 		r.leave(rep, p, "could not acquire %s: %v", key, err)
-		return
+		return err
 	}
 	if held {
 		waited := ""
@@ -112,7 +148,7 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
 			waited = " (waited " + r.opts.LockWait.String() + ")"
 		}
 		r.leave(rep, p, "%s is held by another session%s; resolved on a later pass", key, waited)
-		return
+		return nil
 	}
 	log = log.With(obs.KeyKey, key, obs.KeyToken, int64(lease.Token), obs.KeyHolder, string(lease.Holder))
 	defer func() {
@@ -127,27 +163,27 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
 	cur, err := r.c.Payment.Payout(ctx, p.ID)
 	if err != nil {
 		r.leave(rep, p, "could not read the payout under the grant: %v", err)
-		return
+		return err
 	}
 	if cur.State != pc.RailAmbiguous {
 		log.Info("payout no longer ambiguous; nothing to resolve", "state", string(cur.State))
-		return
+		return nil
 	}
 	lk, err := r.c.Proxy.Lookup(ctx, p.ID)
 	switch {
 	case isNotFound(err):
 		r.leave(rep, p, "the proxy has no forwarded submission for it; see %s", CheckAmbiguousNoSubmission)
-		return
+		return nil
 	case err != nil:
 		r.leave(rep, p, "the rail could not be asked: %v", err)
-		return
+		return err
 	case !lk.Final || lk.Resolution == proxyclient.ResolutionNone:
 		detail := lk.Detail
 		if detail == "" {
 			detail = "the rail's answer is not final yet"
 		}
 		r.leave(rep, p, "%s", detail)
-		return
+		return nil
 	}
 	var res pc.Resolution
 	switch lk.Resolution {
@@ -157,7 +193,17 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
 		res = pc.ResolutionAbsent
 	default:
 		r.leave(rep, p, "the proxy answered an unknown resolution %q", lk.Resolution)
-		return
+		return nil
+	}
+	// A submission that is not this payout's as it stands, or a payment of
+	// another amount, is never resolved either way: the executor and the
+	// proxy left it ambiguous for a human (submission_mismatch,
+	// rail_answer_mismatch), and posting it would book the payout's amount
+	// where the rail moved another.
+	if why := mismatch(cur, lk); why != "" {
+		log.Error("the rail's evidence does not fit the payout; left for a human", "why", why, "resolution", string(lk.Resolution))
+		r.leave(rep, p, "%s; the rail's final lookup says %s: resolve it by hand", why, lk.Resolution)
+		return nil
 	}
 	// The proxy may hold the rail's own answer, recorded after the
 	// executor reported the payout ambiguous. A lookup that contradicts it
@@ -169,7 +215,7 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
 			"outcome", string(o), "rail_ref", lk.Submission.RailRef, "resolution", string(lk.Resolution), "rail_payments", len(lk.RailItems))
 		r.leave(rep, p, "the proxy recorded the rail's answer %s (rail_ref %q), but the rail's final lookup says %s: the rail contradicts itself; resolve it by hand",
 			o, lk.Submission.RailRef, lk.Resolution)
-		return
+		return nil
 	}
 	ev := lookupEvidence{
 		Source: "rail lookup by client reference through the rail proxy", ClientRef: lk.Submission.ClientRef,
@@ -182,22 +228,53 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) {
 	evidence, err := ev.text()
 	if err != nil {
 		r.leave(rep, p, "could not encode the evidence: %v", err)
-		return
+		return nil
 	}
 	out, err := r.c.Payment.Resolve(ctx, p.ID, lease.Token, lease.Holder, res, evidence)
 	switch {
 	case problem.Has(err, problem.FencedOut):
 		log.Warn("resolution fenced out at the payment resource: a newer holder owns the account", obs.KeyEvent, "fenced_out", obs.KeyError, err.Error())
 		r.leave(rep, p, "fenced out at the payment resource (a newer holder owns the account)")
-		return
-	case err != nil:
+		return nil
+	case refused(err):
 		log.Warn("resolution refused", obs.KeyError, err.Error())
 		r.leave(rep, p, "the payment resource refused the resolution: %v", err)
-		return
+		return nil
+	case err != nil:
+		log.Warn("resolution could not be written", obs.KeyError, err.Error())
+		r.leave(rep, p, "the resolution could not be written: %v", err)
+		return err
 	}
 	log.Info("ambiguous payout resolved from rail evidence", "resolution", string(res), "state", string(out.State), "rail_payments", len(lk.RailItems))
 	rep.Resolved = append(rep.Resolved, Resolved{
 		PayoutID: p.ID, AccountID: p.AccountID, ClientRef: p.ClientRef, Resolution: string(res),
 		State: string(out.State), Token: lease.Token, Evidence: evidence,
 	})
+	return nil
+}
+
+// mismatch says how the proxy's submission or the rail's settled payments
+// differ from payout cur, or "" when they fit it.
+func mismatch(cur pc.Payout, lk proxyclient.LookupResult) string {
+	sub := lk.Submission
+	if sub.PayoutID != cur.ID || sub.Amount != cur.Amount || sub.Currency != cur.Currency ||
+		(cur.ClientRef != "" && sub.ClientRef != cur.ClientRef) {
+		return fmt.Sprintf("the proxy's submission %d (payout %s, client_ref %q, %d %s) is not the payout's (client_ref %q, %d %s)",
+			sub.ID, sub.PayoutID, sub.ClientRef, sub.Amount, sub.Currency, cur.ClientRef, cur.Amount, cur.Currency)
+	}
+	for _, it := range lk.RailItems {
+		if it.Status == railclient.StatusSettled && (it.Amount != cur.Amount || it.Currency != cur.Currency) {
+			return fmt.Sprintf("the rail settled %d %s (rail_ref %q) for a payout of %d %s", it.Amount, it.Currency, it.RailRef, cur.Amount, cur.Currency)
+		}
+	}
+	return ""
+}
+
+// refused reports an answer the payment resource gave about the request
+// itself (a 4xx problem other than a refused credential): a verdict, not a
+// failure to reach it.
+func refused(err error) bool {
+	pe := problem.From(err)
+	return pe != nil && pe.Status() >= 400 && pe.Status() < 500 &&
+		pe.Code != problem.Unauthorized && pe.Code != problem.Forbidden
 }

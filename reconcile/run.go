@@ -217,17 +217,23 @@ func (r *Reconciler) once(ctx context.Context, cfg Config) (int, error) {
 			err = rerr
 		}
 	}
-	if err != nil {
+	r.logFindings(rep, err)
+	if !rep.Complete() {
 		return ExitCannotRun, err
 	}
-	r.logFindings(rep)
+	// Every check ran: the report is printed, and the safety events it
+	// reported are not reported again, also when some ambiguous payouts
+	// could not be resolved (still exit 2).
 	if perr := r.print(cfg, rep); perr != nil {
 		return ExitCannotRun, perr
 	}
-	if err := r.saveState(cfg, rep); err != nil {
-		return ExitCannotRun, err
+	if serr := r.saveState(cfg, rep); serr != nil {
+		return ExitCannotRun, serr
 	}
-	if !rep.Clean() {
+	switch {
+	case err != nil:
+		return ExitCannotRun, err
+	case !rep.Clean():
 		return ExitFindings, nil
 	}
 	return ExitClean, nil
@@ -274,10 +280,8 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 				}
 				return err
 			}
-			if err != nil {
-				r.log.Error("reconciliation pass could not run", obs.KeyError, err.Error(), "took", took.String())
-			} else {
-				r.logFindings(rep)
+			r.logFindings(rep, err)
+			if rep.Complete() {
 				if cfg.JSON {
 					_ = r.print(cfg, rep)
 				}
@@ -311,8 +315,13 @@ func (r *Reconciler) saveState(cfg Config, rep *Report) error {
 }
 
 // logFindings logs a pass's summary and each listed finding, at the level
-// its kind deserves (duplicate payments and attempts: ERROR).
-func (r *Reconciler) logFindings(rep *Report) {
+// its kind deserves (duplicate payments and attempts: ERROR). A pass that
+// could not run (err) is logged at ERROR with what it found before it
+// stopped: evidence of a duplicate payment is not lost with the pass.
+func (r *Reconciler) logFindings(rep *Report, err error) {
+	if rep == nil {
+		rep = newReport(0)
+	}
 	for _, f := range rep.Findings {
 		level := slog.LevelWarn
 		switch f.Check {
@@ -326,6 +335,16 @@ func (r *Reconciler) logFindings(rep *Report) {
 	for _, n := range rep.Counts {
 		total += n
 	}
-	r.log.Info("reconciliation pass done", "findings", total, "resolved", len(rep.Resolved), "unresolved", len(rep.Unresolved),
-		"highest_fence", int64(rep.HighestFence), "lock_high_token", int64(rep.LockHighToken), "payouts", rep.Scanned.Payouts)
+	attrs := []any{"findings", total, "resolved", len(rep.Resolved), "unresolved", len(rep.Unresolved),
+		"highest_fence", int64(rep.HighestFence), "lock_high_token", int64(rep.LockHighToken), "payouts", rep.Scanned.Payouts}
+	switch {
+	case err != nil && rep.Complete():
+		r.log.Error("reconciliation pass checked everything, but part of it failed (ambiguous payouts it could not look at, or its output)",
+			append(attrs, obs.KeyError, err.Error())...)
+	case err != nil:
+		r.log.Error("reconciliation pass could not run; the findings above are what it found before it stopped, and a clean part proves nothing",
+			append(attrs, obs.KeyError, err.Error())...)
+	default:
+		r.log.Info("reconciliation pass done", attrs...)
+	}
 }
