@@ -89,7 +89,7 @@ func (f *serverFlags) setup(cmd *cobra.Command, a *app) (*serverEnv, error) {
 		env.reloads["auth file "+f.authFile] = env.Auth.Reload
 	}
 	if f.insecure {
-		env.Logger.Warn("authentication is off (--insecure-no-auth): every caller is treated as an operator")
+		env.Logger.Warn("authentication is off (--insecure-no-auth): every caller may call every route, as an operator and as every other role")
 	}
 	switch {
 	case f.tlsCert != "" || f.tlsKey != "":

@@ -1,6 +1,8 @@
 package auth_test
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,5 +102,40 @@ func TestReload(t *testing.T) {
 		if _, ok := a.Authenticate(next); !ok {
 			t.Fatal("a failed reload dropped the tokens in force")
 		}
+	}
+}
+
+// Without authentication (--insecure-no-auth) no token says who calls, so
+// a caller may call what any role may: an executor submits to the proxy
+// and the proxy pays at the rail as they do with tokens. With an auth file,
+// a token calls only what its own role may.
+func TestRequireLetsAnInsecureCallerCallAsAnyRole(t *testing.T) {
+	call := func(a *auth.Authenticator, token string, roles ...auth.Role) int {
+		h := a.Middleware(auth.Require(roles...)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusNoContent)
+		})), nil)
+		req := httptest.NewRequest(http.MethodPost, "/v1/anything", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	insecure := auth.Insecure()
+	for _, role := range []auth.Role{auth.Executor, auth.Reconciler, auth.Operator, auth.Proxy} {
+		if code := call(insecure, "", role); code != http.StatusNoContent {
+			t.Errorf("insecure caller on a %s-only route: %d, want 204", role, code)
+		}
+	}
+	a, err := auth.Parse([]byte(fileBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := call(a, "executor-token-0123456789", auth.Executor); code != http.StatusNoContent {
+		t.Errorf("executor token on an executor route: %d, want 204", code)
+	}
+	if code := call(a, "executor-token-0123456789", auth.Proxy); code != http.StatusForbidden {
+		t.Errorf("executor token on a proxy-only route: %d, want 403", code)
 	}
 }
