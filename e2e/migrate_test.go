@@ -81,7 +81,7 @@ func TestMigrateCLI(t *testing.T) {
 	if _, err := readTx.Exec(ctx, `SELECT count(*) FROM rail_submission`); err != nil {
 		t.Fatal(err)
 	}
-	_, errOut, code = runCLI(t, nil, "migrate", "--db", "proxydb", "--database-url", pg.URL("proxydb"), "--lock-timeout", "200ms", "--timeout", "3s")
+	_, errOut, code = runCLI(t, nil, "migrate", "--db", "proxydb", "--database-url", pg.URL("proxydb"), "--lock-timeout", "200ms", "--timeout", "15s")
 	if code != 1 || !strings.Contains(errOut, "trying again") || !strings.Contains(errOut, "migration 3 waited for a table lock") {
 		t.Fatalf("migrate while a transaction holds the table: exit %d, stderr %q; want exit 1 after retries, the lock wait named", code, errOut)
 	}

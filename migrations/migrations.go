@@ -178,15 +178,21 @@ func Apply(ctx context.Context, db DB, databaseURL string, opts ...Option) error
 		return fmt.Errorf("migrations: %s: %w", db, err)
 	}
 	pause := time.Second
+	var waitedFor int64 // the migration that last gave up its lock wait
 	for attempt := 1; ; attempt++ {
 		_, err := p.Up(ctx)
 		if err == nil {
 			return nil
 		}
+		if ctx.Err() != nil && waitedFor != 0 {
+			return fmt.Errorf("migrations: %s: migration %d waited for a table lock held by another transaction (lock_timeout %s, %d attempts) until it was stopped: %w",
+				db, waitedFor, set.lockTimeout, attempt, ctx.Err())
+		}
 		var partial *goose.PartialError
 		if !isLockTimeout(err) || !errors.As(err, &partial) || ctx.Err() != nil {
 			return fmt.Errorf("migrations: %s: apply: %w", db, err)
 		}
+		waitedFor = partial.Failed.Source.Version
 		set.log.Warn("a migration waited too long for a table lock, held by another transaction: rolled back, the table's traffic goes on, trying again",
 			"db", string(db), "migration", partial.Failed.Source.Version, "lock_timeout", set.lockTimeout,
 			"attempt", attempt, "retry_in", pause)
@@ -195,7 +201,7 @@ func Apply(ctx context.Context, db DB, databaseURL string, opts ...Option) error
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("migrations: %s: migration %d waited for a table lock held by another transaction (lock_timeout %s, %d attempts) until it was stopped: %w",
-				db, partial.Failed.Source.Version, set.lockTimeout, attempt, ctx.Err())
+				db, waitedFor, set.lockTimeout, attempt, ctx.Err())
 		case <-t.C:
 		}
 		pause = min(2*pause, 30*time.Second)

@@ -352,7 +352,7 @@ func TestAMigrationWaitingForALockDoesNotStopTheTablesTraffic(t *testing.T) {
 	}
 
 	// Bounded by its context, it says what it waited for.
-	shortCtx, shortCancel := context.WithTimeout(ctx, 2*time.Second)
+	shortCtx, shortCancel := context.WithTimeout(ctx, 15*time.Second)
 	defer shortCancel()
 	err = migrations.Apply(shortCtx, migrations.ProxyDB, url, migrations.WithLockTimeout(200*time.Millisecond))
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "waited for a table lock") {
@@ -376,7 +376,8 @@ func TestAMigrationWaitingForALockDoesNotStopTheTablesTraffic(t *testing.T) {
 	defer watch.Close(context.Background())
 	for waiting := false; !waiting; {
 		if err := watch.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query ILIKE 'ALTER TABLE rail_submission%'`).Scan(&waiting); err != nil {
+			WHERE wait_event_type = 'Lock' AND datname = current_database()
+			AND query ILIKE 'ALTER TABLE rail_submission%'`).Scan(&waiting); err != nil {
 			t.Fatalf("waiting for the migration to wait on its lock: %v", err)
 		}
 	}
