@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -19,10 +20,11 @@ const MaxBodyBytes = 1 << 20
 
 // DecodeJSON strictly decodes the request body into v: unknown fields,
 // trailing data, wrong types, empty bodies and bodies over 1 MiB are
-// invalid_request errors naming what was wrong.
+// invalid_request errors naming what was wrong. A Content-Type, when
+// given, must be application/json, in UTF-8 if it names a charset.
 func DecodeJSON(r *http.Request, v any) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(strings.ToLower(ct), "application/json") {
-		return problem.New(problem.InvalidRequest, "Content-Type must be application/json, got %q", ct)
+	if ct := r.Header.Get("Content-Type"); ct != "" && !jsonContentType(ct) {
+		return problem.New(problem.InvalidRequest, "Content-Type must be application/json (charset utf-8, if any), got %q", problem.Echo(ct))
 	}
 	body, err := ReadBody(r)
 	if err != nil {
@@ -121,4 +123,20 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// jsonContentType reports whether ct is application/json, with no
+// parameter but a UTF-8 charset: JSON is UTF-8 (RFC 8259), and a body
+// declared otherwise would be read as something it is not.
+func jsonContentType(ct string) bool {
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "application/json" {
+		return false
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return false
+		}
+	}
+	return true
 }
