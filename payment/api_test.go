@@ -123,7 +123,7 @@ func TestRoles(t *testing.T) {
 	wantCode(t, err, problem.Forbidden)
 	_, err = e.exec.Cancel(bg, "po-1", 1, "h", "no")
 	wantCode(t, err, problem.Forbidden)
-	_, err = e.exec.Resolve(bg, "po-1", 1, "h", pc.ResolutionAbsent, "x")
+	_, err = e.exec.Resolve(bg, "po-1", 1, "h", pc.ResolutionAbsent, "x", "")
 	wantCode(t, err, problem.Forbidden)
 	_, err = e.recon.Claim(bg, "po-1", 1, "h")
 	wantCode(t, err, problem.Forbidden)

@@ -177,6 +177,9 @@ func (s *Service) decideOne(ctx context.Context, tx *pgpool.Tx, p pc.Payout, cmd
 		if ev == EvResolveAbsent {
 			ch.failure = str("rail_absent")
 		}
+		// The rail's reference of the settled payment, as an ACKED
+		// outcome's: the posted payout is reconciled against it.
+		ch.railRef = str(cmd.RailRef)
 	case EvCancel:
 		ch.failure = str("cancelled")
 		ch.reason = cmd.Text

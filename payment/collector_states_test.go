@@ -54,7 +54,7 @@ func TestStateCollector(t *testing.T) {
 	}
 
 	// The older one is resolved: the age follows the one left.
-	if _, err := e.recon.Resolve(tctx(t), "po-f", 9, "holder-r", pc.ResolutionAbsent, "rail: no payment for the reference"); err != nil {
+	if _, err := e.recon.Resolve(tctx(t), "po-f", 9, "holder-r", pc.ResolutionAbsent, "rail: no payment for the reference", ""); err != nil {
 		t.Fatal(err)
 	}
 	check(map[pc.State]float64{pc.Pending: 2, pc.Claimed: 1, pc.Posted: 1, pc.Failed: 2, pc.RailAmbiguous: 1})

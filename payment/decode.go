@@ -90,7 +90,7 @@ func decodeCommand(r *http.Request, op Op) (Command, error) {
 		if err := httpx.DecodeJSON(r, &req); err != nil {
 			return cmd, err
 		}
-		cmd.Token, cmd.Holder, cmd.Resolution, cmd.Text = req.Token, req.Holder, req.Resolution, req.Evidence
+		cmd.Token, cmd.Holder, cmd.Resolution, cmd.Text, cmd.RailRef = req.Token, req.Holder, req.Resolution, req.Evidence, req.RailRef
 	case OpCancel, OpAbandon:
 		var req pc.ReasonRequest
 		if err := httpx.DecodeJSON(r, &req); err != nil {
@@ -124,6 +124,14 @@ func decodeCommand(r *http.Request, op Op) (Command, error) {
 		}
 		if err := wire.ValidText("evidence", cmd.Text, wire.MaxTextLen, true, false); err != nil {
 			return cmd, err
+		}
+		if cmd.RailRef != "" {
+			if cmd.Resolution == pc.ResolutionAbsent {
+				return cmd, badField("rail_ref", "names a payment at the rail: only with SETTLED")
+			}
+			if err := wire.ValidRef("rail_ref", cmd.RailRef); err != nil {
+				return cmd, err
+			}
 		}
 	case OpCancel, OpAbandon:
 		if err := wire.ValidText("reason", cmd.Text, wire.MaxTextLen, true, false); err != nil {

@@ -70,10 +70,10 @@ var requests = []request{
 		return e.exec.Post(bg, id, tok, h)
 	}},
 	{"resolve-settled", EvResolveSettled, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
-		return e.recon.Resolve(bg, id, tok, h, pc.ResolutionSettled, "rail lookup: settled rail-1")
+		return e.recon.Resolve(bg, id, tok, h, pc.ResolutionSettled, "rail lookup: settled rail-1", "rail-1")
 	}},
 	{"resolve-absent", EvResolveAbsent, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
-		return e.recon.Resolve(bg, id, tok, h, pc.ResolutionAbsent, "rail lookup: final, no payment")
+		return e.recon.Resolve(bg, id, tok, h, pc.ResolutionAbsent, "rail lookup: final, no payment", "")
 	}},
 	{"cancel", EvCancel, func(e *testBundle, id string, tok fencing.Token, h fencing.Holder) (pc.Payout, error) {
 		return e.oper.Cancel(bg, id, tok, h, "customer withdrew")

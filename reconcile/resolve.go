@@ -230,7 +230,7 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) e
 		r.leave(rep, p, "could not encode the evidence: %v", err)
 		return nil
 	}
-	out, err := r.c.Payment.Resolve(ctx, p.ID, lease.Token, lease.Holder, res, evidence)
+	out, err := r.c.Payment.Resolve(ctx, p.ID, lease.Token, lease.Holder, res, evidence, settledRef(res, lk.RailItems))
 	switch {
 	case problem.Has(err, problem.FencedOut):
 		log.Warn("resolution fenced out at the payment resource: a newer holder owns the account", obs.KeyEvent, "fenced_out", obs.KeyError, err.Error())
@@ -265,6 +265,21 @@ func mismatch(cur pc.Payout, lk proxyclient.LookupResult) string {
 	for _, it := range lk.RailItems {
 		if it.Status == railclient.StatusSettled && (it.Amount != cur.Amount || it.Currency != cur.Currency) {
 			return fmt.Sprintf("the rail settled %d %s (rail_ref %q) for a payout of %d %s", it.Amount, it.Currency, it.RailRef, cur.Amount, cur.Currency)
+		}
+	}
+	return ""
+}
+
+// settledRef is the rail's reference of the payment a SETTLED resolution
+// rests on (the first settled one: a second is a duplicate payment, its
+// own finding), as one line the payment resource takes; "" with ABSENT.
+func settledRef(res pc.Resolution, items []proxyclient.RailPayment) string {
+	if res != pc.ResolutionSettled {
+		return ""
+	}
+	for _, it := range items {
+		if it.Status == railclient.StatusSettled && it.RailRef != "" {
+			return wire.OneLine(it.RailRef, wire.MaxRefLen)
 		}
 	}
 	return ""

@@ -54,8 +54,8 @@ func TestResolveSettled(t *testing.T) {
 		t.Fatalf("evidence %s (%v)", x.Evidence, err)
 	}
 	got, err := e.pay.Payout(ctxT(t), p.ID)
-	if err != nil || got.State != pc.RailAcked {
-		t.Fatalf("payout %s: %v %s", p.ID, err, got.State)
+	if err != nil || got.State != pc.RailAcked || got.RailRef == "" || got.RailRef != ev.RailItems[0].RailRef {
+		t.Fatalf("payout %s: %v %s rail_ref %q, want RAIL_ACKED carrying the rail's reference %q", p.ID, err, got.State, got.RailRef, ev.RailItems[0].RailRef)
 	}
 	sub, err := e.proxy.Get(ctxT(t), p.ID)
 	if err != nil || sub.Resolution != proxyclient.ResolutionSettled {

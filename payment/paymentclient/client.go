@@ -203,10 +203,10 @@ func (c *Client) Post(ctx context.Context, payoutID string, token fencing.Token,
 
 // Resolve settles an ambiguous payout from external evidence (reconciler):
 // SETTLED -> RAIL_ACKED, ABSENT -> FAILED. evidence must not be empty.
-func (c *Client) Resolve(ctx context.Context, payoutID string, token fencing.Token, holder fencing.Holder, resolution Resolution, evidence string) (Payout, error) {
+func (c *Client) Resolve(ctx context.Context, payoutID string, token fencing.Token, holder fencing.Holder, resolution Resolution, evidence, railRef string) (Payout, error) {
 	var out Payout
 	err := c.c.Post(ctx, payoutPath(payoutID, "resolve"), ResolveRequest{
-		Token: token, Holder: holder, Resolution: resolution, Evidence: evidence,
+		Token: token, Holder: holder, Resolution: resolution, Evidence: evidence, RailRef: railRef,
 	}, &out)
 	return out, err
 }

@@ -160,6 +160,10 @@ type ResolveRequest struct {
 	Holder     fencing.Holder `json:"holder"`
 	Resolution Resolution     `json:"resolution"`
 	Evidence   string         `json:"evidence"`
+	// RailRef, with SETTLED, is the rail's reference of the settled
+	// payment: the payout then carries it, as an ACKED outcome's does.
+	// Optional; refused with ABSENT.
+	RailRef string `json:"rail_ref,omitempty"`
 }
 
 // ReasonRequest is the body of /cancel and /abandon.
