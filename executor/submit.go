@@ -228,7 +228,9 @@ func (r *run) refused(p pc.Payout, refusal error) (pc.Payout, error) {
 		code += ":" + field
 	}
 	code = wire.OneLine(code, wire.MaxRefLen)
-	evidence := "proxy 400 forwarded=false: " + pe.Message
+	// The proxy's words, as one line the payment resource takes: refused,
+	// the payout would stay RAIL_SUBMITTED, its money held.
+	evidence := wire.OneLine("proxy 400 forwarded=false: "+pe.Message, wire.MaxTextLen)
 	log := r.log.With("step", "refuse", obs.KeyPayoutID, p.ID, "error_code", code)
 	rec, found, err := r.lookup(p)
 	if err != nil {

@@ -68,10 +68,15 @@ func ValidText(field, v string, maxLen int, required, oneLine bool) error {
 		return BadField(field, "longer than %d bytes", maxLen)
 	}
 	for _, r := range v {
-		// A one-line field (a reference, an id the rail and operators
-		// read) also refuses format characters (Cf): a right-to-left
+		// Free text keeps its line breaks and tabs, and no other control
+		// character: an escape sequence would rewrite the terminal of the
+		// operator who reads it (payouts payout show --events). A one-line
+		// field (a reference, an id the rail and operators read) also
+		// refuses those and format characters (Cf): a right-to-left
 		// override or a zero-width space makes one text read as another.
-		if r == 0 || r == unicode.ReplacementChar || (oneLine && (unicode.IsControl(r) || unicode.Is(unicode.Cf, r))) {
+		if r == 0 || r == unicode.ReplacementChar ||
+			(unicode.IsControl(r) && (oneLine || (r != '\n' && r != '\t' && r != '\r'))) ||
+			(oneLine && unicode.Is(unicode.Cf, r)) {
 			return BadField(field, "contains a control, format or invalid character")
 		}
 	}

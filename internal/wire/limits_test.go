@@ -41,8 +41,15 @@ func TestOneLineFieldsRefuseFormatCharacters(t *testing.T) {
 	if err := ValidRef("beneficiary_ref", "Zoë Ünal, IBAN DE89 3704 0044"); err != nil {
 		t.Errorf("a plain reference with letters beyond ASCII was refused: %v", err)
 	}
-	if err := ValidText("reason", "line one\nline two \u200d", MaxTextLen, true, false); err != nil {
+	if err := ValidText("reason", "line one\r\nline two\t\u200d", MaxTextLen, true, false); err != nil {
 		t.Errorf("free text refused: %v", err)
+	}
+	// Free text refuses every other control character: an escape
+	// sequence in a reason would rewrite the terminal that shows it.
+	for _, v := range []string{"x\x1b[2Jy", "bell\a", "back\bspace", "c1 \u009b2J", "nul\x00"} {
+		if err := ValidText("reason", v, MaxTextLen, true, false); err == nil {
+			t.Errorf("ValidText(%q) accepted a control character in free text", v)
+		}
 	}
 }
 
