@@ -48,7 +48,7 @@ func TestCreationsArrivingDuringAWriteShareAStatement(t *testing.T) {
 		waitFor(t, "the create of "+id+" to wait on the open transaction", func() bool {
 			var waiting int
 			err := e.svc.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND query LIKE 'WITH r AS%'`).Scan(&waiting)
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH r AS%'`).Scan(&waiting)
 			return err == nil && waiting == i+1
 		})
 	}

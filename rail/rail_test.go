@@ -198,9 +198,39 @@ func TestTimeoutAfterAcceptHoldsUntilTheCallerLeaves(t *testing.T) {
 	if err != nil || f.TimeoutAfterAccept != 1 || f.DeclineBeneficiaryPrefix != railclient.DefaultDeclinePrefix {
 		t.Fatalf("faults %+v %v (absent members must keep their value)", f, err)
 	}
-	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	// The caller gives up only once the rail has made the payment (seen in
+	// its report), however long a loaded machine takes to get there.
+	short, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if _, err := ex.Pay(short, req("ref-t")); !errors.Is(err, httpx.ErrTransport) {
+	paid := make(chan error, 1)
+	go func() {
+		_, err := ex.Pay(short, req("ref-t"))
+		paid <- err
+	}()
+	for deadline := time.Now().Add(50 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		rep, err := op.SettlementReport(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rep) > 0 {
+			break
+		}
+		select {
+		case err := <-paid:
+			t.Fatalf("pay answered before the payment was made: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the payment never reached the rail")
+		}
+	}
+	select {
+	case err := <-paid:
+		t.Fatalf("pay answered while the caller was still waiting: %v, want the answer held", err)
+	default:
+	}
+	cancel()
+	if err := <-paid; !errors.Is(err, httpx.ErrTransport) {
 		t.Fatalf("pay: %v, want no answer", err)
 	}
 	rep, err := op.SettlementReport(ctx)

@@ -158,14 +158,30 @@ func TestOnlyExecutorsSubmitBatches(t *testing.T) {
 // each rail call and records its outcome.
 func TestBatchForwardingIsDetachedFromTheCaller(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
-	b.setFaults(t, railclient.Faults{LatencyMS: 1500})
-	ctx, cancel := context.WithTimeout(ctxFor(t), 300*time.Millisecond)
+	// The rail holds the batch's first call until freed: the caller goes
+	// away only once the intents are committed (one transaction) and
+	// forwarding is under way, however slow the machine.
+	railURL, entered, free := heldRail(t, &fakeClock{t: time.Now()}, http.MethodPost)
+	b := setup(t, options{railURL: railURL})
+	ctx, cancel := context.WithCancel(ctxFor(t))
 	defer cancel()
-	_, err := b.pc.SubmitBatch(ctx, "acc-bd", 3, holder(3), batchItems("acc-bd", "p-d1", "p-d2"))
-	if !errors.Is(err, httpx.ErrTransport) {
+	submitted := make(chan error, 1)
+	go func() {
+		_, err := b.pc.SubmitBatch(ctx, "acc-bd", 3, holder(3), batchItems("acc-bd", "p-d1", "p-d2"))
+		submitted <- err
+	}()
+	select {
+	case <-entered:
+	case err := <-submitted:
+		t.Fatalf("the batch was answered before reaching the rail: %v", err)
+	case <-time.After(90 * time.Second):
+		t.Fatal("the batch never reached the rail")
+	}
+	cancel() // the caller goes away while a rail call is in flight
+	if err := <-submitted; !errors.Is(err, httpx.ErrTransport) {
 		t.Fatalf("impatient caller: %v, want no answer", err)
 	}
+	free()
 	for _, id := range []string{"p-d1", "p-d2"} {
 		eventually(t, "the outcome of "+id+" is recorded", func() (bool, error) {
 			rec, err := b.pc.Get(ctxFor(t), id)

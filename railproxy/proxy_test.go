@@ -21,9 +21,15 @@ import (
 // shows what really happened.
 func TestFaultModesMapToOutcomes(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{railTimeout: 3 * time.Second})
+	// A rail timeout generous enough that every case the rail answers is
+	// answered in time on a loaded machine; the cases whose subject is the
+	// rail not answering use a proxy (with a rail of its own) that gives up
+	// sooner, so as not to wait the long one out.
+	b := setup(t, options{})
+	short := setup(t, options{railTimeout: 5 * time.Second})
 	cases := []struct {
 		name        string
+		short       bool // through the proxy with the short rail timeout
 		faults      railclient.Faults
 		beneficiary string
 		outcome     proxyclient.Outcome
@@ -34,14 +40,18 @@ func TestFaultModesMapToOutcomes(t *testing.T) {
 		{name: "clean", outcome: proxyclient.OutcomeAcked, atRail: 1, railStatus: railclient.StatusSettled},
 		{name: "declined", beneficiary: "DECLINE-ben", outcome: proxyclient.OutcomeRejected, code: railclient.DeclineCodeBeneficiary, atRail: 1, railStatus: railclient.StatusDeclined},
 		{name: "latency", faults: railclient.Faults{LatencyMS: 50}, outcome: proxyclient.OutcomeAcked, atRail: 1, railStatus: railclient.StatusSettled},
-		{name: "timeout_after_accept", faults: railclient.Faults{TimeoutAfterAccept: 1}, outcome: proxyclient.OutcomeTimeout, code: "rail_timeout", atRail: 1, railStatus: railclient.StatusSettled},
-		{name: "latency_beyond_timeout", faults: railclient.Faults{LatencyMS: 10_000}, outcome: proxyclient.OutcomeTimeout, code: "rail_timeout", atRail: 0},
+		{name: "timeout_after_accept", short: true, faults: railclient.Faults{TimeoutAfterAccept: 1}, outcome: proxyclient.OutcomeTimeout, code: "rail_timeout", atRail: 1, railStatus: railclient.StatusSettled},
+		{name: "latency_beyond_timeout", short: true, faults: railclient.Faults{LatencyMS: 30_000}, outcome: proxyclient.OutcomeTimeout, code: "rail_timeout", atRail: 0},
 		{name: "drop_before_accept", faults: railclient.Faults{DropBeforeAccept: 1}, outcome: proxyclient.OutcomeTimeout, code: "rail_connection_failed", atRail: 0},
 		{name: "error_after_accept", faults: railclient.Faults{ErrorAfterAccept: 1}, outcome: proxyclient.OutcomeTimeout, code: "rail_http_500", atRail: 1, railStatus: railclient.StatusSettled},
 		{name: "error_before_accept", faults: railclient.Faults{ErrorBeforeAccept: 1}, outcome: proxyclient.OutcomeTimeout, code: "rail_http_503", atRail: 0},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			b := b
+			if tc.short {
+				b = short
+			}
 			b.setFaults(t, tc.faults)
 			s := sub("p-"+tc.name, "acc-fault-"+tc.name)
 			if tc.beneficiary != "" {
@@ -70,6 +80,7 @@ func TestFaultModesMapToOutcomes(t *testing.T) {
 		})
 	}
 	b.setFaults(t, railclient.Faults{})
+	short.setFaults(t, railclient.Faults{})
 }
 
 func fencingToken(i int) fencing.Token { return fencing.Token(i) }
@@ -188,15 +199,31 @@ func TestBadInputWritesNothing(t *testing.T) {
 // forwarding: the proxy finishes the rail call and records the outcome.
 func TestForwardingIsDetachedFromTheCaller(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{})
-	b.setFaults(t, railclient.Faults{LatencyMS: 1500})
+	// The rail holds the submission's call until freed: the caller goes
+	// away only once the intent is committed and its rail call under way
+	// (however slow the machine), and the rail answers only after that.
+	railURL, entered, free := heldRail(t, &fakeClock{t: time.Now()}, http.MethodPost)
+	b := setup(t, options{railURL: railURL})
 	s := sub("p-detached", "acc-detached")
-	ctx, cancel := context.WithTimeout(ctxFor(t), 300*time.Millisecond)
+	ctx, cancel := context.WithCancel(ctxFor(t))
 	defer cancel()
-	_, err := b.pc.Submit(ctx, s, 3, holder(3))
-	if !errors.Is(err, httpx.ErrTransport) {
+	submitted := make(chan error, 1)
+	go func() {
+		_, err := b.pc.Submit(ctx, s, 3, holder(3))
+		submitted <- err
+	}()
+	select {
+	case <-entered:
+	case err := <-submitted:
+		t.Fatalf("the submission was answered before reaching the rail: %v", err)
+	case <-time.After(90 * time.Second):
+		t.Fatal("the submission never reached the rail")
+	}
+	cancel() // the caller goes away while the rail call is in flight
+	if err := <-submitted; !errors.Is(err, httpx.ErrTransport) {
 		t.Fatalf("impatient caller: %v, want no answer", err)
 	}
+	free()
 	eventually(t, "the outcome is recorded", func() (bool, error) {
 		rec, err := b.pc.Get(ctxFor(t), s.PayoutID)
 		if problem.Has(err, problem.NotFound) {

@@ -61,7 +61,9 @@ func silentRail(t *testing.T) (url string, payments, lookups func() int) {
 func TestABatchItemLateForItsSlotIsNotSent(t *testing.T) {
 	t.Parallel()
 	railURL, calls, _ := silentRail(t)
-	const railTimeout = 2 * time.Second
+	// The first maxBatchForwards items must start their calls within the
+	// send window of the intents' transaction, on a loaded machine too.
+	const railTimeout = 10 * time.Second
 	b := setup(t, options{railURL: railURL, railTimeout: railTimeout, sendWindow: railTimeout})
 
 	items := make([]proxyclient.BatchItem, maxBatchForwards+1)
@@ -104,7 +106,7 @@ func TestLookupWaitsForTheSendWindowAndTheRailCall(t *testing.T) {
 	t.Parallel()
 	railURL, _, lookups := silentRail(t)
 	dbURL := pgtest.NewDB(t, migrations.ProxyDB)
-	const railTimeout, sendWindow = 4 * time.Second, 4 * time.Second
+	const railTimeout, sendWindow = 30 * time.Second, 30 * time.Second
 	b := setup(t, options{railURL: railURL, dbURL: dbURL, railTimeout: railTimeout, sendWindow: sendWindow})
 	conn := pgtest.Conn(t, dbURL)
 	plant := func(payoutID string, age time.Duration) {
@@ -118,7 +120,7 @@ func TestLookupWaitsForTheSendWindowAndTheRailCall(t *testing.T) {
 		}
 	}
 	// Older than the rail timeout, and than the send window, but not than
-	// both together (8 s): 3 s of margin for the lookup on a loaded machine.
+	// both together (60 s): 29 s of margin for the lookup on a loaded machine.
 	plant("p-age-young", sendWindow+time.Second)
 	plant("p-age-old", 2*(sendWindow+railTimeout))
 

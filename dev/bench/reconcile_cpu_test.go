@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"syscall"
@@ -21,8 +22,13 @@ func TestProcCPUCountsChildrenOnlyWhenAsked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A child that burns at least half a second of CPU.
-	cmd := exec.Command("sh", "-c", `end=$(( $(date +%s) + 2 )); while [ "$(date +%s)" -lt "$end" ]; do :; done`)
+	// A child that burns at least half a second of CPU: it spins until its
+	// own utime+stime (fields 14 and 15 of /proc/$$/stat, in clock ticks)
+	// reaches 600ms, so it does a fixed amount of CPU work however long a
+	// loaded machine takes to give it that much. The loop uses only shell
+	// builtins (read, set, arithmetic), so the CPU is the child's own.
+	target := int64(600 * time.Millisecond * clockTicks / time.Second)
+	cmd := exec.Command("sh", "-c", fmt.Sprintf(`while :; do read -r l < /proc/$$/stat; set -- $l; [ $(( ${14} + ${15} )) -ge %d ] && break; done`, target))
 	if err := cmd.Run(); err != nil {
 		t.Fatal(err)
 	}

@@ -209,7 +209,7 @@ func TestReadyzTurns503OnShutdownAndInFlightFinishes(t *testing.T) {
 	base := "http://" + addr.String()
 	waitStatus := func(path string, want int) {
 		t.Helper()
-		for i := 0; i < 500; i++ {
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
 			resp, err := http.Get(base + path)
 			if err == nil {
 				resp.Body.Close()

@@ -106,7 +106,7 @@ func (r *takeoverRig) blockedOrDone(t *testing.T, done <-chan struct{}) {
 // succeeded: A was told it was live with token 1 while B held token 2.
 func TestKeepAliveInFlightAcrossTakeover(t *testing.T) {
 	r := setupTakeover(t)
-	r.lapseIn(t, 300*time.Millisecond)
+	r.lapseIn(t, 5*time.Second)
 	tx, err := r.b.pool.Begin(r.ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +157,7 @@ func TestTakeoverInFlightAcrossKeepAlive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.lapseIn(t, 300*time.Millisecond)
+	r.lapseIn(t, 5*time.Second)
 	ktx, err := r.b.pool.Begin(r.ctx)
 	if err != nil {
 		t.Fatal(err)
