@@ -43,7 +43,7 @@ demo:
 up: build
 	./$(BIN) dev up --dir .dev/stack
 
-# The chaos run at full size (DESIGN §5, e2e/chaos_test.go), on the etcd then
+# The chaos run at full size (docs/safety.md, e2e/chaos_test.go), on the etcd then
 # the PostgreSQL lock backend: 10,000 payouts over 250 accounts, 4 executors,
 # 110 faults per backend drawn from one printed seed, then drain, reconcile and
 # the rail's settlement report against the ledger. PAYOUTS_CHAOS_SEED replays a
