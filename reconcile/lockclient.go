@@ -101,7 +101,8 @@ func (l *lockService) Acquire(ctx context.Context, key string, wait time.Duratio
 	// it is released again when this lease ends.
 	delete(l.unreleased, key)
 	l.grants[key] = g
-	return Lease{Token: g.Token, Holder: g.Holder()}, false, nil
+	return Lease{Token: g.Token, Holder: g.Holder(), Ctx: g.Context(),
+		Healthy: func() bool { return s.State() == lockclient.Healthy }}, false, nil
 }
 
 func (l *lockService) Release(ctx context.Context, key string, lease Lease) error {

@@ -20,6 +20,21 @@ type GrantRecord struct {
 type Lease struct {
 	Token  fencing.Token
 	Holder fencing.Holder
+	// Ctx, when set, ends once the grant can no longer be relied on
+	// (released, or its session lost): a write under it is abandoned.
+	Ctx context.Context
+	// Healthy, when set, reports whether a new step may start under the
+	// grant: not when a keepalive of its session has failed (JEOPARDY,
+	// D-11), since its session may expire before the write lands.
+	Healthy func() bool
+}
+
+// usable reports whether a new step may start under the lease.
+func (l Lease) usable() bool {
+	if l.Ctx != nil && l.Ctx.Err() != nil {
+		return false
+	}
+	return l.Healthy == nil || l.Healthy()
 }
 
 // LockService is what the reconciler needs from the lock service: the

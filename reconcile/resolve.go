@@ -230,7 +230,20 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) e
 		r.leave(rep, p, "could not encode the evidence: %v", err)
 		return nil
 	}
-	out, err := r.c.Payment.Resolve(ctx, p.ID, lease.Token, lease.Holder, res, evidence, settledRef(res, lk.RailItems))
+	// No new step under a grant in jeopardy (D-11), and none that outlives
+	// the grant: its session may have expired, another holder taken the
+	// account, and this write would only be fenced out.
+	if !lease.usable() {
+		log.Warn("the account's grant is no longer healthy (a keepalive of the reconciler's session failed); not resolving under it")
+		r.leave(rep, p, "the grant of %s is no longer healthy (a keepalive failed); resolved on a later pass", key)
+		return nil
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if lease.Ctx != nil {
+		defer context.AfterFunc(lease.Ctx, cancel)()
+	}
+	out, err := r.c.Payment.Resolve(wctx, p.ID, lease.Token, lease.Holder, res, evidence, settledRef(res, lk.RailItems))
 	switch {
 	case problem.Has(err, problem.FencedOut):
 		log.Warn("resolution fenced out at the payment resource: a newer holder owns the account", obs.KeyEvent, "fenced_out", obs.KeyError, err.Error())

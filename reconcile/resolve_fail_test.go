@@ -252,3 +252,30 @@ func TestAmbiguityIsMeasuredFromItsEntryIntoRailAmbiguous(t *testing.T) {
 	rep = pass(t, e.reconciler(t, reconcile.Options{AmbiguitySLA: 24 * time.Hour}, e.st.Ready.Tokens.Operator))
 	mustFind(t, rep, reconcile.INV02, reconcile.CheckAmbiguousOverSLA, map[string]any{"payout_id": p.ID})
 }
+
+// sickLock hands out leases whose session is in jeopardy (a keepalive
+// failed): no new step may start under them (D-11).
+type sickLock struct{ reconcile.LockService }
+
+func (l sickLock) Acquire(ctx context.Context, key string, wait time.Duration) (reconcile.Lease, bool, error) {
+	lease, held, err := l.LockService.Acquire(ctx, key, wait)
+	lease.Healthy = func() bool { return false }
+	return lease, held, err
+}
+
+// A resolution is not written under a grant whose session is in jeopardy:
+// the session may expire before the write lands and another holder take
+// the account, which would fence the write out (a fenced_out page for a
+// benign race). The payout is left for a later pass.
+func TestNoResolutionUnderAGrantInJeopardy(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.reportedAmbiguous(t, e.newPayout(t, acc, 45))
+	r := e.reconcilerWith(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator,
+		func(l reconcile.LockService) reconcile.LockService { return sickLock{l} })
+	leftUntil(t, r, p.ID, "is no longer healthy")
+	got, err := e.pay.Payout(ctxT(t), p.ID)
+	if err != nil || got.State != pc.RailAmbiguous {
+		t.Fatalf("payout %s: %v %s, want RAIL_AMBIGUOUS", p.ID, err, got.State)
+	}
+}
