@@ -40,12 +40,36 @@ func init() {
 // etcd round it to whole seconds.
 const executorTTL = "3s"
 
+// steadyExecutorTTL is for tests that require no executor to lose its
+// session (they assert that nobody was fenced out): long enough that a
+// stall of a loaded machine does not lapse a session and cause a correct,
+// but unwanted, takeover.
+const steadyExecutorTTL = "15s"
+
+// steadyRailTimeout is the proxy's rail timeout for tests that need every
+// payout POSTED and run no reconciler: one slow rail call on a loaded
+// machine must not time out and leave a payout RAIL_AMBIGUOUS for good. It
+// stays below the executor's proxy call timeout (proxyclient.DefaultTimeout).
+const steadyRailTimeout = 30 * time.Second
+
 // startExecutor runs `payouts run executor` against the system.
 func (s *system) startExecutor(t *testing.T, name string, env []string, extra ...string) *proctest.Proc {
 	t.Helper()
+	return s.startExecutorTTL(t, name, executorTTL, env, extra...)
+}
+
+// startSteadyExecutor runs an executor with steadyExecutorTTL.
+func (s *system) startSteadyExecutor(t *testing.T, name string, env []string, extra ...string) *proctest.Proc {
+	t.Helper()
+	return s.startExecutorTTL(t, name, steadyExecutorTTL, env, extra...)
+}
+
+// startExecutorTTL runs `payouts run executor` with the given session TTL.
+func (s *system) startExecutorTTL(t *testing.T, name, ttl string, env []string, extra ...string) *proctest.Proc {
+	t.Helper()
 	r := s.st.Ready
 	args := []string{"run", "executor", "--owner", name, "--lock-url", r.LockURL, "--payment-url", r.PaymentURL,
-		"--proxy-url", r.ProxyURL, "--session-ttl", executorTTL, "--poll-interval", "200ms"}
+		"--proxy-url", r.ProxyURL, "--session-ttl", ttl, "--poll-interval", "200ms"}
 	env = append(env, "PAYOUTS_TOKEN="+r.Tokens.Executor)
 	return proctest.Start(t, name, env, append(args, extra...)...)
 }
@@ -160,7 +184,9 @@ func TestExecutorsDrainUnderRailFaults(t *testing.T) {
 	}
 	var execs []*proctest.Proc
 	for i := 1; i <= 3; i++ {
-		execs = append(execs, s.startExecutor(t, fmt.Sprintf("exec-%d", i), nil, "--concurrency", "4"))
+		// A steady TTL: the check below that nobody was fenced out must
+		// not be failed by a stall that lapses a session.
+		execs = append(execs, s.startSteadyExecutor(t, fmt.Sprintf("exec-%d", i), nil, "--concurrency", "4"))
 	}
 	// Stop one executor gracefully while the others are busy.
 	waitUntil(t, 3*time.Minute, "a third of the payouts to settle", func() (bool, error) {
@@ -215,7 +241,9 @@ func TestExecutorRecoversFromSIGKILLInEachState(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	s := startSystem(t, stack.Options{SettlementWindow: 2 * time.Second, RailTimeout: 2 * time.Second})
+	// No scenario here is a rail timeout: a generous one keeps a slow rail
+	// call from turning a payout that must be POSTED ambiguous.
+	s := startSystem(t, stack.Options{SettlementWindow: 2 * time.Second, RailTimeout: steadyRailTimeout})
 	opening := map[string]int64{}
 	type scenario struct {
 		point executor.Point
@@ -267,7 +295,8 @@ func TestExecutorRecoversFromSIGKILLInEachState(t *testing.T) {
 		} else if code, err := restarted.Wait(time.Minute); err != nil || code != 0 {
 			t.Fatalf("proxy stop: exit %d, %v", code, err)
 		}
-		crashing := s.startProxy(t, "proxy-"+point, []string{"PAYOUTS_PROXY_CRASH_POINT=" + point}, 2*time.Second)
+		// Every proxy over proxydb runs the stack's rail timeout.
+		crashing := s.startProxy(t, "proxy-"+point, []string{"PAYOUTS_PROXY_CRASH_POINT=" + point}, steadyRailTimeout)
 		id := fmt.Sprintf("pp-%d", i)
 		ids = append(ids, id)
 		s.createPayout(t, id, acc, 777, "BEN-proxy-kill")
@@ -275,7 +304,7 @@ func TestExecutorRecoversFromSIGKILLInEachState(t *testing.T) {
 		if err != nil || code != 3 {
 			t.Fatalf("proxy with crash point %s: exit %d, %v\n%s", point, code, err, crashing.Log())
 		}
-		restarted = s.startProxy(t, "proxy-after-"+point, nil, 2*time.Second)
+		restarted = s.startProxy(t, "proxy-after-"+point, nil, steadyRailTimeout)
 		p := s.waitPayoutState(t, id, 2*time.Minute, settledStates...)
 		if p.State != pc.RailAmbiguous {
 			t.Errorf("after a proxy crash at %s payout %s ended %s, want RAIL_AMBIGUOUS", point, id, p.State)
@@ -319,7 +348,9 @@ func TestExecutorUC03PausedHolderIsFencedAtBothGuards(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	s := startSystem(t, stack.Options{SettlementWindow: 2 * time.Second, RailTimeout: 2 * time.Second})
+	// The stale holders are frozen, not the rail: a generous rail timeout
+	// keeps a slow rail call from leaving a payout ambiguous, not POSTED.
+	s := startSystem(t, stack.Options{SettlementWindow: 2 * time.Second, RailTimeout: steadyRailTimeout})
 	opening := map[string]int64{"uc3-a": 50_000, "uc3-b": 50_000}
 	for acc, bal := range opening {
 		s.createAccount(t, acc, bal)

@@ -39,7 +39,7 @@ const maxImageBytes = 50 << 20
 // service, payment resource, rail proxy, rail stub and an executor from it
 // (host network, loopback only, read-only root filesystem) against this
 // test's PostgreSQL and etcd; pays payouts end to end; and stops every
-// container with SIGTERM, expecting exit 0 within 10 s.
+// container with SIGTERM, expecting it to exit 0 on that signal alone.
 func TestImage(t *testing.T) {
 	d := dockerDaemon(t)
 	image := d.buildImage(t)
@@ -180,21 +180,31 @@ func TestImage(t *testing.T) {
 	}
 
 	// SIGTERM to PID 1: the executor first (it releases its locks), then
-	// the servers; each exits 0 within 10 s.
+	// the servers; each exits 0. Only SIGTERM is sent (docker kill, not
+	// docker stop), so a process that ignored it would never exit: the
+	// wait is bounded, generously for a loaded machine and the docker CLI
+	// calls timed with it.
+	const stopBound = time.Minute
 	for _, role := range []string{"executor", "proxy", "payment", "lock", "rail"} {
 		id := containers[role]
 		start := time.Now()
 		if out, err := d.cmd("kill", "--signal", "TERM", id).CombinedOutput(); err != nil {
 			t.Fatalf("docker kill %s: %v\n%s", role, err, out)
 		}
-		out, err := d.cmd("wait", id).Output()
+		wctx, cancel := context.WithTimeout(context.Background(), stopBound)
+		out, err := d.cmdContext(wctx, "wait", id).Output()
+		timedOut := err != nil && wctx.Err() != nil
+		cancel()
 		took := time.Since(start)
+		if timedOut {
+			t.Errorf("%s: still running %s after SIGTERM, want it to exit 0 on SIGTERM\n%s", role, took.Round(time.Millisecond), d.logs(id))
+			continue
+		}
 		if err != nil {
 			t.Fatalf("docker wait %s: %v", role, err)
 		}
-		code := strings.TrimSpace(string(out))
-		if code != "0" || took > 10*time.Second {
-			t.Errorf("%s: exit %s after %s on SIGTERM, want 0 within 10s\n%s", role, code, took.Round(time.Millisecond), d.logs(id))
+		if code := strings.TrimSpace(string(out)); code != "0" {
+			t.Errorf("%s: exit %s after %s on SIGTERM, want 0\n%s", role, code, took.Round(time.Millisecond), d.logs(id))
 		}
 	}
 
@@ -279,6 +289,13 @@ type docker struct {
 
 func (d *docker) cmd(args ...string) *exec.Cmd {
 	c := exec.Command("docker", args...)
+	c.Env = append(os.Environ(), d.env...)
+	return c
+}
+
+// cmdContext is cmd, killed when ctx ends.
+func (d *docker) cmdContext(ctx context.Context, args ...string) *exec.Cmd {
+	c := exec.CommandContext(ctx, "docker", args...)
 	c.Env = append(os.Environ(), d.env...)
 	return c
 }

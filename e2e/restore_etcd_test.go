@@ -141,7 +141,8 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	s := startSystem(t, stack.Options{SettlementWindow: time.Second, RailTimeout: time.Second})
+	// Every payout must end POSTED and no rail timeout is under test.
+	s := startSystem(t, stack.Options{SettlementWindow: time.Second, RailTimeout: steadyRailTimeout})
 	ctx := ctxT(t, 10*time.Minute)
 	const account = "re-a"
 	key := fencing.Key(account)

@@ -63,7 +63,8 @@ func TestRestorePayDBFromBaseBackup(t *testing.T) {
 	if testing.Short() {
 		t.Skip("whole-system test")
 	}
-	s := startSystem(t, stack.Options{SettlementWindow: time.Second, RailTimeout: time.Second})
+	// Every payout must end POSTED and no rail timeout is under test.
+	s := startSystem(t, stack.Options{SettlementWindow: time.Second, RailTimeout: steadyRailTimeout})
 	r := s.st.Ready
 	ctx := ctxT(t, 10*time.Minute)
 

@@ -75,7 +75,8 @@ const restoreAdvance = 1_000_000
 
 func setupRestore(t *testing.T, prefix string) *restoreRig {
 	t.Helper()
-	s := startSystem(t, stack.Options{SettlementWindow: time.Second, RailTimeout: time.Second})
+	// Every payout must end POSTED and no rail timeout is under test.
+	s := startSystem(t, stack.Options{SettlementWindow: time.Second, RailTimeout: steadyRailTimeout})
 	ctx := ctxT(t, 5*time.Minute)
 	r := &restoreRig{s: s, account: prefix + "-a"}
 
@@ -99,7 +100,10 @@ func setupRestore(t *testing.T, prefix string) *restoreRig {
 	r.lockProc = s.startPGLock(t, "lock-pg", r.lockDB)
 
 	s.createAccount(t, r.account, 10_000_000)
-	r.ex = s.startExecutor(t, prefix+"-executor", nil)
+	// A steady TTL: both tests require no safety event but those the
+	// restore causes, so a stall must not lapse the session and have a
+	// correct takeover fence out the executor's own writes.
+	r.ex = s.startSteadyExecutor(t, prefix+"-executor", nil)
 	r.runPayouts(t, prefix+"-before")
 
 	// The backup: a consistent copy of lockdb as it is now.
@@ -304,7 +308,9 @@ func TestRestoreLockDBFromBaseBackup(t *testing.T) {
 	}
 	// The grants issued between the backup and the restore are gone from
 	// the restored grant log, so the writes made under them stay reported
-	// as without a grant (INV-07). Nothing written under a later token may be.
+	// as without a grant (INV-07): both the ledger entries and the rail
+	// submissions. Nothing written under a later token may be.
+	lostGrants := map[string]int{}
 	for _, f := range out.Findings {
 		switch f.Check {
 		case "fenced_out":
@@ -312,9 +318,25 @@ func TestRestoreLockDBFromBaseBackup(t *testing.T) {
 			tok, _ := f.Objects["token"].(float64)
 			if tok <= float64(backupHigh) || tok > float64(highest) {
 				t.Errorf("finding for a token outside the lost grants (%d, %d]: %+v", backupHigh, highest, f)
+			} else {
+				lostGrants[f.Check]++
 			}
 		default:
 			t.Errorf("unexpected finding after bump-tokens: %+v", f)
+		}
+	}
+	requireLostGrantFindings(t, lostGrants, backupHigh, highest, log)
+}
+
+// requireLostGrantFindings requires INV-07 to report the writes made under
+// the grants a restore lost: at least one ledger entry and one rail
+// submission under a token in (low, high], as counted by check in found.
+func requireLostGrantFindings(t *testing.T, found map[string]int, low, high fencing.Token, log string) {
+	t.Helper()
+	for _, check := range []string{"ledger_without_grant", "submission_without_grant"} {
+		if found[check] == 0 {
+			t.Errorf("no INV-07 %s finding for a token in (%d, %d]: the writes made under the lost grants must stay reported\n%s",
+				check, low, high, log)
 		}
 	}
 }
@@ -386,17 +408,22 @@ func TestPromotedReplicaLockDB(t *testing.T) {
 	if code == 2 || hasFinding(out, "INV-04", "lock_service_rewound") || hasFinding(out, "INV-04", "token_regression") {
 		t.Fatalf("reconcile after the failover: exit %d, reports a token regression\n%s", code, log)
 	}
-	// The grants the replica never received stay reported as without a
-	// grant (INV-07); nothing written under a later token may be.
+	// The writes made under the grants the replica never received stay
+	// reported as without a grant (INV-07): both the ledger entries and
+	// the rail submissions. Nothing written under a later token may be.
+	lostGrants := map[string]int{}
 	for _, f := range out.Findings {
 		switch f.Check {
 		case "ledger_without_grant", "submission_without_grant":
 			tok, _ := f.Objects["token"].(float64)
 			if tok <= float64(r.backupHigh) || tok > float64(r.highest) {
 				t.Errorf("finding for a token outside the lost grants (%d, %d]: %+v", r.backupHigh, r.highest, f)
+			} else {
+				lostGrants[f.Check]++
 			}
 		default:
 			t.Errorf("unexpected finding after the failover: %+v", f)
 		}
 	}
+	requireLostGrantFindings(t, lostGrants, r.backupHigh, r.highest, log)
 }

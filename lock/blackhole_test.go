@@ -17,32 +17,43 @@ func TestBlackholedClient(t *testing.T) {
 		svc := setup(t, kind).svc
 		ctx := testCtx(t)
 		proxy := newBlackhole(t, svc.URL[len("http://"):])
+		// A TTL long enough that a slow keepalive before the cut does not
+		// put the session in jeopardy: the states are checked from the cut.
 		s, err := lockclient.Open(ctx, proxy.URL(), "partitioned", lockclient.WithToken(executorToken),
-			lockclient.WithTTL(2*time.Second), lockclient.WithHTTPClient(httpClient()))
+			lockclient.WithTTL(6*time.Second), lockclient.WithHTTPClient(httpClient()))
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Record every state the session passes through, from its opening
+		// on. Each state is read and recorded under mu, so the cut below
+		// falls between two recordings.
+		var (
+			mu     sync.Mutex
+			states []lockclient.State
+		)
+		record := func() lockclient.State {
+			st := s.State()
+			if len(states) == 0 || states[len(states)-1] != st {
+				states = append(states, st)
+			}
+			return st
+		}
+		mu.Lock()
+		record()
+		mu.Unlock()
 		g, err := s.TryAcquire(ctx, "payout:acc-bh")
 		if err != nil {
 			t.Fatal(err)
 		}
 		observer, _ := lockclient.New(svc.URL, lockclient.WithToken(executorToken))
 
-		// Record every state the session passes through.
-		var (
-			mu     sync.Mutex
-			states []lockclient.State
-		)
 		stopRec := make(chan struct{})
 		recDone := make(chan struct{})
 		go func() {
 			defer close(recDone)
 			for {
-				st := s.State()
 				mu.Lock()
-				if len(states) == 0 || states[len(states)-1] != st {
-					states = append(states, st)
-				}
+				st := record()
 				mu.Unlock()
 				if st == lockclient.Lost {
 					return
@@ -56,7 +67,14 @@ func TestBlackholedClient(t *testing.T) {
 		}()
 		t.Cleanup(func() { close(stopRec); <-recDone })
 
+		// The cut. cut is the index of the state the session was in when
+		// it came (a slow keepalive before it may have left the session in
+		// JEOPARDY already, or had it go JEOPARDY and back).
+		mu.Lock()
+		record()
+		cut := len(states) - 1
 		proxy.holed.Store(true)
+		mu.Unlock()
 		eventually(t, "the service to free the lock", func() bool {
 			l, err := observer.Lock(ctx, "payout:acc-bh")
 			if err != nil {
@@ -76,8 +94,17 @@ func TestBlackholedClient(t *testing.T) {
 		mu.Lock()
 		got := append([]lockclient.State(nil), states...)
 		mu.Unlock()
-		if len(got) != 3 || got[0] != lockclient.Healthy || got[1] != lockclient.Jeopardy || got[2] != lockclient.Lost {
-			t.Fatalf("states: want HEALTHY JEOPARDY LOST, got %v", got)
+		if got[0] != lockclient.Healthy {
+			t.Fatalf("states: want the session to open HEALTHY, got %v", got)
+		}
+		// From the cut on: HEALTHY (unless a keepalive had already
+		// failed), then JEOPARDY, then LOST, and nothing else.
+		after := got[cut:]
+		if after[0] == lockclient.Healthy {
+			after = after[1:]
+		}
+		if len(after) != 2 || after[0] != lockclient.Jeopardy || after[1] != lockclient.Lost {
+			t.Fatalf("states from the cut on: want [HEALTHY] JEOPARDY LOST, got %v (all: %v)", got[cut:], got)
 		}
 		select {
 		case <-s.Done():

@@ -250,6 +250,16 @@ func TestPostgresCrashRestart(t *testing.T) {
 	svc := startService(t, store{kind: "postgres", url: pg.URL("lockdb")})
 	cl, _ := lockclient.New(svc.URL, lockclient.WithToken(executorToken), lockclient.WithRequestTimeout(2*time.Second))
 
+	// The grace period lasts the longest TTL of any active session: this
+	// session, open across the crash, makes it long enough for the test to
+	// read the witness's lock within it on a slow machine. It holds nothing.
+	const graceTTL = 20 * time.Second
+	anchor, err := lockclient.Open(ctx, svc.URL, "grace-anchor", lockclient.WithToken(executorToken), lockclient.WithTTL(graceTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anchor.Close(ctx)
+
 	// The grace witness: holds a key, and will not be able to renew while
 	// the database is down.
 	witness, err := lockclient.Open(ctx, svc.URL, "witness", lockclient.WithToken(executorToken), lockclient.WithTTL(3*time.Second))
