@@ -70,10 +70,7 @@ func TestResolveLeavesAPayoutWhoseSubmissionIsNotIt(t *testing.T) {
 	e.release(t, g)
 	r := e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator)
 	leftUntil(t, r, p.ID, "is not the payout's")
-	got, err := e.pay.Payout(ctxT(t), p.ID)
-	if err != nil || got.State != pc.RailAmbiguous {
-		t.Fatalf("payout %s: %v %s, want RAIL_AMBIGUOUS", p.ID, err, got.State)
-	}
+	e.wantStillAmbiguous(t, p.ID)
 }
 
 // reportedAmbiguous takes a payout to RAIL_AMBIGUOUS without a failing
@@ -102,9 +99,9 @@ func (e *testBundle) reportedAmbiguous(t *testing.T, p pc.Payout) pc.Payout {
 	return got
 }
 
-// lookupDown stands in front of the stack's proxy and answers every lookup
-// 503, as a proxy that cannot reach the rail does.
-func (e *testBundle) lookupDown(t *testing.T) *httptest.Server {
+// proxyFront stands in front of the stack's proxy: down(req) says which
+// requests it answers 503 unavailable itself; the others go through.
+func (e *testBundle) proxyFront(t *testing.T, down func(*http.Request) bool) *httptest.Server {
 	t.Helper()
 	target, err := url.Parse(e.st.Ready.ProxyURL)
 	if err != nil {
@@ -112,16 +109,40 @@ func (e *testBundle) lookupDown(t *testing.T) *httptest.Server {
 	}
 	rp := httputil.NewSingleHostReverseProxy(target)
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if strings.HasSuffix(req.URL.Path, "/lookup") {
+		if down(req) {
 			w.Header().Set("Content-Type", "application/problem+json")
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write([]byte(`{"type":"about:blank","title":"Service Unavailable","status":503,"code":"unavailable","detail":"could not ask the rail"}`))
+			_, _ = w.Write([]byte(`{"type":"about:blank","title":"Service Unavailable","status":503,"code":"unavailable","detail":"down"}`))
 			return
 		}
 		rp.ServeHTTP(w, req)
 	}))
 	t.Cleanup(front.Close)
 	return front
+}
+
+// runOnce runs `payouts reconcile --once --json` as the command does, with
+// the proxy at proxyURL; it returns the exit code, the error, stdout and
+// the log.
+func (e *testBundle) runOnce(t *testing.T, proxyURL string, opts reconcile.Options) (int, error, *bytes.Buffer, *lockedBuffer) {
+	t.Helper()
+	r := e.st.Ready
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, logs := &bytes.Buffer{}, &lockedBuffer{}
+	code, err := reconcile.Run(ctx, reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: proxyURL, RailURL: r.RailURL,
+		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, RailReportToken: r.Tokens.Operator,
+		Once: true, JSON: true, Out: out, Logger: slog.New(slog.NewJSONHandler(logs, nil)), Options: opts})
+	return code, err, out, logs
+}
+
+// wantStillAmbiguous requires payout id to be RAIL_AMBIGUOUS still.
+func (e *testBundle) wantStillAmbiguous(t *testing.T, id string) {
+	t.Helper()
+	got, err := e.pay.Payout(ctxT(t), id)
+	if err != nil || got.State != pc.RailAmbiguous {
+		t.Fatalf("payout %s: %v %s, want still RAIL_AMBIGUOUS", id, err, got.State)
+	}
 }
 
 // An ambiguous payout the pass could not look at (the proxy cannot reach
@@ -132,17 +153,8 @@ func TestAResolutionThatCouldNotRunIsNotClean(t *testing.T) {
 	e := setup(t)
 	acc := e.newAccount(t, 10_000)
 	p := e.reportedAmbiguous(t, e.newPayout(t, acc, 43))
-	front := e.lookupDown(t)
-	r := e.st.Ready
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	var logs lockedBuffer
-	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: front.URL, RailURL: r.RailURL,
-		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, RailReportToken: r.Tokens.Operator,
-		Once: true, JSON: true, Out: &out, Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
-		Options: reconcile.Options{Owner: "lookup-down", Resolve: true}}
-	code, err := reconcile.Run(ctx, cfg)
+	front := e.proxyFront(t, func(req *http.Request) bool { return strings.HasSuffix(req.URL.Path, "/lookup") })
+	code, err, out, logs := e.runOnce(t, front.URL, reconcile.Options{Owner: "lookup-down", Resolve: true})
 	if code != reconcile.ExitCannotRun || !errors.Is(err, reconcile.ErrCannotRun) || !strings.Contains(err.Error(), "ambiguous payout") {
 		t.Fatalf("exit %d, %v; want exit 2 saying ambiguous payouts could not be resolved", code, err)
 	}
@@ -162,10 +174,7 @@ func TestAResolutionThatCouldNotRunIsNotClean(t *testing.T) {
 	if !strings.Contains(logs.String(), "checked everything, but part of it failed") {
 		t.Fatalf("no ERROR saying the resolution failed:\n%s", logs.String())
 	}
-	got, err := e.pay.Payout(ctxT(t), p.ID)
-	if err != nil || got.State != pc.RailAmbiguous {
-		t.Fatalf("payout %s: %v %s, want RAIL_AMBIGUOUS", p.ID, err, got.State)
-	}
+	e.wantStillAmbiguous(t, p.ID)
 }
 
 // A pass that stops partway still logs what it found before it stopped: a
@@ -177,14 +186,11 @@ func TestAPassThatStopsLogsWhatItFound(t *testing.T) {
 	e := setup(t)
 	acc := e.newAccount(t, 500)
 	e.exec(t, "paydb", false, `UPDATE account SET balance = balance + 100 WHERE id = $1`, acc)
-	target, err := url.Parse(e.st.Ready.ProxyURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rp := httputil.NewSingleHostReverseProxy(target)
+	// The submissions are held until the books have asked for the
+	// high-water marks, after their finding, and then refused.
 	booksDone := make(chan struct{})
 	var once sync.Once
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	front := e.proxyFront(t, func(req *http.Request) bool {
 		switch req.URL.Path {
 		case "/v1/high-water":
 			once.Do(func() { close(booksDone) })
@@ -193,24 +199,11 @@ func TestAPassThatStopsLogsWhatItFound(t *testing.T) {
 			case <-booksDone:
 			case <-time.After(time.Minute):
 			}
-			w.Header().Set("Content-Type", "application/problem+json")
-			w.WriteHeader(http.StatusServiceUnavailable)
-			_, _ = w.Write([]byte(`{"type":"about:blank","title":"Service Unavailable","status":503,"code":"unavailable","detail":"down"}`))
-			return
+			return true
 		}
-		rp.ServeHTTP(w, req)
-	}))
-	defer front.Close()
-	r := e.st.Ready
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	var logs lockedBuffer
-	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: front.URL, RailURL: r.RailURL,
-		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, RailReportToken: r.Tokens.Operator,
-		Once: true, JSON: true, Out: &out, Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
-		Options: reconcile.Options{Owner: "submissions-down"}}
-	code, err := reconcile.Run(ctx, cfg)
+		return false
+	})
+	code, err, out, logs := e.runOnce(t, front.URL, reconcile.Options{Owner: "submissions-down"})
 	if code != reconcile.ExitCannotRun || !errors.Is(err, reconcile.ErrCannotRun) {
 		t.Fatalf("exit %d, %v; want exit 2", code, err)
 	}
@@ -274,8 +267,5 @@ func TestNoResolutionUnderAGrantInJeopardy(t *testing.T) {
 	r := e.reconcilerWith(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator,
 		func(l reconcile.LockService) reconcile.LockService { return sickLock{l} })
 	leftUntil(t, r, p.ID, "is no longer healthy")
-	got, err := e.pay.Payout(ctxT(t), p.ID)
-	if err != nil || got.State != pc.RailAmbiguous {
-		t.Fatalf("payout %s: %v %s, want RAIL_AMBIGUOUS", p.ID, err, got.State)
-	}
+	e.wantStillAmbiguous(t, p.ID)
 }
