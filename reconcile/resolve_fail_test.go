@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -24,22 +25,12 @@ import (
 // failing after a generous timeout or if it is resolved.
 func leftUntil(t *testing.T, r *reconcile.Reconciler, payoutID, reason string) {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		rep := pass(t, r)
-		for _, x := range rep.Resolved {
-			if x.PayoutID == payoutID {
-				t.Fatalf("payout %s resolved %s -> %s, want it left (%q); evidence %s", payoutID, x.Resolution, x.State, reason, x.Evidence)
-			}
+	passUntil(t, r, fmt.Sprintf("payout %s left for %q", payoutID, reason), func(rep *reconcile.Report) bool {
+		if x, ok := resolved(rep, payoutID); ok {
+			t.Fatalf("payout %s resolved %s -> %s, want it left (%q); evidence %s", payoutID, x.Resolution, x.State, reason, x.Evidence)
 		}
-		if leftWith(rep, payoutID, reason) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("payout %s not left for %q; left: %+v", payoutID, reason, rep.Unresolved)
-		}
-		time.Sleep(200 * time.Millisecond) // poll interval, not synchronisation
-	}
+		return leftWith(rep, payoutID, reason)
+	})
 }
 
 // A payout the executor reported ambiguous because the proxy's submission

@@ -15,24 +15,43 @@ import (
 	"github.com/payouts/payouts/reconcile"
 )
 
-// resolveUntil runs passes until the payout is resolved (the rail's answer
-// becomes final one settlement window after the attempt), failing after a
-// generous timeout.
-func resolveUntil(t *testing.T, r *reconcile.Reconciler, payoutID string) reconcile.Resolved {
+// passUntil runs passes until done says the last one shows what the test
+// waits for (the rail's answer becomes final one settlement window after
+// the attempt), failing after a generous timeout.
+func passUntil(t *testing.T, r *reconcile.Reconciler, what string, done func(*reconcile.Report) bool) *reconcile.Report {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		rep := pass(t, r)
-		for _, x := range rep.Resolved {
-			if x.PayoutID == payoutID {
-				return x
-			}
+		if done(rep) {
+			return rep
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("payout %s not resolved; left: %+v", payoutID, rep.Unresolved)
+			t.Fatalf("%s: not seen in time; left: %+v", what, rep.Unresolved)
 		}
 		time.Sleep(200 * time.Millisecond) // poll interval, not synchronisation
 	}
+}
+
+// resolved is payout id's resolution in rep, if any.
+func resolved(rep *reconcile.Report, id string) (reconcile.Resolved, bool) {
+	for _, x := range rep.Resolved {
+		if x.PayoutID == id {
+			return x, true
+		}
+	}
+	return reconcile.Resolved{}, false
+}
+
+// resolveUntil runs passes until the payout is resolved.
+func resolveUntil(t *testing.T, r *reconcile.Reconciler, payoutID string) reconcile.Resolved {
+	t.Helper()
+	rep := passUntil(t, r, "payout "+payoutID+" resolved", func(rep *reconcile.Report) bool {
+		_, ok := resolved(rep, payoutID)
+		return ok
+	})
+	x, _ := resolved(rep, payoutID)
+	return x
 }
 
 func TestResolveSettled(t *testing.T) {
