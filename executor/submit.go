@@ -209,8 +209,7 @@ func noUsableAnswer(err error) bool {
 		proxyclient.RefusedUnforwarded(err) || proxyclient.PausedUnforwarded(err) {
 		return false
 	}
-	var pe *problem.Error
-	return !errors.As(err, &pe) || pe.Status() >= 500 || pe.Code == problem.Unavailable || pe.Code == problem.Internal
+	return problem.NoVerdict(err)
 }
 
 // refused ends a payout whose submission the proxy refused without

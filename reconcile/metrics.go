@@ -88,7 +88,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // Observe records one pass: its report when it completed, or only that it
-// could not run (the findings of the last completed pass stay).
+// could not run (the findings of the last completed pass stay); a pass
+// whose checks completed but that could not resolve every ambiguous payout
+// is not up, and its findings replace the last ones.
 func (m *Metrics) Observe(rep *Report, err error, took time.Duration, end time.Time) {
 	m.lastRun.Set(float64(end.Unix()))
 	m.duration.Set(took.Seconds())

@@ -82,19 +82,6 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 		if inFlight(p.State) {
 			flying[p.AccountID] = append(flying[p.AccountID], p.ID)
 		}
-		if p.State == pc.RailAmbiguous && now.Sub(ambiguousSince(p)) > r.opts.AmbiguitySLA {
-			// Confirmed from the history: the payout's entry into
-			// RAIL_AMBIGUOUS, as the abandon gate measures it, may be
-			// much later than its submission.
-			since, err := r.ambiguousAt(ctx, p)
-			if err != nil {
-				return pool.stop(err)
-			}
-			if age := now.Sub(since); age > r.opts.AmbiguitySLA {
-				rep.add(CheckAmbiguousOverSLA, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "client_ref": p.ClientRef, "amount": p.Amount, "ambiguous_since": since.UTC(), "age_seconds": int64(age.Seconds())},
-					"payout %s has been RAIL_AMBIGUOUS for %s, longer than the SLA %s: the rail has not given final evidence; an operator must decide (abandon to finance)", p.ID, age.Round(time.Second), r.opts.AmbiguitySLA)
-			}
-		}
 		recs, err := subs.takeUpTo(p.ID, skip)
 		if err != nil {
 			return pool.stop(err)
@@ -103,7 +90,7 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 		if err != nil {
 			return pool.stop(err)
 		}
-		j := payoutJob{p: p, historyRegresses: tokensRegress(d.EventTokens), pays: pays, paysKnown: known}
+		j := payoutJob{p: p, now: now, historyRegresses: tokensRegress(d.EventTokens), pays: pays, paysKnown: known}
 		for _, rec := range recs {
 			j.subs = append(j.subs, rec.Record())
 		}
@@ -152,6 +139,7 @@ func tokensRegress(tokens []int64) bool {
 // payoutJob is one payout and what the streams hold for it.
 type payoutJob struct {
 	p                pc.Payout
+	now              time.Time // the pass's clock, for ages
 	historyRegresses bool
 	subs             []proxyclient.Record
 	pays             []railclient.Payment
@@ -222,6 +210,17 @@ func (cp *checkPool) stop(err error) error {
 }
 
 func (r *Reconciler) checkJob(ctx context.Context, rep *Report, j payoutJob, ri *railIndex, grants *grantIndex) error {
+	if p := j.p; p.State == pc.RailAmbiguous {
+		since, over, err := r.ambiguousLongerThan(ctx, p, j.now, r.opts.AmbiguitySLA)
+		if err != nil {
+			return err
+		}
+		if over {
+			age := j.now.Sub(since)
+			rep.add(CheckAmbiguousOverSLA, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "client_ref": p.ClientRef, "amount": p.Amount, "ambiguous_since": since.UTC(), "age_seconds": int64(age.Seconds())},
+				"payout %s has been RAIL_AMBIGUOUS for %s, longer than the SLA %s: the rail has not given final evidence; an operator must decide (abandon to finance)", p.ID, age.Round(time.Second), r.opts.AmbiguitySLA)
+		}
+	}
 	if j.historyRegresses {
 		// Read the whole history for the finding's evidence.
 		if err := r.checkClaimHistory(ctx, rep, j.p); err != nil {
@@ -250,6 +249,18 @@ func ambiguousSince(p pc.Payout) time.Time {
 	default:
 		return p.CreatedAt
 	}
+}
+
+// ambiguousLongerThan reports whether payout p (RAIL_AMBIGUOUS) has been
+// so for longer than d at now, and since when. Its submission bounds that
+// moment from below, and spares reading the history of a payout younger
+// than d; otherwise the history says (ambiguousAt).
+func (r *Reconciler) ambiguousLongerThan(ctx context.Context, p pc.Payout, now time.Time, d time.Duration) (time.Time, bool, error) {
+	if since := ambiguousSince(p); now.Sub(since) <= d {
+		return since, false, nil
+	}
+	since, err := r.ambiguousAt(ctx, p)
+	return since, err == nil && now.Sub(since) > d, err
 }
 
 // ambiguousAt is when payout p last entered RAIL_AMBIGUOUS, from its

@@ -114,19 +114,15 @@ func (r *Reconciler) leave(rep *Report, p pc.Payout, format string, args ...any)
 // the payout could not be looked at.
 func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) error {
 	log := r.log.With(obs.KeyPayoutID, p.ID, obs.KeyAccountID, p.AccountID)
-	// Measured from its entry into RAIL_AMBIGUOUS; submitted_at, earlier,
-	// spares reading the history of a payout younger than the window.
-	if age := r.opts.Now().Sub(ambiguousSince(p)); age < r.opts.SettlementWindow {
-		r.leave(rep, p, "ambiguous for at most %s, less than the settlement window %s; looked up later", age.Round(time.Second), r.opts.SettlementWindow)
-		return nil
-	}
-	since, err := r.ambiguousAt(ctx, p)
-	if err != nil {
+	// Measured from its entry into RAIL_AMBIGUOUS.
+	now := r.opts.Now()
+	since, old, err := r.ambiguousLongerThan(ctx, p, now, r.opts.SettlementWindow)
+	switch {
+	case err != nil:
 		r.leave(rep, p, "could not read the payout's history: %v", err)
 		return err
-	}
-	if age := r.opts.Now().Sub(since); age < r.opts.SettlementWindow {
-		r.leave(rep, p, "ambiguous for %s, less than the settlement window %s; looked up later", age.Round(time.Second), r.opts.SettlementWindow)
+	case !old && r.opts.SettlementWindow > 0:
+		r.leave(rep, p, "ambiguous for %s, less than the settlement window %s; looked up later", now.Sub(since).Round(time.Second), r.opts.SettlementWindow)
 		return nil
 	}
 	key := lockKey(p.AccountID)
@@ -299,10 +295,8 @@ func settledRef(res pc.Resolution, items []proxyclient.RailPayment) string {
 }
 
 // refused reports an answer the payment resource gave about the request
-// itself (a 4xx problem other than a refused credential): a verdict, not a
-// failure to reach it.
+// itself (other than a refused credential): a verdict, not a failure to
+// reach it.
 func refused(err error) bool {
-	pe := problem.From(err)
-	return pe != nil && pe.Status() >= 400 && pe.Status() < 500 &&
-		pe.Code != problem.Unauthorized && pe.Code != problem.Forbidden
+	return err != nil && !problem.NoVerdict(err) && !problem.Has(err, problem.Unauthorized) && !problem.Has(err, problem.Forbidden)
 }

@@ -273,6 +273,7 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 			if werr := fm.write(rep, err, took, end); werr != nil {
 				r.log.Error("could not write the metrics file", obs.KeyError, werr.Error())
 			}
+			r.logFindings(rep, err)
 			if refusedToken(err) {
 				// A revoked or rotated token: no later pass can succeed.
 				if rerr := r.refusal(ctx, cfg, err); rerr != nil {
@@ -280,7 +281,6 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 				}
 				return err
 			}
-			r.logFindings(rep, err)
 			if rep.Complete() {
 				if cfg.JSON {
 					_ = r.print(cfg, rep)

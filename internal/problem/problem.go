@@ -242,6 +242,16 @@ func CodeOf(err error) Code {
 	return From(err).Code
 }
 
+// NoVerdict reports whether err says nothing of the request itself: no
+// problem answer at all (a transport error, a deadline), a 5xx, or a
+// problem coded unavailable or internal (a proxy's 429 or 503 in front of
+// the server among them). Anything else is the server's verdict on the
+// request: retrying it unchanged gets the same answer.
+func NoVerdict(err error) bool {
+	var e *Error
+	return !errors.As(err, &e) || e.Status() >= 500 || e.Code == Unavailable || e.Code == Internal
+}
+
 // Has reports whether err is a problem with the given code.
 func Has(err error, code Code) bool {
 	var e *Error

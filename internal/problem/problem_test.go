@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -103,5 +104,30 @@ func TestAnAnswerThatIsNoProblemDocumentSaysNothingOfTheRequest(t *testing.T) {
 	// The role's own problem document keeps its code.
 	if err := DecodeBody(404, []byte(`{"type":"about:blank","title":"not found","status":404,"code":"not_found","detail":"no submission"}`)); !Has(err, NotFound) {
 		t.Errorf("a not_found problem document decoded as %v", err)
+	}
+}
+
+// A verdict is the server's answer about the request itself; no answer, a
+// 5xx, or a proxy's 429 in front of the server says nothing of it.
+func TestNoVerdict(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"transport error", errors.New("connection refused"), true},
+		{"deadline", context.DeadlineExceeded, true},
+		{"unavailable", New(Unavailable, "down"), true},
+		{"internal", New(Internal, "boom"), true},
+		{"a proxy's 429", DecodeBody(http.StatusTooManyRequests, []byte("slow down")), true},
+		{"a 502 with no problem body", DecodeBody(http.StatusBadGateway, []byte("<html>")), true},
+		{"conflict", New(Conflict, "no"), false},
+		{"invalid transition", New(InvalidTransition, "no"), false},
+		{"not found", New(NotFound, "no"), false},
+		{"fenced out", Fenced("payout:a", 1, 2, "stale"), false},
+	} {
+		if got := NoVerdict(c.err); got != c.want {
+			t.Errorf("%s: NoVerdict = %v, want %v", c.name, got, c.want)
+		}
 	}
 }
