@@ -82,7 +82,7 @@ func TestMigrateCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, errOut, code = runCLI(t, nil, "migrate", "--db", "proxydb", "--database-url", pg.URL("proxydb"), "--lock-timeout", "200ms", "--timeout", "15s")
-	if code != 1 || !strings.Contains(errOut, "trying again") || !strings.Contains(errOut, "migration 3 waited for a table lock") {
+	if code != 1 || !strings.Contains(errOut, "trying again") || !strings.Contains(errOut, "waited for a table lock") || !strings.Contains(errOut, "migration 3)") {
 		t.Fatalf("migrate while a transaction holds the table: exit %d, stderr %q; want exit 1 after retries, the lock wait named", code, errOut)
 	}
 	if err := readTx.Commit(ctx); err != nil {

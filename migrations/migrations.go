@@ -184,12 +184,12 @@ func Apply(ctx context.Context, db DB, databaseURL string, opts ...Option) error
 		if err == nil {
 			return nil
 		}
-		if ctx.Err() != nil && waitedFor != 0 {
-			return fmt.Errorf("migrations: %s: migration %d waited for a table lock held by another transaction (lock_timeout %s, %d attempts) until it was stopped: %w",
-				db, waitedFor, set.lockTimeout, attempt, ctx.Err())
-		}
 		var partial *goose.PartialError
 		if !isLockTimeout(err) || !errors.As(err, &partial) || ctx.Err() != nil {
+			if waitedFor != 0 {
+				// Stopped in an attempt after others gave up a lock wait.
+				return fmt.Errorf("migrations: %s: apply, %s: %w", db, lockWaits(waitedFor, set.lockTimeout, attempt-1), err)
+			}
 			return fmt.Errorf("migrations: %s: apply: %w", db, err)
 		}
 		waitedFor = partial.Failed.Source.Version
@@ -200,12 +200,18 @@ func Apply(ctx context.Context, db DB, databaseURL string, opts ...Option) error
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("migrations: %s: migration %d waited for a table lock held by another transaction (lock_timeout %s, %d attempts) until it was stopped: %w",
-				db, waitedFor, set.lockTimeout, attempt, ctx.Err())
+			return fmt.Errorf("migrations: %s: stopped before trying again, %s: %w", db, lockWaits(waitedFor, set.lockTimeout, attempt), ctx.Err())
 		case <-t.C:
 		}
 		pause = min(2*pause, 30*time.Second)
 	}
+}
+
+// lockWaits says that attempts tries gave up waiting for a table lock, the
+// last in migration version.
+func lockWaits(version int64, lockTimeout time.Duration, attempts int) string {
+	return fmt.Sprintf("after %d attempt(s) that waited for a table lock held by another transaction past lock_timeout %s (the last in migration %d)",
+		attempts, lockTimeout, version)
 }
 
 // isLockTimeout reports whether err is PostgreSQL's lock_not_available: a
