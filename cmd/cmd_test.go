@@ -389,3 +389,23 @@ func TestCommandLoggerIsSlogDefault(t *testing.T) {
 		t.Fatalf("slog.Default() wrote %q (%v), want the command's JSON line with role=reconciler", buf.String(), err)
 	}
 }
+
+// A table cell shows stored text (a cancel reason, a rail's reference) with
+// its control and format characters escaped: a line break or tab would
+// break the table, an escape sequence rewrite the operator's terminal, a
+// right-to-left override make one text read as another.
+func TestTableCellsShowControlCharactersEscaped(t *testing.T) {
+	var b strings.Builder
+	if err := newTable("A", "B").row("x\x1b[2Jy", "line one\nline\ttwo\r").row("acct \u202e9876", "Zoë, plain").write(&b); err != nil {
+		t.Fatal(err)
+	}
+	got := b.String()
+	for _, want := range []string{`x\x1b[2Jy`, `line one\nline\ttwo\r`, `acct \u202e9876`, "Zoë, plain"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table %q does not show %q", got, want)
+		}
+	}
+	if strings.ContainsAny(got, "\x1b\r\u202e") || strings.Count(got, "\n") != 3 {
+		t.Errorf("table %q kept a control or format character", got)
+	}
+}

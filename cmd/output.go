@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 )
@@ -69,9 +72,39 @@ func newTable(header ...string) *table {
 	return t
 }
 
+// row adds a row. A cell is text the services stored (a reason, a
+// rail's reference): control and format characters, line breaks and tabs
+// among them, are shown escaped (\n, \x1b, \u202e), so that no cell can
+// break the table or rewrite the terminal that shows it.
 func (t *table) row(cells ...string) *table {
-	t.rows = append(t.rows, cells)
+	out := make([]string, len(cells))
+	for i, c := range cells {
+		out[i] = cellText(c)
+	}
+	t.rows = append(t.rows, out)
 	return t
+}
+
+// cellText is c with every control or format character escaped as Go
+// quotes it.
+func cellText(c string) string {
+	if !strings.ContainsFunc(c, unprintable) {
+		return c
+	}
+	var b strings.Builder
+	for _, r := range c {
+		if unprintable(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func unprintable(r rune) bool {
+	return r == utf8.RuneError || unicode.IsControl(r) || unicode.Is(unicode.Cf, r)
 }
 
 func (t *table) write(w io.Writer) error {
