@@ -178,8 +178,11 @@ func (s *Service) decideOne(ctx context.Context, tx *pgpool.Tx, p pc.Payout, cmd
 			ch.failure = str("rail_absent")
 		}
 		// The rail's reference of the settled payment, as an ACKED
-		// outcome's: the posted payout is reconciled against it.
+		// outcome's: the payout names the payment that paid it.
 		ch.railRef = str(cmd.RailRef)
+		if cmd.RailRef != "" {
+			ch.reason += " rail_ref=" + cmd.RailRef
+		}
 	case EvCancel:
 		ch.failure = str("cancelled")
 		ch.reason = cmd.Text
