@@ -1,8 +1,12 @@
 package reconcile
 
 import (
+	"errors"
+	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/payouts/payouts/internal/problem"
 
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
@@ -39,6 +43,29 @@ func TestMismatchSaysWhatDoesNotFitThePayout(t *testing.T) {
 		got := mismatch(cur, c.lk)
 		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
 			t.Errorf("%s: mismatch = %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+// The payment resource's verdict on a resolution leaves the payout; an
+// answer that is none (a proxy's 429 or 503 in front of it, a 5xx, no
+// answer) or a refused credential is a failure the run reports (exit 2).
+func TestRefusedIsTheResourcesVerdictOnly(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"conflict", problem.New(problem.Conflict, "no"), true},
+		{"invalid transition", problem.New(problem.InvalidTransition, "no"), true},
+		{"a proxy's 429", problem.DecodeBody(http.StatusTooManyRequests, []byte("slow down")), false},
+		{"unavailable", problem.New(problem.Unavailable, "down"), false},
+		{"no answer", errors.New("connection reset"), false},
+		{"forbidden", problem.New(problem.Forbidden, "role"), false},
+		{"unauthorized", problem.New(problem.Unauthorized, "token"), false},
+	} {
+		if got := refused(c.err); got != c.want {
+			t.Errorf("%s: refused = %v, want %v", c.name, got, c.want)
 		}
 	}
 }
