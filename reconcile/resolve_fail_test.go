@@ -113,9 +113,9 @@ func (e *testBundle) proxyFront(t *testing.T, down func(*http.Request) bool) *ht
 }
 
 // runOnce runs `payouts reconcile --once --json` as the command does, with
-// the proxy at proxyURL; it returns the exit code, the error, stdout and
-// the log.
-func (e *testBundle) runOnce(t *testing.T, proxyURL string, opts reconcile.Options) (int, error, *bytes.Buffer, *lockedBuffer) {
+// the proxy at proxyURL; it returns the exit code, stdout, the log and the
+// error.
+func (e *testBundle) runOnce(t *testing.T, proxyURL string, opts reconcile.Options) (int, *bytes.Buffer, *lockedBuffer, error) {
 	t.Helper()
 	r := e.st.Ready
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -124,7 +124,7 @@ func (e *testBundle) runOnce(t *testing.T, proxyURL string, opts reconcile.Optio
 	code, err := reconcile.Run(ctx, reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: proxyURL, RailURL: r.RailURL,
 		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, RailReportToken: r.Tokens.Operator,
 		Once: true, JSON: true, Out: out, Logger: slog.New(slog.NewJSONHandler(logs, nil)), Options: opts})
-	return code, err, out, logs
+	return code, out, logs, err
 }
 
 // wantStillAmbiguous requires payout id to be RAIL_AMBIGUOUS still.
@@ -145,7 +145,7 @@ func TestAResolutionThatCouldNotRunIsNotClean(t *testing.T) {
 	acc := e.newAccount(t, 10_000)
 	p := e.reportedAmbiguous(t, e.newPayout(t, acc, 43))
 	front := e.proxyFront(t, func(req *http.Request) bool { return strings.HasSuffix(req.URL.Path, "/lookup") })
-	code, err, out, logs := e.runOnce(t, front.URL, reconcile.Options{Owner: "lookup-down", Resolve: true})
+	code, out, logs, err := e.runOnce(t, front.URL, reconcile.Options{Owner: "lookup-down", Resolve: true})
 	if code != reconcile.ExitCannotRun || !errors.Is(err, reconcile.ErrCannotRun) || !strings.Contains(err.Error(), "ambiguous payout") {
 		t.Fatalf("exit %d, %v; want exit 2 saying ambiguous payouts could not be resolved", code, err)
 	}
@@ -194,7 +194,7 @@ func TestAPassThatStopsLogsWhatItFound(t *testing.T) {
 		}
 		return false
 	})
-	code, err, out, logs := e.runOnce(t, front.URL, reconcile.Options{Owner: "submissions-down"})
+	code, out, logs, err := e.runOnce(t, front.URL, reconcile.Options{Owner: "submissions-down"})
 	if code != reconcile.ExitCannotRun || !errors.Is(err, reconcile.ErrCannotRun) {
 		t.Fatalf("exit %d, %v; want exit 2", code, err)
 	}
