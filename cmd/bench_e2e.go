@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/payouts/payouts/dev/bench"
+	"github.com/payouts/payouts/dev/stack"
 )
 
 func newBenchE2ECmd(a *app) *cobra.Command {
@@ -84,6 +85,7 @@ every process otherwise shares the same cores, so a replica adds no CPU. The res
 	fl.IntVar(&o.Concurrency, "concurrency", bench.DefaultE2EConcurrency, "each executor's --concurrency")
 	fl.DurationVar(&o.PollInterval, "poll-interval", 100*time.Millisecond, "each executor's --poll-interval")
 	fl.DurationVar(&o.RailLatency, "rail-latency", 0, "the rail stub's answer delay (e.g. 10ms, 100ms)")
+	fl.DurationVar(&o.RailTimeout, "rail-timeout", stack.DefaultRailTimeout, "every proxy's --rail-timeout (a proxy held to little CPU by --role-cpus needs longer)")
 	fl.Float64Var(&o.Rate, "rate", 0, "payouts created per second (0: as fast as the loaders go)")
 	fl.IntVar(&o.LoadWorkers, "load-workers", 16, "payouts created at once")
 	fl.IntVar(&o.Replicas, "replicas", 1, "payment-resource and rail-proxy processes over the same databases (local stack only); executors are spread over them")

@@ -39,6 +39,10 @@ type E2EOptions struct {
 	PollInterval time.Duration
 	// RailLatency is the rail stub's answer delay (PUT /faults latency_ms).
 	RailLatency time.Duration
+	// RailTimeout is every proxy's --rail-timeout (0: the stack's default);
+	// a proxy starved of CPU (RoleCPUs) needs longer to read the rail's
+	// answer before it gives up and records the payout ambiguous.
+	RailTimeout time.Duration
 	// Rate is the offered load in payouts created per second; 0 creates
 	// them as fast as the loaders go.
 	Rate float64
@@ -433,7 +437,7 @@ func bringUp(ctx context.Context, o E2EOptions) (*e2eSystem, error) {
 // startStack runs the local stack (as `payouts dev up` does) plus the
 // extra payment-resource and proxy replicas.
 func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
-	st, err := stack.Start(ctx, stack.Options{Dir: filepath.Join(o.Dir, "stack"), Binary: o.Binary, Logger: o.Logger})
+	st, err := stack.Start(ctx, stack.Options{Dir: filepath.Join(o.Dir, "stack"), Binary: o.Binary, Logger: o.Logger, RailTimeout: o.railTimeout()})
 	if err != nil {
 		return err
 	}
@@ -468,7 +472,7 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 			"--database-url-file", proxyDB, "--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["proxy"],
 			// The stack proxy's: a proxy resolves a submission another
 			// forwarded by the send window of its own flags.
-			"--rail-timeout", stack.DefaultRailTimeout.String(),
+			"--rail-timeout", o.railTimeout().String(),
 			"--listen", "127.0.0.1:0", "--auth-file", authFile)
 		if err != nil {
 			return err
@@ -570,4 +574,12 @@ func loadAvg() string {
 		return ""
 	}
 	return f[0] + " " + f[1] + " " + f[2]
+}
+
+// railTimeout is every proxy's --rail-timeout.
+func (o E2EOptions) railTimeout() time.Duration {
+	if o.RailTimeout > 0 {
+		return o.RailTimeout
+	}
+	return stack.DefaultRailTimeout
 }
