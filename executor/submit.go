@@ -316,8 +316,7 @@ func (r *run) outcomeItem(p pc.Payout, rec proxyclient.Record) pc.StepItem {
 	case proxyclient.OutcomeNone:
 		code = "no_recorded_outcome"
 	}
-	if rec.PayoutID != p.ID || rec.Amount != p.Amount || rec.Currency != p.Currency ||
-		(p.ClientRef != "" && rec.ClientRef != p.ClientRef) {
+	if !rec.IsOf(p.ID, p.Amount, p.Currency, p.ClientRef) {
 		r.log.Error("the proxy's submission does not match the payout; recording it as ambiguous for a human",
 			obs.KeyPayoutID, p.ID, "submission_payout", rec.PayoutID, "submission_amount", rec.Amount, "submission_client_ref", rec.ClientRef)
 		outcome, railRef, code = pc.OutcomeTimeout, "", "submission_mismatch"

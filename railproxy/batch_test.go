@@ -2,14 +2,12 @@ package railproxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/rail/railclient"
@@ -163,24 +161,10 @@ func TestBatchForwardingIsDetachedFromTheCaller(t *testing.T) {
 	// forwarding is under way, however slow the machine.
 	railURL, entered, free := heldRail(t, &fakeClock{t: time.Now()}, http.MethodPost)
 	b := setup(t, options{railURL: railURL})
-	ctx, cancel := context.WithCancel(ctxFor(t))
-	defer cancel()
-	submitted := make(chan error, 1)
-	go func() {
+	leaveWhileTheRailHolds(t, entered, func(ctx context.Context) error {
 		_, err := b.pc.SubmitBatch(ctx, "acc-bd", 3, holder(3), batchItems("acc-bd", "p-d1", "p-d2"))
-		submitted <- err
-	}()
-	select {
-	case <-entered:
-	case err := <-submitted:
-		t.Fatalf("the batch was answered before reaching the rail: %v", err)
-	case <-time.After(90 * time.Second):
-		t.Fatal("the batch never reached the rail")
-	}
-	cancel() // the caller goes away while a rail call is in flight
-	if err := <-submitted; !errors.Is(err, httpx.ErrTransport) {
-		t.Fatalf("impatient caller: %v, want no answer", err)
-	}
+		return err
+	})
 	free()
 	for _, id := range []string{"p-d1", "p-d2"} {
 		eventually(t, "the outcome of "+id+" is recorded", func() (bool, error) {

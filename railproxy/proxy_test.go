@@ -195,6 +195,27 @@ func TestBadInputWritesNothing(t *testing.T) {
 	}
 }
 
+// leaveWhileTheRailHolds calls submit and, once its rail call has reached
+// the rail (entered), goes away: the caller must get no answer.
+func leaveWhileTheRailHolds(t *testing.T, entered <-chan struct{}, submit func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctxFor(t))
+	defer cancel()
+	submitted := make(chan error, 1)
+	go func() { submitted <- submit(ctx) }()
+	select {
+	case <-entered:
+	case err := <-submitted:
+		t.Fatalf("answered before reaching the rail: %v", err)
+	case <-time.After(90 * time.Second):
+		t.Fatal("the submission never reached the rail")
+	}
+	cancel() // the caller goes away while the rail call is in flight
+	if err := <-submitted; !errors.Is(err, httpx.ErrTransport) {
+		t.Fatalf("impatient caller: %v, want no answer", err)
+	}
+}
+
 // Once the intent is committed, the caller going away does not stop the
 // forwarding: the proxy finishes the rail call and records the outcome.
 func TestForwardingIsDetachedFromTheCaller(t *testing.T) {
@@ -205,24 +226,10 @@ func TestForwardingIsDetachedFromTheCaller(t *testing.T) {
 	railURL, entered, free := heldRail(t, &fakeClock{t: time.Now()}, http.MethodPost)
 	b := setup(t, options{railURL: railURL})
 	s := sub("p-detached", "acc-detached")
-	ctx, cancel := context.WithCancel(ctxFor(t))
-	defer cancel()
-	submitted := make(chan error, 1)
-	go func() {
+	leaveWhileTheRailHolds(t, entered, func(ctx context.Context) error {
 		_, err := b.pc.Submit(ctx, s, 3, holder(3))
-		submitted <- err
-	}()
-	select {
-	case <-entered:
-	case err := <-submitted:
-		t.Fatalf("the submission was answered before reaching the rail: %v", err)
-	case <-time.After(90 * time.Second):
-		t.Fatal("the submission never reached the rail")
-	}
-	cancel() // the caller goes away while the rail call is in flight
-	if err := <-submitted; !errors.Is(err, httpx.ErrTransport) {
-		t.Fatalf("impatient caller: %v, want no answer", err)
-	}
+		return err
+	})
 	free()
 	eventually(t, "the outcome is recorded", func() (bool, error) {
 		rec, err := b.pc.Get(ctxFor(t), s.PayoutID)

@@ -265,9 +265,7 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) e
 // mismatch says how the proxy's submission or the rail's settled payments
 // differ from payout cur, or "" when they fit it.
 func mismatch(cur pc.Payout, lk proxyclient.LookupResult) string {
-	sub := lk.Submission
-	if sub.PayoutID != cur.ID || sub.Amount != cur.Amount || sub.Currency != cur.Currency ||
-		(cur.ClientRef != "" && sub.ClientRef != cur.ClientRef) {
+	if sub := lk.Submission; !sub.IsOf(cur.ID, cur.Amount, cur.Currency, cur.ClientRef) {
 		return fmt.Sprintf("the proxy's submission %d (payout %s, client_ref %q, %d %s) is not the payout's (client_ref %q, %d %s)",
 			sub.ID, sub.PayoutID, sub.ClientRef, sub.Amount, sub.Currency, cur.ClientRef, cur.Amount, cur.Currency)
 	}

@@ -145,6 +145,14 @@ type Record struct {
 	ResolutionAt       *time.Time      `json:"resolution_at"`
 }
 
+// IsOf reports whether the record is the submission of the payout with
+// this id, amount and currency, and client reference when one is given:
+// a record that is not is never trusted either way.
+func (r Record) IsOf(payoutID string, amount int64, currency, clientRef string) bool {
+	return r.PayoutID == payoutID && r.Amount == amount && r.Currency == currency &&
+		(clientRef == "" || r.ClientRef == clientRef)
+}
+
 // Forwarded reports whether the record is the payout's one forwarded
 // submission (anything but a FENCED attempt).
 func (r Record) Forwarded() bool { return r.Outcome != OutcomeFenced }
