@@ -528,8 +528,12 @@ func TestGrantLingerInProcess(t *testing.T) {
 		}
 		acquired := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "acquired")
 		kept := counter(t, cfg.Registry, "payouts_executor_lock_acquires_total", "result", "kept")
-		if acquired != 1 || kept != n-1 {
-			t.Errorf("lock acquires: acquired %v, kept %v; want 1 and %d", acquired, kept, n-1)
+		// Every later payout ran under the kept grant; a wake-up may also
+		// start a round under it with nothing new to do (seen once on a
+		// loaded machine), so kept is at least, not exactly, one per
+		// later payout. The grant count above is what proves one grant.
+		if acquired != 1 || kept < n-1 {
+			t.Errorf("lock acquires: acquired %v, kept %v; want 1 and at least %d", acquired, kept, n-1)
 		}
 	})
 
