@@ -55,12 +55,30 @@ func TestUnclearBatchSubmissionSharesOneWait(t *testing.T) {
 	}
 }
 
-// poisonLocker hands out grants that turn invalid once, at the first check
-// after poisoned is set: a grant lost (or its session in jeopardy) while a
-// call was in flight.
+// poison makes the grants acquired before it was armed invalid for good:
+// grants lost (or their session in jeopardy) while a call was in flight.
+// Grants acquired after are valid again.
+type poison struct {
+	epoch   atomic.Int64 // advanced by arm
+	refused atomic.Int32 // checks a poisoned grant failed
+}
+
+func (p *poison) arm() { p.epoch.Add(1) }
+
+// poisonLocker hands out grants poison can make invalid.
 type poisonLocker struct {
 	locker
-	poisoned *atomic.Bool
+	p *poison
+}
+
+// poisoned is cfg's lock service with its grants subject to p.
+func poisoned(t *testing.T, cfg Config, p *poison) poisonLocker {
+	t.Helper()
+	lk, err := newLockService(cfg.LockURL, cfg.Token, cfg.SessionTTL, 10*time.Second, cfg.Logger, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return poisonLocker{locker: lk, p: p}
 }
 
 func (l poisonLocker) Open(ctx context.Context, owner string) (session, error) {
@@ -68,36 +86,62 @@ func (l poisonLocker) Open(ctx context.Context, owner string) (session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return poisonSession{session: s, poisoned: l.poisoned}, nil
+	return poisonSession{session: s, p: l.p}, nil
 }
 
 type poisonSession struct {
 	session
-	poisoned *atomic.Bool
+	p *poison
 }
 
 func (s poisonSession) TryAcquire(ctx context.Context, key string) (grant, error) {
+	epoch := s.p.epoch.Load()
 	g, err := s.session.TryAcquire(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	return poisonGrant{grant: g, poisoned: s.poisoned}, nil
+	return poisonGrant{grant: g, p: s.p, epoch: epoch}, nil
 }
 
 func (s poisonSession) Acquire(ctx context.Context, key string, wait time.Duration) (grant, error) {
+	epoch := s.p.epoch.Load()
 	g, err := s.session.Acquire(ctx, key, wait)
 	if err != nil {
 		return nil, err
 	}
-	return poisonGrant{grant: g, poisoned: s.poisoned}, nil
+	return poisonGrant{grant: g, p: s.p, epoch: epoch}, nil
 }
 
 type poisonGrant struct {
 	grant
-	poisoned *atomic.Bool
+	p     *poison
+	epoch int64
 }
 
-func (g poisonGrant) Valid() bool { return !g.poisoned.CompareAndSwap(true, false) && g.grant.Valid() }
+func (g poisonGrant) Valid() bool {
+	if g.p.epoch.Load() > g.epoch {
+		g.p.refused.Add(1)
+		return false
+	}
+	return g.grant.Valid()
+}
+
+// frontOf serves target through a reverse proxy that shows each request to
+// fn first.
+func frontOf(t *testing.T, target string, fn func(r *http.Request)) string {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fn(r)
+		real.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
 
 // The grant is checked between the batched claim and the batch submission,
 // as before every step: a grant that became invalid during the claim call
@@ -109,30 +153,17 @@ func TestBatchSubmissionChecksTheGrantAfterTheClaim(t *testing.T) {
 	s := setup(t)
 	const n = 4
 	ids := s.fundedPage(t, "poison", n)
-	var poisoned atomic.Bool
+	var p poison
 	var claims, batches atomic.Int32
-	front := func(target string, fn func(r *http.Request)) string {
-		u, err := url.Parse(target)
-		if err != nil {
-			t.Fatal(err)
-		}
-		real := httputil.NewSingleHostReverseProxy(u)
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			fn(r)
-			real.ServeHTTP(w, r)
-		}))
-		t.Cleanup(srv.Close)
-		return srv.URL
-	}
 	cfg := s.config(t, "poison-exec", io.Discard)
-	cfg.PaymentURL = front(s.st.Ready.PaymentURL, func(r *http.Request) {
+	cfg.PaymentURL = frontOf(t, s.st.Ready.PaymentURL, func(r *http.Request) {
 		// The first batched claim: the grant turns invalid while it runs.
 		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/steps") && claims.Add(1) == 1 {
-			poisoned.Store(true)
+			p.arm()
 		}
 	})
 	var resubmissions, unmarked atomic.Int32
-	cfg.ProxyURL = front(s.st.Ready.ProxyURL, func(r *http.Request) {
+	cfg.ProxyURL = frontOf(t, s.st.Ready.ProxyURL, func(r *http.Request) {
 		if isBatchSubmission(r) {
 			batches.Add(1)
 		}
@@ -153,14 +184,10 @@ func TestBatchSubmissionChecksTheGrantAfterTheClaim(t *testing.T) {
 			}
 		}
 	})
-	lk, err := newLockService(cfg.LockURL, cfg.Token, cfg.SessionTTL, 10*time.Second, cfg.Logger, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.locker = poisonLocker{locker: lk, poisoned: &poisoned}
+	cfg.locker = poisoned(t, cfg, &p)
 	runUntil(t, cfg, "every payout to be posted", s.allIn(t, ids, pc.Posted))
-	if claims.Load() == 0 || poisoned.Load() {
-		t.Fatalf("claims %d, poison still armed %t: the test exercised nothing", claims.Load(), poisoned.Load())
+	if claims.Load() == 0 || p.refused.Load() == 0 {
+		t.Fatalf("claims %d, checks the poisoned grant failed %d: the test exercised nothing", claims.Load(), p.refused.Load())
 	}
 	if got := batches.Load(); got != 0 {
 		t.Errorf("%d batch submissions reached the proxy, want 0: the batch went out under a grant that had turned invalid", got)

@@ -66,25 +66,32 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 			if !jeopardy {
 				log.Warn("lock session in jeopardy (a keepalive failed): starting no new work")
 				jeopardy = true
+				e.m.lockDown.Set(1)
 			}
 		} else {
 			if jeopardy {
 				log.Info("lock session healthy again")
 				jeopardy = false
-			}
-			if until := e.rail.PausedUntil(); due && time.Now().Before(until) {
-				// Claims are paused (railgate.go): ask for work when the
-				// next probe may go, not before.
-				due, nextPoll = false, until
+				e.m.lockDown.Set(0)
 			}
 			if due {
 				asked := time.Now()
-				idle := e.dispatch(sess, log, slots, progress, &wg, e.workWait())
+				// While claims are paused (railgate.go) the work is still
+				// asked for: payouts in flight are finished as always. Only
+				// accounts known to hold nothing but PENDING payouts are
+				// left until the pause ends.
+				until := e.rail.PausedUntil()
+				paused := asked.Before(until)
+				idle := e.dispatch(sess, log, slots, progress, &wg, e.workWait(), paused)
 				due, nextPoll = false, asked.Add(e.cfg.PollInterval)
 				if idle {
 					// The ask waited for work and none came: ask again
 					// at once, so one is always waiting.
 					nextPoll = time.Now()
+				}
+				if paused && until.Before(nextPoll) {
+					// The next probe may go then: ask for work at once.
+					nextPoll = until
 				}
 			}
 			// After dispatching, so an account listed again is worked on
@@ -153,7 +160,9 @@ const minWorkWait = 10 * time.Millisecond
 // answer was no work after the whole wait (a payment resource that does
 // not wait answers at once, and is asked again after the poll interval),
 // or when it is to be asked again at once: it refused GET /work's payouts.
-func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{}, progress chan struct{}, wg *sync.WaitGroup, wait time.Duration) (idle bool) {
+// While claims are paused, an account whose listed payouts are all PENDING
+// is not started: its round could claim none.
+func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{}, progress chan struct{}, wg *sync.WaitGroup, wait time.Duration, paused bool) (idle bool) {
 	free := cap(slots) - len(slots)
 	if free == 0 {
 		return false // every worker is busy; a finishing one signals progress
@@ -199,6 +208,9 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 		if e.stopRequested() || !sess.Healthy() {
 			return
 		}
+		if paused && onlyPending(it) {
+			continue
+		}
 		select {
 		case slots <- struct{}{}:
 		default:
@@ -223,6 +235,20 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 		}(it.AccountID, workSeen{item: it, asked: asked})
 	}
 	return false
+}
+
+// onlyPending reports whether GET /work listed every actionable payout of
+// the account (it lists them when there are few) and all are PENDING.
+func onlyPending(it paymentclient.WorkItem) bool {
+	if it.Actionable == nil || len(it.Actionable) != it.Payouts {
+		return false
+	}
+	for _, p := range it.Actionable {
+		if p.State != paymentclient.Pending {
+			return false
+		}
+	}
+	return true
 }
 
 // refusedParam reports a 400 invalid_request naming query parameter name.
@@ -284,6 +310,16 @@ type roundResult struct {
 	gated bool
 }
 
+// coolingLocked is account's cooldown, made on first use; e.mu is held.
+func (e *Executor) coolingLocked(account string) *cooldown {
+	c := e.cooling[account]
+	if c == nil {
+		c = &cooldown{b: backoff{min: cooldownMin, max: cooldownMax}}
+		e.cooling[account] = c
+	}
+	return c
+}
+
 // finishRound ends a round on account and reports whether it moved a
 // payout. A round that took the lock and moved nothing — fenced out, a
 // payout the proxy refuses, a payout that cannot be settled yet — cools
@@ -305,18 +341,16 @@ func (e *Executor) finishRound(log *slog.Logger, account string, res roundResult
 		// service a request per such account per poll and change nothing:
 		// the holder pays them. The account is left alone for heldSkip,
 		// without the backoff a round that made no progress earns.
-		c := e.cooling[account]
-		if c == nil {
-			c = &cooldown{b: backoff{min: cooldownMin, max: cooldownMax}}
-			e.cooling[account] = c
-		}
+		c := e.coolingLocked(account)
 		c.until = now.Add(e.heldSkip())
-	case res.acquired && !res.empty && !res.gated:
-		c := e.cooling[account]
-		if c == nil {
-			c = &cooldown{b: backoff{min: cooldownMin, max: cooldownMax}}
-			e.cooling[account] = c
-		}
+	case res.gated:
+		// PENDING payouts left while claims are paused: nothing to do
+		// on the account until the next probe may go, without the
+		// backoff or the warning of a round that made no progress.
+		c := e.coolingLocked(account)
+		c.until = e.rail.PausedUntil()
+	case res.acquired && !res.empty:
+		c := e.coolingLocked(account)
 		wait := c.b.next()
 		c.until = now.Add(wait)
 		msg := "no progress on the account: leaving it alone for a while"

@@ -430,7 +430,19 @@ func TestExecutorInProcess(t *testing.T) {
 		if _, err := s.rail.SetFaults(ctx, railclient.FaultsUpdate{LatencyMS: &zero}); err != nil {
 			t.Fatal(err)
 		}
-		// The submission was not cut off: the proxy recorded the rail's answer.
+		// The submission was not cut off: the executor itself read the
+		// proxy's answer before it stopped (the proxy finishes a call its
+		// caller left, so its record alone would not show that), and the
+		// proxy recorded the rail's answer.
+		answered := false
+		for line := range strings.SplitSeq(log.String(), "\n") {
+			if strings.Contains(line, `"msg":"the proxy answered"`) && strings.Contains(line, `"payout_id":"ip-4"`) && strings.Contains(line, `"outcome":"ACKED"`) {
+				answered = true
+			}
+		}
+		if !answered {
+			t.Fatalf("the stopped executor did not read the proxy's answer for ip-4: its submission was cut off:\n%s", log.String())
+		}
 		rec, err := s.prx.Get(ctx, "ip-4")
 		if err != nil || rec.Outcome != proxyclient.OutcomeAcked {
 			t.Fatalf("proxy record after a graceful stop: %+v, %v (want ACKED: the step finished)", rec, err)

@@ -57,7 +57,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"event"}),
 		lockDown: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "payouts_executor_lock_unavailable",
-			Help: "1 while the executor has no healthy lock session and therefore does nothing (fail closed).",
+			Help: "1 while the executor has no healthy lock session (none open, or its session in jeopardy) and therefore starts nothing (fail closed).",
 		}),
 		activeGrants: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "payouts_executor_active_grants",

@@ -188,8 +188,14 @@ func (o *Operator) underLock(ctx context.Context, payoutID, reason string, from 
 	if err != nil {
 		return pc.Payout{}, fmt.Errorf("take %s: %w", fencing.Key(p.AccountID), err)
 	}
-	if !g.Valid() {
-		return pc.Payout{}, fmt.Errorf("the grant on %s was lost before the change could be made; nothing was changed", g.Key())
+	lost := func() error {
+		if g.Valid() {
+			return nil
+		}
+		return fmt.Errorf("the grant on %s was lost (or its lock session is in jeopardy) before the change could be made; nothing was changed", g.Key())
+	}
+	if err := lost(); err != nil {
+		return pc.Payout{}, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, o.cfg.CallTimeout)
 	defer cancel()
@@ -208,6 +214,11 @@ func (o *Operator) underLock(ctx context.Context, payoutID, reason string, from 
 				return pc.Payout{}, err
 			}
 		}
+	}
+	// The reads above can outlive the grant (D-11): checked again right
+	// before the change.
+	if err := lost(); err != nil {
+		return pc.Payout{}, err
 	}
 	out, err := change(cctx, payoutID, g.Token(), g.Holder(), reason)
 	// A failed release is harmless: closing the session ends the grant too.

@@ -2,7 +2,10 @@ package executor
 
 import (
 	"context"
+	"log/slog"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -242,4 +245,42 @@ func TestOperatorChangesAskTheProxyFirst(t *testing.T) {
 		_, err = op.AbandonDespiteRailAnswer(ctx, p6.ID, "past SLA")
 		refused(t, "abandon despite the rail's answer", err, p6.ID, pc.RailAmbiguous, "resolution SETTLED")
 	})
+}
+
+// An operator's cancel or abandon reads the payout and asks the proxy
+// under the account's grant before it changes anything, and those calls
+// can outlive the grant or put its session in jeopardy: the grant is
+// checked again right before the change (D-11). A grant lost meanwhile
+// changes nothing, and the command says so.
+func TestOperatorChecksTheGrantBeforeItsChange(t *testing.T) {
+	t.Parallel() // owns its stack and databases
+	s := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	r := s.st.Ready
+	ids := s.fundedPage(t, "opgrant", 1)
+	var p poison
+	var asked atomic.Bool
+	proxyURL := frontOf(t, r.ProxyURL, func(req *http.Request) {
+		if req.Method == http.MethodGet && req.URL.Path == "/v1/submissions/"+ids[0] {
+			asked.Store(true)
+			p.arm() // the grant is lost while the proxy answers
+		}
+	})
+	op, err := NewOperator(OperatorConfig{Owner: "operator:test", LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: proxyURL,
+		Token: r.Tokens.Operator, Wait: 30 * time.Second,
+		locker: poisoned(t, Config{LockURL: r.LockURL, Token: r.Tokens.Operator, SessionTTL: 15 * time.Second, Logger: slog.New(slog.DiscardHandler)}, &p)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = op.Cancel(ctx, ids[0], "customer withdrew")
+	if !asked.Load() {
+		t.Fatal("the proxy was not asked about the payout: the test exercised nothing")
+	}
+	if err == nil || !strings.Contains(err.Error(), "nothing was changed") {
+		t.Errorf("cancel under a grant lost while the proxy answered: %v; want an error saying nothing was changed", err)
+	}
+	if got := s.state(t, ids[0]); got != pc.Pending {
+		t.Errorf("the payout is %s, want PENDING (unchanged)", got)
+	}
 }

@@ -49,9 +49,10 @@ func (r *run) lookup(p pc.Payout) (proxyclient.Record, bool, error) {
 		r.e.m.steps.WithLabelValues("lookup", resultOK).Inc()
 		return proxyclient.Record{}, false, nil
 	default:
-		r.e.m.steps.WithLabelValues("lookup", resultTransient).Inc()
-		r.log.Warn("could not ask the proxy for the payout's submission; will retry", obs.KeyPayoutID, p.ID, obs.KeyError, err.Error())
-		return proxyclient.Record{}, false, errTransient
+		// As any other call to a guard: a refused token stops the executor
+		// (exit 2), a request the proxy will never answer leaves the
+		// account, anything else is retried.
+		return proxyclient.Record{}, false, r.failed("lookup", "proxy", p, err)
 	}
 }
 
@@ -94,9 +95,17 @@ func submission(p pc.Payout) proxyclient.Submission {
 	}
 }
 
-// send is the proxy call of the payout's one submission; it only calls and
-// times, so several may run at once under one grant (sendAll).
+// send is the proxy call of the payout's one submission; it only checks the
+// grant, calls and times, so several may run at once under one grant
+// (sendEach). The grant is checked here, right before the call, because
+// every path to it makes a call first (the lookup of a resubmission, the
+// batch refused for its input) that can outlive the grant or put its
+// session in jeopardy (D-11): nothing is then sent, and the payout stays
+// RAIL_SUBMITTED for the next holder to settle (D-4).
 func (r *run) send(p pc.Payout, resubmission bool) (proxyclient.Record, error) {
+	if err := r.check(); err != nil {
+		return proxyclient.Record{}, err
+	}
 	sub := submission(p)
 	sub.Resubmission = resubmission
 	// The proxy waits for the rail; its client has its own, longer timeout.
@@ -137,6 +146,8 @@ func (r *run) sendBatch(ps []pc.Payout) ([]proxyclient.BatchResult, error) {
 func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report func(pc.Payout, proxyclient.Record) (pc.Payout, error)) (pc.Payout, error) {
 	log := r.log.With("step", "submit", obs.KeyPayoutID, p.ID)
 	switch {
+	case notSent(err):
+		return p, err
 	case err == nil:
 		r.e.m.steps.WithLabelValues("submit", resultOK).Inc()
 		log.Debug("the proxy answered", "outcome", outcomeText(rec.Outcome), "rail_ref", rec.RailRef, "error_code", rec.ErrorCode)
@@ -205,12 +216,16 @@ func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report fu
 // not a refusal the proxy explains (fenced out, exists, refused or paused
 // unforwarded, or another 4xx).
 func noUsableAnswer(err error) bool {
-	if err == nil || problem.Has(err, problem.SubmissionExists) || problem.Has(err, problem.FencedOut) ||
+	if err == nil || notSent(err) || problem.Has(err, problem.SubmissionExists) || problem.Has(err, problem.FencedOut) ||
 		proxyclient.RefusedUnforwarded(err) || proxyclient.PausedUnforwarded(err) {
 		return false
 	}
 	return problem.NoVerdict(err)
 }
+
+// notSent reports whether err is send's own refusal to call: the grant can
+// no longer be used, or a stop was requested.
+func notSent(err error) bool { return errors.Is(err, errGrantLost) || errors.Is(err, errStop) }
 
 // refused ends a payout whose submission the proxy refused without
 // forwarding it (invalid input it will never accept): retrying cannot
@@ -280,6 +295,8 @@ func (r *run) settleUnknown(p pc.Payout, deadline time.Time, report func(pc.Payo
 			r.log.Warn("the proxy has no forwarded submission for the payout: it was not sent; leaving it RAIL_SUBMITTED for the next pass",
 				obs.KeyPayoutID, p.ID)
 			return p, errLeave
+		case err != nil && !errors.Is(err, errTransient):
+			return p, err
 		case err != nil && time.Now().After(deadline):
 			return p, errLeave
 		}
