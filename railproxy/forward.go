@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/safetylog"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
@@ -62,7 +65,7 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 	)
 	deadline := time.Now().Add(30 * time.Second)
 	for wait := 50 * time.Millisecond; ; wait = min(wait*2, 2*time.Second) {
-		wctx, cancel := context.WithTimeout(ctx, dbTimeout)
+		wctx, cancel := context.WithTimeout(ctx, s.cfg.outcomeAttemptTimeout)
 		out, rerr = s.st.recordOutcome(wctx, rec.ID, outcome, railRef, code)
 		cancel()
 		if rerr == nil || errors.Is(rerr, pgx.ErrNoRows) || time.Now().After(deadline) {
@@ -72,14 +75,34 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 		time.Sleep(wait)
 	}
 	if errors.Is(rerr, pgx.ErrNoRows) {
-		// Cannot happen while this is the only writer of outcomes; if it
-		// does, the first recorded outcome stands (write-once) and is returned.
-		log.Error("the submission's outcome was already recorded by another writer; the first one stands",
-			"outcome", string(outcome), "rail_ref", railRef)
+		// The outcome is already recorded. In the ordinary case it is this
+		// very one: an earlier attempt gave up waiting (its timeout) while
+		// its group was still being written, and the group wrote it. Only
+		// an outcome that differs was written by another writer (the first
+		// one stands, write-once): this rail answer is then not recorded.
 		wctx, cancel := context.WithTimeout(ctx, dbTimeout)
-		out, rerr = s.st.forwarded(wctx, rec.PayoutID)
+		now, err := s.st.forwarded(wctx, rec.PayoutID)
 		cancel()
-		return forwardResult{rec: out, err: rerr}
+		switch {
+		case err == nil && now.ID == rec.ID && now.Outcome == outcome && now.RailRef == railRef && now.ErrorCode == code:
+			out, rerr = now, nil // ours: counted and logged below
+		case err == nil && now.ID == rec.ID:
+			s.m.recordFailure.Inc()
+			log.Error("the submission's outcome was already recorded by another writer and differs from the rail's answer; the first one stands, this answer is not recorded",
+				"outcome", string(outcome), "rail_ref", railRef, "error_code", code,
+				"recorded_outcome", outcomeText(now.Outcome), "recorded_rail_ref", now.RailRef, "recorded_error_code", now.ErrorCode)
+			return forwardResult{rec: now}
+		case err == nil || errors.Is(err, pgx.ErrNoRows):
+			s.m.recordFailure.Inc()
+			log.Error("the rail's answer could not be recorded: the submission is no longer in proxydb; this line is its only record",
+				"submission_id", rec.ID, "outcome", string(outcome), "rail_ref", railRef, "error_code", code)
+			return forwardResult{err: fmt.Errorf("submission %d of payout %s is no longer in proxydb", rec.ID, rec.PayoutID)}
+		default:
+			s.m.recordFailure.Inc()
+			log.Error("an outcome is already recorded for the submission, but it could not be read back to tell whether it is the rail's answer (ambiguous)",
+				"outcome", string(outcome), "rail_ref", railRef, "error_code", code, obs.KeyError, err.Error())
+			return forwardResult{err: fmt.Errorf("the submission's outcome is recorded but could not be read back: %w", err)}
+		}
 	}
 	if rerr != nil {
 		s.m.recordFailure.Inc()
@@ -115,7 +138,11 @@ func classify(rec proxyclient.Record, p railclient.Payment, err error) (outcome 
 	default:
 		return proxyclient.OutcomeTimeout, "", "rail_answer_unparseable", "the rail's answer could not be read: " + err.Error()
 	}
-	if p.ClientRef != rec.ClientRef || p.Amount != rec.Amount || p.Currency != rec.Currency {
+	if field, v := unstorable(p); field != "" {
+		return proxyclient.OutcomeTimeout, "", "rail_answer_unparseable",
+			fmt.Sprintf("the rail's answer could not be read: its %s %+q is not text proxydb can hold (a NUL byte or invalid UTF-8)", field, v)
+	}
+	if !isPaymentOf(rec, p) {
 		return proxyclient.OutcomeTimeout, "", "rail_answer_mismatch",
 			fmt.Sprintf("the rail answered about another payment (client_ref %q, amount %d %s)", p.ClientRef, p.Amount, p.Currency)
 	}
@@ -236,8 +263,12 @@ func paymentsOf(log *slog.Logger, clientRef string, items []railclient.Payment) 
 // the submission. A payment of another amount or currency is TIMEOUT, for
 // a human.
 func (s *Server) fromRail(ctx context.Context, log *slog.Logger, rec proxyclient.Record, held railclient.Payment) (outcome proxyclient.Outcome, railRef, code, why string) {
+	field, bad := unstorable(held)
 	switch {
-	case held.Amount != rec.Amount || held.Currency != rec.Currency:
+	case field != "":
+		outcome, code = proxyclient.OutcomeTimeout, "rail_answer_unparseable"
+		why = fmt.Sprintf("not sent: the rail's record of its client reference could not be read: its %s %+q is not text proxydb can hold (a NUL byte or invalid UTF-8)", field, bad)
+	case !isPaymentOf(rec, held):
 		outcome, code = proxyclient.OutcomeTimeout, "rail_answer_mismatch"
 		why = fmt.Sprintf("not sent: the rail holds payment %s of its client reference for %d %s, not %d %s", held.RailRef, held.Amount, held.Currency, rec.Amount, rec.Currency)
 	case held.Status == railclient.StatusSettled:
@@ -249,8 +280,10 @@ func (s *Server) fromRail(ctx context.Context, log *slog.Logger, rec proxyclient
 		}
 		why = "not sent: the rail already declined a payment of its client reference"
 	}
+	// The rail's reference goes into the event as one line proxydb can
+	// hold: refused, the evidence would be lost.
 	detail := fmt.Sprintf("payout %s was resubmitted with no forwarded submission in proxydb, but the rail already holds payment %s (%s) of client reference %s: proxydb has lost the record of its submission (restored from a backup, or failed over to a replica behind it?); not sent again",
-		rec.PayoutID, held.RailRef, held.Status, rec.ClientRef)
+		rec.PayoutID, wire.OneLine(held.RailRef, wire.MaxRefLen), held.Status, rec.ClientRef)
 	wctx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	err := s.st.recordEvents(wctx, safetylog.Event{Kind: proxyclient.KindDuplicateAttempt, Key: fencing.Key(rec.AccountID),
@@ -264,4 +297,30 @@ func (s *Server) fromRail(ctx context.Context, log *slog.Logger, rec proxyclient
 			obs.KeyEvent, proxyclient.KindDuplicateAttempt, "rail_ref", held.RailRef, "rail_status", string(held.Status), "client_ref", rec.ClientRef)
 	}
 	return outcome, railRef, code, why
+}
+
+// isPaymentOf reports whether the rail's payment p is the one submission
+// rec asked for: its client reference, amount and currency. Only such a
+// payment is the submission's outcome (classify, fromRail) or settles it
+// (lookup); any other is an answer about another payment, for a human.
+func isPaymentOf(rec proxyclient.Record, p railclient.Payment) bool {
+	return p.ClientRef == rec.ClientRef && p.Amount == rec.Amount && p.Currency == rec.Currency
+}
+
+// unstorable names the first text field of the rail's payment p that
+// proxydb cannot hold, with its value: PostgreSQL text takes no NUL byte
+// and no invalid UTF-8 (internal/wire). Such an answer is unreadable
+// (rail_answer_unparseable), as a body that cannot be parsed: recorded as
+// it is, its group's outcome statement would fail, and with it the
+// outcomes of every other submission written in that group.
+func unstorable(p railclient.Payment) (field, value string) {
+	for _, f := range []struct{ name, v string }{
+		{"rail_ref", p.RailRef}, {"decline_code", p.DeclineCode}, {"client_ref", p.ClientRef},
+		{"currency", p.Currency}, {"status", p.Status}, {"beneficiary_ref", p.BeneficiaryRef}, {"at", p.At},
+	} {
+		if strings.IndexByte(f.v, 0) >= 0 || !utf8.ValidString(f.v) {
+			return f.name, f.v
+		}
+	}
+	return "", ""
 }

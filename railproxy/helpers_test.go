@@ -123,6 +123,8 @@ type bundle struct {
 	now     func() time.Time // the proxy's clock (nil: the real one)
 	// sendWindow is the proxy's SendWindow (0: its default).
 	sendWindow time.Duration
+	// outcomeAttempt bounds each attempt to record a rail answer (0: its default).
+	outcomeAttempt time.Duration
 }
 
 type options struct {
@@ -134,6 +136,9 @@ type options struct {
 	now func() time.Time
 	// sendWindow is the proxy's SendWindow (default: its own).
 	sendWindow time.Duration
+	// outcomeAttempt bounds each attempt to record a rail answer (default:
+	// the proxy's own, dbTimeout).
+	outcomeAttempt time.Duration
 }
 
 func ctxFor(t *testing.T) context.Context {
@@ -195,7 +200,7 @@ func setup(t *testing.T, o options) *bundle {
 	if b.rail, err = railclient.New(b.railURL, operatorBearer); err != nil {
 		t.Fatal(err)
 	}
-	b.now, b.sendWindow = o.now, o.sendWindow
+	b.now, b.sendWindow, b.outcomeAttempt = o.now, o.sendWindow, o.outcomeAttempt
 	b.startProxy(t, o.railTimeout, "")
 	return b
 }
@@ -205,7 +210,7 @@ func (b *bundle) startProxy(t *testing.T, railTimeout time.Duration, crashPoint 
 	s, err := New(ctxFor(t), Config{
 		Addr: "127.0.0.1:0", Logger: obs.NewLogger(b.logs, slog.LevelDebug, "proxy"), Auth: testAuth(),
 		DatabaseURL: b.dbURL, RailURL: b.railURL, RailToken: proxyBearer, RailTimeout: railTimeout, SendWindow: b.sendWindow,
-		crashPoint: crashPoint, now: b.now,
+		crashPoint: crashPoint, now: b.now, outcomeAttemptTimeout: b.outcomeAttempt,
 	})
 	if err != nil {
 		t.Fatal(err)

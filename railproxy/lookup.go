@@ -13,6 +13,7 @@ import (
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
@@ -86,15 +87,30 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 	for _, p := range held.items {
 		ev.Items = append(ev.Items, proxyclient.RailPayment(p))
 	}
-	settled := len(held.settled)
 	out := proxyclient.LookupResult{Final: l.Final, RailItems: ev.Items, Submission: rec}
 	if !l.Final {
 		out.Detail = "the rail's answer is not final yet (its settlement window has not passed); nothing recorded"
 		httpx.WriteJSON(w, http.StatusOK, out)
 		return nil
 	}
+	// Only a settled payment of the submission's own amount and currency
+	// settles it (the match classify and fromRail hold the rail's answer
+	// to). A settled payment of the client reference for another amount
+	// or currency moved money, but not this submission's: SETTLED would
+	// post the payout at its own amount, ABSENT would release money the
+	// rail moved. Neither is recorded; a human decides.
+	if other := othersSettled(rec, held.settled); len(other) > 0 {
+		p := other[0]
+		out.Detail = fmt.Sprintf("the rail settled payment %+q of client reference %s for %d %s, not the submission's %d %s (%d settled payment(s) of another amount or currency): not resolved, nothing recorded; resolve it by hand",
+			p.RailRef, rec.ClientRef, p.Amount, p.Currency, rec.Amount, rec.Currency, len(other))
+		log.Error("the rail settled a payment of the submission's client reference for another amount or currency; not resolved, left for a human",
+			"client_ref", rec.ClientRef, "rail_ref", p.RailRef, "rail_amount", p.Amount, "rail_currency", p.Currency,
+			"amount", rec.Amount, "currency", rec.Currency, "outcome", outcomeText(rec.Outcome), "mismatched", len(other))
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	}
 	out.Resolution = proxyclient.ResolutionAbsent
-	if settled > 0 {
+	if len(held.settled) > 0 {
 		out.Resolution = proxyclient.ResolutionSettled
 	}
 	if !rec.Outcome.Ambiguous() {
@@ -161,4 +177,16 @@ func (s *Server) tooYoung(asked bool) string {
 		what = "nothing recorded"
 	}
 	return fmt.Sprintf("the submission has no outcome and is younger than %s (its send window and the rail timeout): its forwarding may still be under way; %s", s.resolvableAge(), what)
+}
+
+// othersSettled are the settled payments that are not the payment rec
+// asked for (isPaymentOf): of another amount or currency.
+func othersSettled(rec proxyclient.Record, settled []railclient.Payment) []railclient.Payment {
+	var out []railclient.Payment
+	for _, p := range settled {
+		if !isPaymentOf(rec, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }

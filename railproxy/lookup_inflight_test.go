@@ -1,10 +1,10 @@
 package railproxy
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,44 +14,42 @@ import (
 )
 
 // A lookup while the proxy's own rail call for the payout is in flight
-// records nothing: evidence gathered then says nothing about that call. The
-// interleaving is forced: the rail holds the payment request until a
-// lookup asks, and answers the lookup ("final, no payment") only after the
-// forward has finished and recorded TIMEOUT (a 500 after acceptance). A
-// lookup that asked the rail first and checked in-flight afterwards resolved
-// the payout ABSENT from evidence gathered before the rail answered.
+// records nothing, and does not even ask the rail: evidence gathered then
+// says nothing about that call. Only the in-flight check can refuse here:
+// the intent is backdated past every age limit (the age check passes), and
+// the rail answers the lookup "final, no payment" while it still holds the
+// payment request, so the row still has no outcome and ABSENT would be
+// written (the payout failed, its money released, and then the rail pays).
 func TestLookupWhileForwardingRecordsNothing(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDB(t, migrations.ProxyDB)
-	conn := pgtest.Conn(t, dbURL)
 	payStarted, release := make(chan struct{}), make(chan struct{})
 	var releaseOnce sync.Once
 	releasePay := func() { releaseOnce.Do(func() { close(release) }) }
 	t.Cleanup(releasePay)
+	var looks atomic.Int32
 	rail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
 		switch r.Method {
 		case http.MethodPost: // the payment: accepted, held, then a 500
 			close(payStarted)
-			<-release
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
 			w.Header().Set("Content-Type", "application/problem+json")
 			w.WriteHeader(http.StatusInternalServerError)
 			_, _ = w.Write([]byte(`{"code":"internal","status":500,"title":"Internal error","detail":"after acceptance"}`))
-		default: // the lookup: let the forward finish, then "final, nothing"
-			releasePay()
-			deadline := time.Now().Add(90 * time.Second)
-			for time.Now().Before(deadline) {
-				var n int
-				if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM rail_submission WHERE outcome IS NOT NULL`).Scan(&n); err == nil && n > 0 {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+		default: // the lookup, answered at once: final, nothing
+			looks.Add(1)
+			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write([]byte(`{"items":[],"final":true}`))
 		}
 	}))
 	t.Cleanup(rail.Close)
-	b := setup(t, options{railURL: rail.URL, dbURL: dbURL})
+	// A rail timeout long enough that the held call cannot end on its own
+	// while the test runs.
+	b := setup(t, options{railURL: rail.URL, dbURL: dbURL, railTimeout: 10 * time.Minute})
 	submitted := make(chan error, 1)
 	go func() {
 		_, err := b.pc.Submit(ctxFor(t), sub("p-fly", "acc-1"), 3, holder(1))
@@ -62,21 +60,52 @@ func TestLookupWhileForwardingRecordsNothing(t *testing.T) {
 	case <-time.After(90 * time.Second):
 		t.Fatal("the proxy never called the rail")
 	}
-	l, err := b.recon.Lookup(ctxFor(t), "p-fly")
+	// The intent older than its writer's window and this proxy's (both
+	// 80 min: a send window of 7 and a rail call of 1 rail timeout).
+	ctx := ctxFor(t)
+	tx, err := pgtest.Conn(t, dbURL).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE rail_submission SET created_at = created_at - interval '3 hours' WHERE payout_id = 'p-fly'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	intent, err := b.proxy.st.forwarded(ctx, "p-fly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old, err := b.proxy.st.olderThan(ctx, intent.ID, b.proxy.resolvableAge()); err != nil || !old {
+		t.Fatalf("the backdated intent is not past the age limit (%v %v): the test would not test the in-flight check", old, err)
+	}
+
+	l, err := b.recon.Lookup(ctx, "p-fly")
 	releasePay()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := <-submitted; err != nil {
-		t.Fatalf("submit: %v", err)
-	}
 	if l.Recorded || l.Resolution != proxyclient.ResolutionNone || l.Final {
-		t.Fatalf("lookup during the forward: %+v; want nothing recorded, not final", l)
+		t.Errorf("lookup during the forward: final %v, recorded %v, resolution %q, detail %q; want nothing recorded, not final", l.Final, l.Recorded, l.Resolution, l.Detail)
 	}
-	rec, err := b.pc.Get(ctxFor(t), "p-fly")
-	if err != nil {
-		t.Fatal(err)
+	if n := looks.Load(); n != 0 {
+		t.Errorf("the rail was asked %d time(s) while this proxy's own rail call ran, want 0", n)
 	}
+	select {
+	case <-submitted: // its answer, or a 503 once the request deadline passed: the outcome is read below
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the submission never ended")
+	}
+	var rec proxyclient.Record
+	eventually(t, "the forward's outcome is recorded", func() (bool, error) {
+		var err error
+		rec, err = b.pc.Get(ctx, "p-fly")
+		return err == nil && rec.Outcome != proxyclient.OutcomeNone, err
+	})
 	if rec.Outcome != proxyclient.OutcomeTimeout || rec.Resolution != proxyclient.ResolutionNone {
 		t.Fatalf("submission after the forward: outcome %q resolution %q; want TIMEOUT, unresolved", rec.Outcome, rec.Resolution)
 	}

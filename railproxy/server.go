@@ -74,6 +74,10 @@ type Config struct {
 	// shutdownGrace is the HTTP server's grace for in-flight requests at
 	// shutdown (tests only; default httpx's).
 	shutdownGrace time.Duration
+	// outcomeAttemptTimeout bounds each attempt to record a rail answer
+	// (tests only; default dbTimeout, which also bounds each group's
+	// statement).
+	outcomeAttemptTimeout time.Duration
 }
 
 // Crash points (test builds only): see crashpoint_on.go.
@@ -149,6 +153,9 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.now == nil {
 		cfg.now = time.Now
+	}
+	if cfg.outcomeAttemptTimeout <= 0 {
+		cfg.outcomeAttemptTimeout = dbTimeout
 	}
 	switch cfg.crashPoint {
 	case "", CrashAfterIntent, CrashAfterRailAnswer:
