@@ -33,16 +33,32 @@ func (p *pprofFlag) check() error {
 
 // isLoopback reports whether a listen address binds loopback only. An
 // empty host (":7102") binds every interface.
-func isLoopback(addr string) bool {
+func isLoopback(addr string) bool { return isLoopbackVia(addr, net.LookupHost) }
+
+// isLoopbackVia is isLoopback with the resolver lookup. "localhost" is
+// whatever the resolver says it is (/etc/hosts, then DNS): it binds
+// loopback only when every address it resolves to is a loopback one.
+func isLoopbackVia(addr string, lookup func(host string) ([]string, error)) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil || host == "" {
 		return false
 	}
-	if host == "localhost" {
-		return true
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
 	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	if host != "localhost" {
+		return false
+	}
+	addrs, err := lookup(host)
+	if err != nil || len(addrs) == 0 {
+		return false
+	}
+	for _, a := range addrs {
+		if ip := net.ParseIP(a); ip == nil || !ip.IsLoopback() {
+			return false
+		}
+	}
+	return true
 }
 
 // runWithPprof runs role, and the profiler beside it when addr is set;

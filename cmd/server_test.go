@@ -28,6 +28,27 @@ func TestIsLoopback(t *testing.T) {
 	}
 }
 
+// "localhost" is what the resolver says it is (/etc/hosts, then DNS): it
+// is loopback only when every address it resolves to is.
+func TestLocalhostIsLoopbackOnlyWhereItResolvesSo(t *testing.T) {
+	for _, c := range []struct {
+		addrs []string
+		err   error
+		want  bool
+	}{
+		{[]string{"127.0.0.1", "::1"}, nil, true},
+		{[]string{"192.0.2.2"}, nil, false},
+		{[]string{"127.0.0.1", "192.0.2.2"}, nil, false},
+		{nil, nil, false},
+		{nil, errors.New("no such host"), false},
+	} {
+		lookup := func(string) ([]string, error) { return c.addrs, c.err }
+		if got := isLoopbackVia("localhost:7102", lookup); got != c.want {
+			t.Errorf("localhost resolving to %v (%v): loopback %t, want %t", c.addrs, c.err, got, c.want)
+		}
+	}
+}
+
 // --insecure-no-auth is refused unless the server listens on loopback only.
 func TestInsecureNoAuthOnlyOnLoopback(t *testing.T) {
 	for _, listen := range []string{"0.0.0.0:0", ":0", "[::]:0"} {

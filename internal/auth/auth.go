@@ -3,11 +3,9 @@
 package auth
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -16,6 +14,7 @@ import (
 	"sync/atomic"
 
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/strictjson"
 )
 
 // Role is what a caller is allowed to do.
@@ -129,10 +128,12 @@ func CheckPrivate(path string) error {
 
 // Parse reads auth file contents.
 func Parse(b []byte) (*Authenticator, error) {
+	// As strictly as a request body: a key given twice (two "tokens"
+	// lists, of which the decoder would keep the last) or trailing data
+	// is a file merged badly, and loading part of it would drop tokens
+	// silently.
 	var f File
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
+	if err := strictjson.Decode(b, &f); err != nil {
 		return nil, fmt.Errorf("auth: parse auth file: %w", err)
 	}
 	if len(f.Tokens) == 0 {
@@ -141,6 +142,11 @@ func Parse(b []byte) (*Authenticator, error) {
 	a := &Authenticator{}
 	var entries []entry
 	seen := map[[32]byte]bool{}
+	// A name is one principal with one role: it owns the lock sessions
+	// its tokens open, so a second role under the same name would let,
+	// say, an operator token keep alive, close or use an executor's
+	// sessions. Several tokens of one name and role are a rotation.
+	roles := map[string]Role{}
 	for i, t := range f.Tokens {
 		if len(t.Token) < 16 {
 			return nil, fmt.Errorf("auth: token #%d (%s) is shorter than 16 characters", i+1, t.Name)
@@ -151,6 +157,10 @@ func Parse(b []byte) (*Authenticator, error) {
 		if t.Name == "" {
 			return nil, fmt.Errorf("auth: token #%d has no name", i+1)
 		}
+		if r, ok := roles[t.Name]; ok && r != t.Role {
+			return nil, fmt.Errorf("auth: token #%d gives name %q role %q, and an earlier token gives it role %q: a name is one principal (it owns the lock sessions its tokens open), so each role needs names of its own", i+1, t.Name, t.Role, r)
+		}
+		roles[t.Name] = t.Role
 		d := sha256.Sum256([]byte(t.Token))
 		if seen[d] {
 			return nil, fmt.Errorf("auth: token #%d (%s) is listed twice", i+1, t.Name)

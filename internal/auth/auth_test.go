@@ -139,3 +139,32 @@ func TestRequireLetsAnInsecureCallerCallAsAnyRole(t *testing.T) {
 		t.Errorf("executor token on a proxy-only route: %d, want 403", code)
 	}
 }
+
+// An auth file is read as strictly as a request body, and a name is one
+// principal with one role: a file giving one name two roles (an operator
+// token could then use an executor's lock sessions), a key given twice (the
+// decoder would keep only the last "tokens" list) or trailing data is
+// refused. Several tokens of one name and role (a rotation) load.
+func TestParseRefusesAmbiguousAuthFiles(t *testing.T) {
+	for _, c := range []struct{ name, body, want string }{
+		{"one name, two roles", `{"tokens":[{"token":"executor-token-0123456789","role":"executor","name":"exec-1"},{"token":"operator-token-0123456789","role":"operator","name":"exec-1"}]}`, `name "exec-1" role "operator"`},
+		{"tokens given twice", `{"tokens":[{"token":"executor-token-0123456789","role":"executor","name":"exec-1"}],"tokens":[{"token":"operator-token-0123456789","role":"operator","name":"op-1"}]}`, `"tokens" is given twice`},
+		{"trailing data", fileBody + ` {"tokens":[]}`, "after the JSON object"},
+		{"null", `null`, "not null"},
+		{"a token shorter than 16", `{"tokens":[{"token":"short","role":"executor","name":"exec-1"}]}`, "shorter than 16"},
+	} {
+		if _, err := auth.Parse([]byte(c.body)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Parse gave %v; want an error saying %s", c.name, err, c.want)
+		}
+	}
+	rotation := `{"tokens":[{"token":"executor-token-0123456789","role":"executor","name":"exec-1"},{"token":"executor-token-9876543210","role":"executor","name":"exec-1"}]}`
+	a, err := auth.Parse([]byte(rotation))
+	if err != nil {
+		t.Fatalf("two tokens of one name and role (a rotation): %v", err)
+	}
+	for _, tok := range []string{"executor-token-0123456789", "executor-token-9876543210"} {
+		if p, ok := a.Authenticate(tok); !ok || p.Name != "exec-1" || p.Role != auth.Executor {
+			t.Errorf("rotated token %s: %+v %v; want exec-1, executor", tok, p, ok)
+		}
+	}
+}

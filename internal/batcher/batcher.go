@@ -9,6 +9,8 @@ package batcher
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 )
@@ -204,9 +206,7 @@ func (b *Batcher[Req, Res]) run(ctx context.Context, batch []*call[Req, Res]) {
 	for i, c := range batch {
 		reqs[i] = c.req
 	}
-	ctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
-	res, err := b.write(ctx, reqs)
-	cancel()
+	res, err := b.call(ctx, reqs)
 	if err == nil && len(res) != len(batch) {
 		err = ErrShortAnswer
 	}
@@ -219,3 +219,20 @@ func (b *Batcher[Req, Res]) run(ctx context.Context, batch []*call[Req, Res]) {
 		close(c.done)
 	}
 }
+
+// call runs the Func on reqs. A panic in it is the batch's error: it runs
+// in a goroutine of its own, where no request's recovery reaches, so
+// unrecovered it would end the process and every request in flight.
+func (b *Batcher[Req, Res]) call(ctx context.Context, reqs []Req) (res []Res, err error) {
+	ctx, cancel := context.WithTimeout(ctx, b.opts.Timeout)
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			res, err = nil, fmt.Errorf("%w: %v\n%s", ErrPanic, p, debug.Stack())
+		}
+	}()
+	return b.write(ctx, reqs)
+}
+
+// ErrPanic is a batch's error when its Func panicked.
+var ErrPanic = errors.New("batcher: the batch's write panicked")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -122,6 +123,27 @@ func TestABatchErrorFailsEveryRequestOfTheBatch(t *testing.T) {
 	}
 	if _, err := b.Do(context.Background(), 1); !errors.Is(err, ErrShortAnswer) {
 		t.Fatalf("Do = %v, want ErrShortAnswer", err)
+	}
+}
+
+// A Func that panics fails its batch with ErrPanic, naming the panic; it
+// runs in a goroutine of its own, so unrecovered it would end the process,
+// and every request in flight with it. The batcher goes on writing.
+func TestAPanickingBatchFailsItsRequestsOnly(t *testing.T) {
+	calls := 0
+	b := New(func(_ context.Context, reqs []int) ([]int, error) {
+		calls++
+		if calls == 1 {
+			var m map[int]int
+			m[1] = 1 // a nil-map write: the defect a panic is
+		}
+		return reqs, nil
+	}, Options{})
+	if _, err := b.Do(context.Background(), 1); !errors.Is(err, ErrPanic) || !strings.Contains(err.Error(), "nil map") {
+		t.Fatalf("Do = %v, want ErrPanic naming the panic", err)
+	}
+	if got, err := b.Do(context.Background(), 7); err != nil || got != 7 {
+		t.Fatalf("Do after the panic = %d, %v; want 7", got, err)
 	}
 }
 

@@ -308,7 +308,11 @@ func Handler(fn func(w http.ResponseWriter, r *http.Request) error) http.Handler
 // WriteError writes err as a problem, logging causes of server-side errors.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	e := problem.From(err)
-	if e.Status() >= 500 {
+	switch {
+	case e.Status() >= 500 && errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		// The caller went away: nobody reads the answer, and nothing failed.
+		Log(r.Context()).Info("request cancelled: the caller went away", obs.KeyError, err.Error(), "method", r.Method, "path", r.URL.Path)
+	case e.Status() >= 500:
 		Log(r.Context()).Error("request failed", "code", string(e.Code), obs.KeyError, err.Error(), "method", r.Method, "path", r.URL.Path)
 	}
 	problem.Write(w, e)

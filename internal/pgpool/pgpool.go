@@ -5,9 +5,9 @@ package pgpool
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -55,19 +55,23 @@ func New(ctx context.Context, what, url string, o Options) (*pgxpool.Pool, error
 	if err != nil {
 		return nil, fmt.Errorf("%s: database URL: %w", what, err) // pgconn redacts the password
 	}
-	if !hasParam(url, "pool_max_conns") {
+	hasParam, err := urlParams(url)
+	if err != nil {
+		return nil, fmt.Errorf("%s: database URL: %w", what, err)
+	}
+	if !hasParam("pool_max_conns") {
 		cfg.MaxConns = DefaultMaxConns
 	}
 	if o.MaxConns > 0 {
 		cfg.MaxConns = o.MaxConns
 	}
-	if !hasParam(url, "pool_health_check_period") {
+	if !hasParam("pool_health_check_period") {
 		cfg.HealthCheckPeriod = healthCheckPeriod
 	}
-	if !hasParam(url, "pool_max_conn_idle_time") {
+	if !hasParam("pool_max_conn_idle_time") {
 		cfg.MaxConnIdleTime = maxConnIdleTime
 	}
-	if !hasParam(url, "pool_max_conn_lifetime") {
+	if !hasParam("pool_max_conn_lifetime") {
 		cfg.MaxConnLifetime = maxConnLifetime
 	}
 	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
@@ -86,5 +90,17 @@ func New(ctx context.Context, what, url string, o Options) (*pgxpool.Pool, error
 	return pool, nil
 }
 
-// hasParam reports whether the URL (or key=value string) sets name.
-func hasParam(url, name string) bool { return strings.Contains(url, name+"=") }
+// urlParams says which pool settings the URL (or key = value string) sets,
+// read as pgx reads it (a key = value string may have spaces around "="):
+// pgconn passes the settings it does not know, the pool's among them, on
+// as runtime parameters, which pgxpool then takes for itself.
+func urlParams(url string) (func(name string) bool, error) {
+	c, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	return func(name string) bool {
+		_, set := c.RuntimeParams[name]
+		return set
+	}, nil
+}

@@ -23,6 +23,10 @@ func TestSettings(t *testing.T) {
 		{"default", "postgres://u@127.0.0.1:1/db", Options{}, DefaultMaxConns},
 		{"from the URL", "postgres://u@127.0.0.1:1/db?pool_max_conns=3", Options{}, 3},
 		{"from the caller", "postgres://u@127.0.0.1:1/db?pool_max_conns=3", Options{MaxConns: 5}, 5},
+		// pgx reads key = value strings with spaces around "=".
+		{"from a key = value string", "host=127.0.0.1 port=1 user=u dbname=db pool_max_conns = 3", Options{}, 3},
+		// A value that reads like a setting is not one.
+		{"another setting's value", "postgres://u@127.0.0.1:1/db?application_name=pool_max_conns%3D3", Options{}, DefaultMaxConns},
 	} {
 		p, err := New(ctx, "testdb", tc.url, tc.o)
 		if err != nil {

@@ -259,7 +259,8 @@ func Has(err error, code Code) bool {
 }
 
 // From converts any error to an *Error suitable to send: an *Error as is, a
-// deadline as unavailable, anything else as internal with the cause kept.
+// deadline or a cancellation as unavailable, anything else as internal with
+// the cause kept.
 func From(err error) *Error {
 	var e *Error
 	if errors.As(err, &e) {
@@ -267,6 +268,11 @@ func From(err error) *Error {
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return Wrap(Unavailable, err, "the request did not complete in time")
+	}
+	// Cancelled: the caller went away (or the server is stopping) before
+	// the work was done; nothing about the request was wrong.
+	if errors.Is(err, context.Canceled) {
+		return Wrap(Unavailable, err, "the request was cancelled before it completed")
 	}
 	// No connection to the database could be made: nothing was read or
 	// written, and retrying later is the answer.

@@ -84,6 +84,17 @@ func TestUnreachableDatabaseIsUnavailable(t *testing.T) {
 	}
 }
 
+// A request whose work was cancelled (its caller went away, or the server
+// is stopping) failed for no fault of the request or the server: 503
+// unavailable, not 500 internal, which is logged as a server error and
+// counted as one.
+func TestACancelledRequestIsUnavailable(t *testing.T) {
+	e := From(fmt.Errorf("query: %w", context.Canceled))
+	if e.Code != Unavailable || e.Status() != 503 {
+		t.Fatalf("a cancelled request: %s %d, want unavailable 503", e.Code, e.Status())
+	}
+}
+
 // TestAnAnswerThatIsNoProblemDocumentSaysNothingOfTheRequest: every role
 // answers an error with a problem document. A body that is not one comes
 // from something in front of the role (a load balancer's 404 page, another

@@ -1,4 +1,4 @@
-package httpx
+package strictjson
 
 import (
 	"fmt"
@@ -38,14 +38,14 @@ func benchBodyJSON(n int) []byte {
 func TestStrictFieldNamesAtEveryDepth(t *testing.T) {
 	for range 2 {
 		var v benchBody
-		if err := DecodeStrict(benchBodyJSON(20), &v); err != nil || len(v.Items) != 20 || v.Items[7].RailRef != "r-007" {
+		if err := Decode(benchBodyJSON(20), &v); err != nil || len(v.Items) != 20 || v.Items[7].RailRef != "r-007" {
 			t.Fatalf("a well-formed body: %v (%+v)", err, v)
 		}
 		bad := strings.Replace(string(benchBodyJSON(20)), `{"payout_id":"po-013"`, `{"Payout_ID":"po-013"`, 1)
-		if err := DecodeStrict([]byte(bad), &v); err == nil || !strings.Contains(err.Error(), `unknown field "Payout_ID"`) {
+		if err := Decode([]byte(bad), &v); err == nil || !strings.Contains(err.Error(), `unknown field "Payout_ID"`) {
 			t.Fatalf("an item's key in another case: %v, want unknown field", err)
 		}
-		if err := DecodeStrict([]byte(`{"TOKEN":1,"holder":"h","op":"claim","items":[]}`), &v); err == nil || !strings.Contains(err.Error(), `unknown field "TOKEN"`) {
+		if err := Decode([]byte(`{"TOKEN":1,"holder":"h","op":"claim","items":[]}`), &v); err == nil || !strings.Contains(err.Error(), `unknown field "TOKEN"`) {
 			t.Fatalf("a top-level key in another case: %v, want unknown field", err)
 		}
 	}
@@ -76,7 +76,7 @@ func TestStrictFieldNamesTrickyBodies(t *testing.T) {
 		{`{"id":"x","in":{"name":"x","tags":null,"ANY":1}}`, "ANY"},
 	} {
 		var v outer
-		err := DecodeStrict([]byte(c.body), &v)
+		err := Decode([]byte(c.body), &v)
 		switch {
 		case c.bad == "" && err != nil:
 			t.Errorf("%s: %v", c.body, err)
@@ -86,12 +86,12 @@ func TestStrictFieldNamesTrickyBodies(t *testing.T) {
 	}
 }
 
-func BenchmarkDecodeStrict(b *testing.B) {
+func BenchmarkDecode(b *testing.B) {
 	body := benchBodyJSON(50)
 	b.ReportAllocs()
 	for b.Loop() {
 		var v benchBody
-		if err := DecodeStrict(body, &v); err != nil {
+		if err := Decode(body, &v); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -151,12 +151,32 @@ func TestDuplicateKeysRefused(t *testing.T) {
 		{`{"list":[{"name":"a"},{"name":"b"}],"in":{"name":"c"},"id":"name"}`, ""},
 	} {
 		var v outer
-		err := DecodeStrict([]byte(c.body), &v)
+		err := Decode([]byte(c.body), &v)
 		switch {
 		case c.dup == "" && err != nil:
 			t.Errorf("%s: %v", c.body, err)
 		case c.dup != "" && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("field %q is given twice", c.dup))):
 			t.Errorf("%s: %v, want field %q given twice", c.body, err, c.dup)
 		}
+	}
+}
+
+// A body must be one JSON object: null, which encoding/json decodes into
+// a struct as nothing at all, and any other value are refused, as an
+// empty body is.
+func TestOnlyAnObjectDecodes(t *testing.T) {
+	for _, body := range []string{`null`, ` null `, `[]`, `"x"`, `1`, `true`, ``, `  `} {
+		var v struct {
+			A int `json:"a"`
+		}
+		if err := Decode([]byte(body), &v); err == nil || !strings.Contains(err.Error(), "object") {
+			t.Errorf("%q: %v, want refused as not a JSON object", body, err)
+		}
+	}
+	var v struct {
+		A int `json:"a"`
+	}
+	if err := Decode([]byte(" {\"a\":1}\n"), &v); err != nil || v.A != 1 {
+		t.Errorf("an object: %v %+v", err, v)
 	}
 }

@@ -1,4 +1,4 @@
-package httpx
+package strictjson
 
 import (
 	"encoding/json"
