@@ -309,6 +309,62 @@ func TestBadInput(t *testing.T) {
 	})
 }
 
+// TestKeepaliveContentType: a keepalive's body is held to the rule of every
+// other body: its Content-Type, when given, is application/json (charset
+// utf-8, if any), or the keepalive is 400 invalid_request and renews
+// nothing. An empty body has nothing for a Content-Type to describe (as the
+// proxy's lookup, whose body is also empty or {}). Before, the keepalive
+// read its body without looking at the Content-Type and answered 200 to
+// {} sent as text/plain.
+func TestKeepaliveContentType(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, kind string) {
+		svc := setup(t, kind).svc
+		ctx := testCtx(t)
+		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		url := svc.URL + "/v1/sessions/" + s.ID() + "/keepalive"
+		for _, tc := range []struct {
+			contentType, body string
+			status            int
+		}{
+			{"text/plain", `{}`, http.StatusBadRequest},
+			{"application/x-www-form-urlencoded", `{}`, http.StatusBadRequest},
+			{"application/json; charset=latin1", `{}`, http.StatusBadRequest},
+			{"text/plain", `{"ttl_ms":60000}`, http.StatusBadRequest},
+			{"application/json", `{}`, http.StatusOK},
+			{"application/json; charset=utf-8", ` {} `, http.StatusOK},
+			{"", `{}`, http.StatusOK},
+			{"", ``, http.StatusOK},
+			{"application/json", ``, http.StatusOK},
+			{"text/plain", ``, http.StatusOK},
+		} {
+			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(tc.body))
+			if tc.contentType != "" {
+				req.Header.Set("Content-Type", tc.contentType)
+			}
+			req.Header.Set("Authorization", "Bearer "+executorToken)
+			resp, err := httpClient().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body := string(b)
+			if resp.StatusCode != tc.status {
+				t.Errorf("keepalive with Content-Type %q and body %q: %d %s; want %d", tc.contentType, tc.body, resp.StatusCode, body, tc.status)
+				continue
+			}
+			if tc.status == http.StatusBadRequest && tc.body == `{}` &&
+				(!strings.Contains(body, `"code":"invalid_request"`) || !strings.Contains(body, "Content-Type")) {
+				t.Errorf("keepalive with Content-Type %q and body {}: %s; want invalid_request naming the Content-Type", tc.contentType, body)
+			}
+		}
+	})
+}
+
 // problemField is the field member of a problem body ("" when it has none).
 func problemField(body string) string {
 	var p struct {

@@ -108,7 +108,12 @@ func (s *Service) keepAlive(w http.ResponseWriter, r *http.Request) error {
 }
 
 // emptyBody accepts a request body that is empty or the empty JSON object
-// {} (a keepalive carries nothing), and refuses anything else.
+// {} (a keepalive carries nothing), and refuses anything else. A body is
+// held to the rules of every other body (httpx.DecodeJSON), its
+// Content-Type included: when given, application/json (docs/api.md). An
+// empty body (or only white space) has nothing for a Content-Type to
+// describe and passes with any: the proxy's lookup, whose body is also
+// empty or {}, checks the Content-Type only of a body too.
 func emptyBody(r *http.Request) error {
 	body, err := httpx.ReadBody(r)
 	if err != nil {
@@ -117,6 +122,9 @@ func emptyBody(r *http.Request) error {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 {
 		return nil
+	}
+	if err := httpx.CheckContentType(r); err != nil {
+		return err
 	}
 	if body[0] != '{' {
 		return problem.New(problem.InvalidRequest, "the body must be empty or {}")

@@ -19,14 +19,24 @@ const MaxBodyBytes = 1 << 20
 // invalid_request errors naming what was wrong. A Content-Type, when
 // given, must be application/json, in UTF-8 if it names a charset.
 func DecodeJSON(r *http.Request, v any) error {
-	if ct := r.Header.Get("Content-Type"); ct != "" && !jsonContentType(ct) {
-		return problem.New(problem.InvalidRequest, "Content-Type must be application/json (charset utf-8, if any), got %q", problem.Echo(ct))
+	if err := CheckContentType(r); err != nil {
+		return err
 	}
 	body, err := ReadBody(r)
 	if err != nil {
 		return err
 	}
 	return DecodeStrict(body, v)
+}
+
+// CheckContentType refuses (invalid_request) a request whose Content-Type
+// is given and is not application/json (charset utf-8, if any): the rule
+// of every JSON body, for a handler that reads its body itself.
+func CheckContentType(r *http.Request) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !jsonContentType(ct) {
+		return problem.New(problem.InvalidRequest, "Content-Type must be application/json (charset utf-8, if any), got %q", problem.Echo(ct))
+	}
+	return nil
 }
 
 // ReadBody reads the request body whole: a body over MaxBodyBytes is 413,

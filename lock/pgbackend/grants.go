@@ -16,7 +16,11 @@ import (
 
 // Grant log timestamps use clock_timestamp(), read while the statement
 // executes (after its snapshot), so a grant never appears to start before
-// the end of the grant it follows; expiry decisions use now() (D-11).
+// the end of the grant it follows. Liveness is judged by the database's
+// clock when the statement judges it, clock_timestamp() too
+// (lock_session_live, lockdb migration 00007; D-11): never by now(), the
+// start of the transaction, which for an acquire is before the wait for its
+// keys' advisory locks.
 
 // liveSessionCTE is both acquire statements' read of the acquiring session
 // ($2): live, and locked FOR SHARE so that a statement ending it
@@ -29,7 +33,7 @@ const liveSessionCTE = `sess AS (
 
 // acquireSQL is the acquire: one conditional statement. The key is free
 // when it has no entry, or its entry's session is no longer live by the
-// database's now() (then the entry is taken over with a compare-and-swap on
+// database's clock (then the entry is taken over with a compare-and-swap on
 // its token and the lapsed grant is ended as expired, in the same step). The
 // grant record is written in the same statement (D-9). When the key is held
 // the current entry is returned instead: by our session, that is the

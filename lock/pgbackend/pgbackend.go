@@ -1,11 +1,13 @@
 // Package pgbackend is the lock service's PostgreSQL backend (lockdb).
 //
 // Every decision is one conditional SQL statement evaluated with the
-// database's now(), never the lock server's clock (D-11); tokens come from
-// lock_token_seq, which is never reset (D-2); and the grant log is written in
-// the same statement as the grant (D-9). Liveness of a session is defined
-// once, by the SQL function lock_session_live, which also applies the grace
-// period of D-12.
+// database's clock, never the lock server's (D-11): expiries are set from
+// now(), and a session's liveness is judged by clock_timestamp(), when the
+// statement judges it, however long its transaction waited before; tokens
+// come from lock_token_seq, which is never reset (D-2); and the grant log is
+// written in the same statement as the grant (D-9). Liveness of a session is
+// defined once, by the SQL function lock_session_live, which also applies
+// the grace period of D-12.
 package pgbackend
 
 import (
