@@ -81,7 +81,7 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 				// accounts known to hold nothing but PENDING payouts are
 				// left until the pause ends.
 				until := e.rail.PausedUntil()
-				paused := asked.Before(until)
+				paused := e.paused(asked)
 				idle := e.dispatch(sess, log, slots, progress, &wg, e.workWait(), paused)
 				due, nextPoll = false, asked.Add(e.cfg.PollInterval)
 				if idle {
@@ -124,9 +124,10 @@ func (e *Executor) workLimit(now time.Time, free int) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	cooling := 0
+	paused := e.paused(now)
 	for acc, c := range e.cooling {
 		switch {
-		case now.Before(c.until):
+		case c.cooling(now, paused):
 			cooling++
 		case now.Sub(c.until) > 2*cooldownMax:
 			delete(e.cooling, acc)
@@ -277,7 +278,7 @@ func (e *Executor) reserve(account string, now time.Time) bool {
 		}
 		return false
 	}
-	if c := e.cooling[account]; c != nil && now.Before(c.until) {
+	if c := e.cooling[account]; c != nil && c.cooling(now, e.paused(now)) {
 		return false
 	}
 	e.active[account] = true
@@ -309,6 +310,9 @@ type roundResult struct {
 	// usable answer; the pause (railgate.go) is the wait, not a cooldown.
 	gated bool
 }
+
+// paused reports whether claims are paused at now (railgate.go).
+func (e *Executor) paused(now time.Time) bool { return now.Before(e.rail.PausedUntil()) }
 
 // coolingLocked is account's cooldown, made on first use; e.mu is held.
 func (e *Executor) coolingLocked(account string) *cooldown {
@@ -342,17 +346,18 @@ func (e *Executor) finishRound(log *slog.Logger, account string, res roundResult
 		// the holder pays them. The account is left alone for heldSkip,
 		// without the backoff a round that made no progress earns.
 		c := e.coolingLocked(account)
-		c.until = now.Add(e.heldSkip())
+		c.until, c.pause = now.Add(e.heldSkip()), false
 	case res.gated:
 		// PENDING payouts left while claims are paused: nothing to do
-		// on the account until the next probe may go, without the
-		// backoff or the warning of a round that made no progress.
+		// on the account until the next probe may go, or the pause ends,
+		// without the backoff or the warning of a round that made no
+		// progress.
 		c := e.coolingLocked(account)
-		c.until = e.rail.PausedUntil()
+		c.until, c.pause = e.rail.PausedUntil(), true
 	case res.acquired && !res.empty:
 		c := e.coolingLocked(account)
 		wait := c.b.next()
-		c.until = now.Add(wait)
+		c.until, c.pause = now.Add(wait), false
 		msg := "no progress on the account: leaving it alone for a while"
 		if res.fenced {
 			msg = "account fenced out: leaving it alone for a while"

@@ -231,3 +231,23 @@ func TestAProxyShuttingDownSaysNothingOfTheRail(t *testing.T) {
 		t.Fatal("the proxy's rail pause did not count toward the executor's")
 	}
 }
+
+// An account whose round left PENDING payouts unclaimed because claims
+// are paused waits for the pause, not longer: once the rail answers again
+// it is worked on at once, not when the pause would have run out.
+func TestAnAccountLeftByAPauseIsWorkedOnOnceItEnds(t *testing.T) {
+	e := newBareExecutor()
+	log := slog.New(slog.DiscardHandler)
+	for range railgate.TripAfter {
+		e.railAnswer(log, false)
+	}
+	now := time.Now()
+	e.finishRound(log, "acc-1", roundResult{acquired: true, gated: true}, now)
+	if e.reserve("acc-1", now) {
+		t.Fatal("an account whose round the pause gated was worked on again while the pause lasts")
+	}
+	e.railAnswer(log, true) // the rail answered: claims resume
+	if !e.reserve("acc-1", now) {
+		t.Fatal("an account whose round the pause gated still waits after the pause ended")
+	}
+}

@@ -196,6 +196,15 @@ func releaseResult(err error) string {
 type cooldown struct {
 	b     backoff
 	until time.Time
+	// pause: until is the end of a rail pause, and the cooldown ends with
+	// the pause (a rail answer ends it early).
+	pause bool
+}
+
+// cooling reports whether the cooldown still holds at now; paused says
+// whether claims are still paused.
+func (c *cooldown) cooling(now time.Time, paused bool) bool {
+	return now.Before(c.until) && (paused || !c.pause)
 }
 
 // backoff is a capped exponential backoff with jitter.
