@@ -54,6 +54,17 @@ func (f *clientFlags) register(c *cobra.Command, role string, calls ...service) 
 	f.tls.register(c)
 }
 
+// checkURL refuses, as a usage error naming the flag, a --NAME URL no
+// client of the roles can call: the clients' own check (httpx.NewClient:
+// http(s)://host:port), made before anything is started or connected, so
+// a command that calls the role later does not fail as if it were down.
+func checkURL(flag, u string) error {
+	if _, err := httpx.NewClient(u, ""); err != nil {
+		return &ExitError{Code: 2, Err: fmt.Errorf("--%s: %w", flag, err)}
+	}
+	return nil
+}
+
 // bearer is the caller's token; it is required.
 func (f *clientFlags) bearer() (string, error) {
 	tok, err := secret("token", f.token, f.tokenFile)

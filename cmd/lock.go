@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/lock/lockclient"
 )
@@ -163,6 +164,14 @@ func newLockGrantsCmd(a *app) *cobra.Command {
 		Short: "Print the grant log (every grant, how it ended) after a token",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// The service's bounds: a --limit 0 was its default page
+			// without a word, the others its 400 (exit 1).
+			if limit < 1 || limit > wire.MaxLimit {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--limit must be from 1 to %d, got %d", wire.MaxLimit, limit)}
+			}
+			if after < 0 || after > int64(fencing.MaxToken) {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--after must be a token from 0 to %d, got %d", int64(fencing.MaxToken), after)}
+			}
 			cl, err := l.client()
 			if err != nil {
 				return err
@@ -177,7 +186,7 @@ func newLockGrantsCmd(a *app) *cobra.Command {
 		},
 	}
 	l.register(c)
-	c.Flags().Int64Var(&after, "after", 0, "only grants with a token above this")
-	c.Flags().IntVar(&limit, "limit", 100, "at most this many (1..1000)")
+	c.Flags().Int64Var(&after, "after", 0, "only grants with a token above this (0 or more)")
+	c.Flags().IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many (1..%d)", wire.MaxLimit))
 	return c
 }

@@ -38,11 +38,24 @@ func newLockBumpCmd(a *app) *cobra.Command {
 			if fromGuards == (to != 0) {
 				return &ExitError{Code: 2, Err: fmt.Errorf("give exactly one of --to N and --from-guards")}
 			}
-			if !fromGuards && to <= 0 {
-				return &ExitError{Code: 2, Err: fmt.Errorf("--to must be a positive token")}
+			// Tokens are 1 .. 2^53-1 (exact as JSON numbers), and so is
+			// the margin: one past them failed as the bump ran (exit 1),
+			// --margin only after both guards had been asked.
+			inRange := func(name string, v int64) error {
+				if fencing.Token(v).Valid() {
+					return nil
+				}
+				return &ExitError{Code: 2, Err: fmt.Errorf("--%s must be from 1 to %d, got %d", name, int64(fencing.MaxToken), v)}
 			}
-			if margin < 0 {
-				return &ExitError{Code: 2, Err: fmt.Errorf("--margin must not be negative")}
+			if !fromGuards {
+				if err := inRange("to", to); err != nil {
+					return err
+				}
+			}
+			if fromGuards || cmd.Flags().Changed("margin") {
+				if err := inRange("margin", margin); err != nil {
+					return err
+				}
 			}
 			ctx, cancel := callCtx(cmd)
 			defer cancel()
@@ -93,7 +106,7 @@ func newLockBumpCmd(a *app) *cobra.Command {
 	}
 	c.Flags().Int64Var(&to, "to", 0, "every future token will be greater than this")
 	c.Flags().BoolVar(&fromGuards, "from-guards", false, "read both guards' highest fence (GET /v1/fences/high) and bump above the larger plus --margin")
-	c.Flags().Int64Var(&margin, "margin", 1000, "with --from-guards: how far above the guards' highest fence to bump")
+	c.Flags().Int64Var(&margin, "margin", 1000, "with --from-guards: how far above the guards' highest fence to bump (1..2^53-1)")
 	cf.register(c, "operator or reconciler", paymentService, proxyService)
 	dbURL.register(c, "lockdb")
 	out.register(c, false)

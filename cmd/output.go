@@ -29,15 +29,24 @@ func (o *output) register(c *cobra.Command, jsonAlias bool) {
 	if jsonAlias {
 		c.Flags().BoolVar(&o.json, "json", false, "same as --output json")
 	}
-	c.PreRunE = func(*cobra.Command, []string) error { return o.check() }
+	c.PreRunE = func(c *cobra.Command, _ []string) error { return o.check(c) }
 }
 
-func (o *output) check() error {
-	if o.json {
-		o.format = "json"
-	}
+// check refuses an unknown format, and --json and --output given together
+// that disagree (--json --output table, --json=false --output json, or the
+// same in PAYOUTS_JSON and PAYOUTS_OUTPUT): which one was meant cannot be
+// told. The command line beats the environment before this (applyEnv:
+// --output on the line keeps PAYOUTS_JSON out, --json PAYOUTS_OUTPUT).
+func (o *output) check(c *cobra.Command) error {
 	if o.format != "table" && o.format != "json" {
 		return &ExitError{Code: 2, Err: fmt.Errorf("--output must be table or json, got %q", o.format)}
+	}
+	jsonAs, outputAs := givenAs(c, "json"), givenAs(c, "output")
+	if jsonAs != "" && outputAs != "" && o.json != (o.format == "json") {
+		return &ExitError{Code: 2, Err: fmt.Errorf("%s=%t and %s=%s contradict each other: give one of them", jsonAs, o.json, outputAs, o.format)}
+	}
+	if o.json {
+		o.format = "json"
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/internal/wire"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
@@ -71,8 +72,8 @@ func newPayoutCreateCmd(a *app) *cobra.Command {
 					return &ExitError{Code: 2, Err: fmt.Errorf("--%s is required", f.name)}
 				}
 			}
-			if req.Amount <= 0 {
-				return &ExitError{Code: 2, Err: fmt.Errorf("--amount must be a positive integer in minor units, got %d", req.Amount)}
+			if req.Amount <= 0 || req.Amount >= wire.MaxAmount {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--amount must be a positive integer in minor units below %d, got %d", wire.MaxAmount, req.Amount)}
 			}
 			cl, err := o.client()
 			if err != nil {
@@ -91,7 +92,7 @@ func newPayoutCreateCmd(a *app) *cobra.Command {
 	fl := c.Flags()
 	fl.StringVar(&req.ID, "id", "", "payout id (idempotency key)")
 	fl.StringVar(&req.AccountID, "account", "", "account to pay out from")
-	fl.Int64Var(&req.Amount, "amount", 0, "amount in minor units")
+	fl.Int64Var(&req.Amount, "amount", 0, fmt.Sprintf("amount in minor units (1 .. %d)", wire.MaxAmount-1))
 	fl.StringVar(&req.Currency, "currency", "EUR", "currency (the payment resource's one currency)")
 	fl.StringVar(&req.BeneficiaryRef, "beneficiary", "", "opaque beneficiary reference")
 	return c

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/payouts/payouts/executor"
+	"github.com/payouts/payouts/lock/backend"
 )
 
 // newPayoutChangeCmd is cancel or abandon: a fenced write under the
@@ -32,6 +33,9 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if strings.TrimSpace(reason) == "" {
 				return &ExitError{Code: 2, Err: errors.New("--reason is required: say why, it is kept in the audit trail")}
+			}
+			if wait < 0 || wait > backend.MaxWait {
+				return &ExitError{Code: 2, Err: fmt.Errorf("--wait must be from 0 (take the lock only if it is free now) to %s (the lock service's longest wait), got %s", backend.MaxWait, wait)}
 			}
 			token, hc, err := cf.connect()
 			if err != nil {
@@ -70,7 +74,7 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 	fl := c.Flags()
 	fl.StringVar(&reason, "reason", "", "why (required; recorded in the payout's history)")
 	fl.StringVar(&owner, "owner", "", "name of this operator in the lock service (default operator:$USER@HOST)")
-	fl.DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the account's lock")
+	fl.DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the account's lock (0: take it only if it is free now; at most "+backend.MaxWait.String()+")")
 	if verb == "abandon" {
 		fl.BoolVar(&despite, "despite-rail-answer", false, "abandon even though the rail proxy recorded an ACKED or REJECTED answer, which the rail's own lookup contradicts (the reconciler left the payout for a human); say why in --reason")
 	}

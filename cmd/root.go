@@ -159,10 +159,12 @@ func EnvName(flag string) string {
 // applyEnv sets every flag not given on the command line from its
 // PAYOUTS_<FLAG> environment variable. The command line wins: a flag of a
 // pair of alternatives (--token and --token-file, --database-url and
-// --database-url-file, ...) given there also keeps its partner's variable
-// out, so PAYOUTS_TOKEN in a cron job's environment does not clash with
-// a --token-file on the line. A value a variable cannot set is a usage
-// error: exit 2, like the same value given as the flag.
+// --database-url-file, --json and --output, ...) given there also keeps
+// its partner's variable out, so PAYOUTS_TOKEN in a cron job's environment
+// does not clash with a --token-file on the line, nor PAYOUTS_JSON with an
+// --output table. A value a variable cannot set is a usage error: exit 2,
+// like the same value given as the flag. A flag set from its variable is
+// marked so (fromEnv), for messages that name where a value came from.
 func applyEnv(cmd *cobra.Command) error {
 	onLine := map[string]bool{}
 	note := func(f *pflag.Flag) {
@@ -174,7 +176,7 @@ func applyEnv(cmd *cobra.Command) error {
 	cmd.InheritedFlags().VisitAll(note)
 	var firstErr error
 	set := func(f *pflag.Flag) {
-		if f.Changed || firstErr != nil || onLine[fileFlagPartner(f.Name)] {
+		if f.Changed || firstErr != nil || onLine[flagPartner(f.Name)] {
 			return
 		}
 		if v, ok := os.LookupEnv(EnvName(f.Name)); ok {
@@ -183,6 +185,10 @@ func applyEnv(cmd *cobra.Command) error {
 				return
 			}
 			f.Changed = true
+			if f.Annotations == nil {
+				f.Annotations = map[string][]string{}
+			}
+			f.Annotations[fromEnvAnnotation] = []string{EnvName(f.Name)}
 		}
 	}
 	cmd.Flags().VisitAll(set)
@@ -190,14 +196,37 @@ func applyEnv(cmd *cobra.Command) error {
 	return firstErr
 }
 
-// fileFlagPartner is the other flag of a value/file pair: NAME-file for
-// NAME and NAME for NAME-file (a name without a partner gets one no flag
-// has).
-func fileFlagPartner(name string) string {
+// fromEnvAnnotation marks a flag applyEnv set from its variable.
+const fromEnvAnnotation = "payouts_from_env"
+
+// flagPartner is the other flag of a pair of alternatives: --json for
+// --output and --output for --json; NAME-file for NAME and NAME for
+// NAME-file (a name without a partner gets one no flag has).
+func flagPartner(name string) string {
+	switch name {
+	case "json":
+		return "output"
+	case "output":
+		return "json"
+	}
 	if base, ok := strings.CutSuffix(name, "-file"); ok {
 		return base
 	}
 	return name + "-file"
+}
+
+// givenAs is how the user gave flag name of c, for a message: "--NAME" on
+// the command line, "PAYOUTS_NAME" in the environment; "" when it was not
+// given (or c has no such flag).
+func givenAs(c *cobra.Command, name string) string {
+	f := c.Flags().Lookup(name)
+	if f == nil || !f.Changed {
+		return ""
+	}
+	if env, ok := f.Annotations[fromEnvAnnotation]; ok && len(env) == 1 {
+		return env[0]
+	}
+	return "--" + name
 }
 
 // usageErrorArgs makes every command's argument check a usage error (exit

@@ -32,6 +32,9 @@ func newServeLockCmd(a *app) *cobra.Command {
 			if err := checkLockBackend(backend); err != nil {
 				return err
 			}
+			if err := checkBackendFlags(cmd, backend); err != nil {
+				return err
+			}
 			if err := checkNonNegativeDurations(cmd, "grant-retention"); err != nil {
 				return err
 			}
@@ -66,9 +69,33 @@ func newServeLockCmd(a *app) *cobra.Command {
 	c.Flags().StringVar(&backend, "backend", "", "lock store: etcd or postgres (required)")
 	c.Flags().StringVar(&endpoints, "etcd-endpoints", "", "etcd client URLs, comma-separated (--backend etcd)")
 	c.Flags().StringVar(&embedDir, "etcd-embed-dir", "", "run a single-node embedded etcd with data in DIR (development; --backend etcd)")
-	c.Flags().StringVar(&prefix, "etcd-prefix", etcdbackend.DefaultPrefix, "etcd key prefix of the lock service")
+	c.Flags().StringVar(&prefix, "etcd-prefix", etcdbackend.DefaultPrefix, "etcd key prefix of the lock service (--backend etcd)")
 	c.Flags().DurationVar(&retention, "grant-retention", lockbackend.DefaultGrantRetention, "how long ended grants stay in the grant log before compaction deletes them (0: forever); payouts reconcile --grant-retention must not exceed it")
 	return c
+}
+
+// backendFlags are the flags only one backend reads.
+var backendFlags = map[string][]string{
+	"etcd":     {"etcd-endpoints", "etcd-embed-dir", "etcd-prefix"},
+	"postgres": {"database-url", "database-url-file", "migrate"},
+}
+
+// checkBackendFlags refuses a flag of the other backend (given on the
+// command line or in the environment): it would be ignored without a
+// word, so `--backend postgres --etcd-embed-dir X` did not run the etcd it
+// seemed to ask for.
+func checkBackendFlags(c *cobra.Command, backend string) error {
+	for other, names := range backendFlags {
+		if other == backend {
+			continue
+		}
+		for _, name := range names {
+			if as := givenAs(c, name); as != "" {
+				return &ExitError{Code: 2, Err: fmt.Errorf("%s is for --backend %s: --backend %s does not read it", as, other, backend)}
+			}
+		}
+	}
+	return nil
 }
 
 // checkLockBackend refuses a --backend the lock service has no store for,

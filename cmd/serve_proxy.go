@@ -3,6 +3,7 @@ package cmd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,15 +29,30 @@ func newServeProxyCmd(a *app) *cobra.Command {
 			if railTimeout <= 0 {
 				return &ExitError{Code: 2, Err: errors.New("--rail-timeout must be positive")}
 			}
-			tok, err := secret("rail-token", railToken, railTokenFile)
-			if err != nil {
-				return &ExitError{Code: 2, Err: err}
+			if err := checkURL("rail-url", railURL); err != nil {
+				return err
 			}
 			hc, err := railTLS.httpClient()
 			if err != nil {
 				return err
 			}
-			env, err := sf.setup(cmd, a)
+			// The rail credential is required: without it the rail answers
+			// every payment 401 and each payout forwarded becomes
+			// RAIL_AMBIGUOUS. A rail started with --insecure-no-auth takes
+			// any value. Checked after the common flags (a server without
+			// --auth-file is told that first), before the database.
+			var tok string
+			env, err := sf.setup(cmd, a, func() error {
+				var err error
+				tok, err = secret("rail-token", railToken, railTokenFile)
+				if err == nil && tok == "" {
+					err = fmt.Errorf("--rail-token-file or --rail-token (or %s or %s) is required: the proxy's own proxy-role token at the rail, which refuses payments without it", EnvName("rail-token-file"), EnvName("rail-token"))
+				}
+				if err != nil {
+					return &ExitError{Code: 2, Err: err}
+				}
+				return nil
+			})
 			if err != nil {
 				return err
 			}
@@ -50,8 +66,8 @@ func newServeProxyCmd(a *app) *cobra.Command {
 	sf.register(c, "proxy", "127.0.0.1:7103", migrations.ProxyDB)
 	fl := c.Flags()
 	fl.StringVar(&railURL, "rail-url", "http://127.0.0.1:7104", "URL of the rail")
-	fl.StringVar(&railToken, "rail-token", "", "the proxy's own bearer token (role proxy) at the rail (visible in ps: prefer --rail-token-file)")
-	fl.StringVar(&railTokenFile, "rail-token-file", "", "file holding the proxy's own bearer token (role proxy) at the rail")
+	fl.StringVar(&railToken, "rail-token", "", "the proxy's own bearer token (role proxy) at the rail; required unless --rail-token-file is given (visible in ps: prefer --rail-token-file)")
+	fl.StringVar(&railTokenFile, "rail-token-file", "", "file holding the proxy's own bearer token (role proxy) at the rail (required unless --rail-token is given)")
 	railTLS.register(c)
 	fl.DurationVar(&railTimeout, "rail-timeout", 10*time.Second, "how long to wait for the rail's answer before recording TIMEOUT (never retried)")
 	return c

@@ -68,8 +68,9 @@ type serverEnv struct {
 }
 
 // setup validates the common flags, builds the authenticator and the TLS
-// configuration, and applies migrations when asked.
-func (f *serverFlags) setup(cmd *cobra.Command, a *app) (*serverEnv, error) {
+// configuration, runs the role's own checks (each returns a usage error)
+// before the database is opened, and applies migrations when asked.
+func (f *serverFlags) setup(cmd *cobra.Command, a *app, checks ...func() error) (*serverEnv, error) {
 	usage := func(err error) error { return &ExitError{Code: 2, Err: err} }
 	env := &serverEnv{Logger: a.logger(cmd, f.role), Registry: a.registry, pprof: f.pprof.addr, reloads: map[string]func() error{}}
 	hup := make(chan os.Signal, 1)
@@ -100,6 +101,11 @@ func (f *serverFlags) setup(cmd *cobra.Command, a *app) (*serverEnv, error) {
 		env.TLS, env.reloads["TLS certificate "+f.tlsCert] = st.Config(), st.Reload
 	case f.tlsClientCA != "":
 		return nil, usage(errors.New("--tls-client-ca-file needs --tls-cert-file and --tls-key-file"))
+	}
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return nil, err
+		}
 	}
 	if f.db == "" {
 		return env, nil

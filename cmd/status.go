@@ -83,7 +83,7 @@ token. Exit 1: otherwise (the problems are listed). Exit 2: bad flags or a refus
 			}
 			targets, err := statusTargets(&cf, extra, only)
 			if err != nil {
-				return &ExitError{Code: 2, Err: err}
+				return err
 			}
 			var token string
 			var hc *http.Client
@@ -133,11 +133,21 @@ var statusRoles = []string{"lock", "payment", "proxy", "rail", "executor", "reco
 type statusExtraURLs struct{ executor, reconciler string }
 
 // statusTargets are the roles to ask: those with a URL, or only the one
-// --only names (which must then have a URL).
+// --only names (which must then have a URL). Every error is a usage error
+// (exit 2): a malformed URL too, as every other client refuses it, not a
+// role reported down.
 func statusTargets(cf *clientFlags, extra statusExtraURLs, only string) ([]target, error) {
+	usage := func(err error) error { return &ExitError{Code: 2, Err: err} }
 	urls := []string{cf.lockURL, cf.paymentURL, cf.proxyURL, cf.railURL, extra.executor, extra.reconciler}
 	if only != "" && !slices.Contains(statusRoles, only) {
-		return nil, fmt.Errorf("--only %q: want one of %s", only, strings.Join(statusRoles, ", "))
+		return nil, usage(fmt.Errorf("--only %q: want one of %s", only, strings.Join(statusRoles, ", ")))
+	}
+	for i, role := range statusRoles {
+		if urls[i] != "" {
+			if err := checkURL(role+"-url", urls[i]); err != nil {
+				return nil, err
+			}
+		}
 	}
 	var out []target
 	for i, role := range statusRoles {
@@ -146,14 +156,14 @@ func statusTargets(cf *clientFlags, extra statusExtraURLs, only string) ([]targe
 		}
 		if urls[i] == "" {
 			if only != "" {
-				return nil, fmt.Errorf("--only %s needs --%s-url", role, role)
+				return nil, usage(fmt.Errorf("--only %s needs --%s-url", role, role))
 			}
 			continue
 		}
 		out = append(out, target{role: role, url: urls[i]})
 	}
 	if len(out) == 0 {
-		return nil, errors.New("no role to ask: every URL is empty")
+		return nil, usage(errors.New("no role to ask: every URL is empty"))
 	}
 	return out, nil
 }

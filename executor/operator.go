@@ -31,7 +31,8 @@ type OperatorConfig struct {
 	// nil: the default client.
 	HTTPClient *http.Client
 	// Wait is how long to wait for the account's lock (an executor may be
-	// working on the account; it releases between payouts).
+	// working on the account; it releases between payouts). 0 does not
+	// wait: the lock is taken only if it is free now. Negative is an error.
 	Wait time.Duration
 	// SessionTTL of the short-lived session the command opens.
 	SessionTTL  time.Duration
@@ -57,8 +58,8 @@ func NewOperator(cfg OperatorConfig) (*Operator, error) {
 	if cfg.Owner == "" {
 		return nil, errors.New("operator: owner is required")
 	}
-	if cfg.Wait <= 0 {
-		cfg.Wait = 30 * time.Second
+	if cfg.Wait < 0 {
+		return nil, fmt.Errorf("operator: the wait for the account's lock must not be negative, got %s", cfg.Wait)
 	}
 	if cfg.SessionTTL == 0 {
 		cfg.SessionTTL = 15 * time.Second
