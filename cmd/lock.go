@@ -166,11 +166,8 @@ func newLockGrantsCmd(a *app) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// The service's bounds: a --limit 0 was its default page
 			// without a word, the others its 400 (exit 1).
-			if limit < 1 || limit > wire.MaxLimit {
-				return &ExitError{Code: 2, Err: fmt.Errorf("--limit must be from 1 to %d, got %d", wire.MaxLimit, limit)}
-			}
-			if after < 0 || after > int64(fencing.MaxToken) {
-				return &ExitError{Code: 2, Err: fmt.Errorf("--after must be a token from 0 to %d, got %d", int64(fencing.MaxToken), after)}
+			if err := checkFlagRanges(cmd, []intRange{{"limit", 1, wire.MaxLimit}, {"after", 0, int(fencing.MaxToken)}}); err != nil {
+				return err
 			}
 			cl, err := l.client()
 			if err != nil {

@@ -41,21 +41,15 @@ func newLockBumpCmd(a *app) *cobra.Command {
 			// Tokens are 1 .. 2^53-1 (exact as JSON numbers), and so is
 			// the margin: one past them failed as the bump ran (exit 1),
 			// --margin only after both guards had been asked.
-			inRange := func(name string, v int64) error {
-				if fencing.Token(v).Valid() {
-					return nil
-				}
-				return &ExitError{Code: 2, Err: fmt.Errorf("--%s must be from 1 to %d, got %d", name, int64(fencing.MaxToken), v)}
-			}
+			var ranges []intRange
 			if !fromGuards {
-				if err := inRange("to", to); err != nil {
-					return err
-				}
+				ranges = append(ranges, intRange{"to", 1, int(fencing.MaxToken)})
 			}
 			if fromGuards || cmd.Flags().Changed("margin") {
-				if err := inRange("margin", margin); err != nil {
-					return err
-				}
+				ranges = append(ranges, intRange{"margin", 1, int(fencing.MaxToken)})
+			}
+			if err := checkFlagRanges(cmd, ranges); err != nil {
+				return err
 			}
 			ctx, cancel := callCtx(cmd)
 			defer cancel()

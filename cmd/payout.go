@@ -72,8 +72,8 @@ func newPayoutCreateCmd(a *app) *cobra.Command {
 					return &ExitError{Code: 2, Err: fmt.Errorf("--%s is required", f.name)}
 				}
 			}
-			if req.Amount <= 0 || req.Amount >= wire.MaxAmount {
-				return &ExitError{Code: 2, Err: fmt.Errorf("--amount must be a positive integer in minor units below %d, got %d", wire.MaxAmount, req.Amount)}
+			if err := checkFlagRanges(cmd, []intRange{{"amount", 1, int(wire.MaxAmount - 1)}}); err != nil {
+				return err
 			}
 			cl, err := o.client()
 			if err != nil {

@@ -162,17 +162,28 @@ const minWorkWait = 10 * time.Millisecond
 // not wait answers at once, and is asked again after the poll interval),
 // or when it is to be asked again at once: it refused GET /work's payouts.
 // While claims are paused, an account whose listed payouts are all PENDING
-// is not started: its round could claim none.
+// is not started (its round could claim none) and is left out of the asks
+// until the pause ends (pauseSkip, at most MaxWorkSkip of them), so that
+// the accounts with payouts in flight behind a backlog of PENDING ones
+// come up: the ask is made again at once while it lists new such accounts
+// and fills its page.
 func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{}, progress chan struct{}, wg *sync.WaitGroup, wait time.Duration, paused bool) (idle bool) {
 	free := cap(slots) - len(slots)
 	if free == 0 {
 		return false // every worker is busy; a finishing one signals progress
 	}
+	q := paymentclient.WorkQuery{Limit: e.workLimit(time.Now(), free), Wait: wait, Payouts: e.workPayouts}
+	if !paused {
+		e.pauseSkip = nil
+	}
+	for acc := range e.pauseSkip {
+		q.Skip = append(q.Skip, acc)
+	}
 	asked := time.Now()
 	ctx, cancel := e.callCtx()
 	// A stop request ends a wait for work at once.
 	unhook := context.AfterFunc(e.stopped, cancel)
-	items, err := e.pay.WorkFor(ctx, paymentclient.WorkQuery{Limit: e.workLimit(time.Now(), free), Wait: wait, Payouts: e.workPayouts})
+	items, err := e.pay.WorkFor(ctx, q)
 	unhook()
 	cancel()
 	if err != nil && e.stopRequested() {
@@ -199,6 +210,12 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 	}
 	// Executors read the same list; starting at a random place spreads them
 	// over the accounts instead of all contending for the first one.
+	skipped := 0
+	defer func() {
+		if skipped > 0 && len(items) >= q.Limit {
+			idle = true // a full page, some left out: ask again at once
+		}
+	}()
 	n := len(items)
 	start := 0
 	if n > 1 {
@@ -210,6 +227,13 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 			return
 		}
 		if paused && onlyPending(it) {
+			if !e.pauseSkip[it.AccountID] && len(e.pauseSkip) < paymentclient.MaxWorkSkip {
+				if e.pauseSkip == nil {
+					e.pauseSkip = map[string]bool{}
+				}
+				e.pauseSkip[it.AccountID] = true
+				skipped++
+			}
 			continue
 		}
 		select {

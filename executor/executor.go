@@ -154,6 +154,10 @@ type Executor struct {
 	// or 0 once a payment resource older than that parameter refused it.
 	// Only the poll loop reads and writes it.
 	workPayouts int
+	// pauseSkip are the accounts GET /work listed with nothing but PENDING
+	// payouts while claims are paused, left out of the asks until the
+	// pause ends (dispatch). The poll loop's alone.
+	pauseSkip map[string]bool
 
 	// base is the context of every call: it carries no cancellation, so a
 	// stop request lets the current step finish instead of cutting it off

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -207,12 +208,17 @@ func TestAProxyThatRefusesTheTokenOnALookupStopsTheExecutor(t *testing.T) {
 // While claims are paused because the rail gives no usable answer, the
 // payouts already in flight are finished as always: a RAIL_ACKED payout
 // (paid at the rail, not yet in the ledger) is posted at once, not when
-// the pause ends, while a PENDING one of another account stays unclaimed.
+// the pause ends, while the PENDING ones of other accounts stay unclaimed
+// — even with more of those accounts waiting longer than a page of
+// GET /work holds (an executor of two workers asks for four accounts).
 func TestPayoutsInFlightAreFinishedWhileClaimsArePaused(t *testing.T) {
 	t.Parallel() // owns its stack and databases
 	s := setup(t)
+	var waiting []string
+	for i := range 6 {
+		waiting = append(waiting, s.fundedPage(t, fmt.Sprintf("waiting%d", i), 1)...)
+	}
 	acked := s.fundedPage(t, "inflight", 1)
-	waiting := s.fundedPage(t, "waiting", 1)
 	s.advance(t, acked[0], "inflight", pc.RailAcked)
 	e, err := New(s.config(t, "paused-exec", io.Discard))
 	if err != nil {
@@ -223,7 +229,7 @@ func TestPayoutsInFlightAreFinishedWhileClaimsArePaused(t *testing.T) {
 	for range railgate.TripAfter {
 		e.railAnswer(log, false)
 	}
-	for time.Until(e.rail.PausedUntil()) < railgate.PauseMax/2 {
+	for time.Until(e.rail.PausedUntil()) < railgate.PauseMax*3/4 {
 		e.rail.Admit(e.rail.PausedUntil(), 1)
 		e.railAnswer(log, false)
 	}
@@ -236,12 +242,14 @@ func TestPayoutsInFlightAreFinishedWhileClaimsArePaused(t *testing.T) {
 			t.Errorf("Run: %v", err)
 		}
 	}()
-	waitFor(t, railgate.PauseMax/4, "the RAIL_ACKED payout to be posted while claims are paused", s.allIn(t, acked, pc.Posted))
+	waitFor(t, railgate.PauseMax*3/4, "the RAIL_ACKED payout to be posted while claims are paused", s.allIn(t, acked, pc.Posted))
 	if e.rail.PausedUntil().IsZero() {
 		t.Fatal("the pause ended during the test: it shows nothing")
 	}
-	if got := s.state(t, waiting[0]); got != pc.Pending {
-		t.Errorf("the PENDING payout is %s while claims are paused, want PENDING", got)
+	for _, id := range waiting {
+		if got := s.state(t, id); got != pc.Pending {
+			t.Errorf("PENDING payout %s is %s while claims are paused, want PENDING", id, got)
+		}
 	}
 }
 

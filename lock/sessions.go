@@ -1,7 +1,6 @@
 package lock
 
 import (
-	"bytes"
 	"net/http"
 
 	"github.com/payouts/payouts/internal/auth"
@@ -90,7 +89,7 @@ func (s *Service) keepAlive(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := emptyBody(r); err != nil {
+	if err := httpx.DecodeEmpty(r); err != nil {
 		return err
 	}
 	if err := s.checkOwner(r, id); err != nil {
@@ -104,39 +103,6 @@ func (s *Service) keepAlive(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	httpx.WriteJSON(w, http.StatusOK, sessionInfo(x))
-	return nil
-}
-
-// emptyBody accepts a request body that is empty or the empty JSON object
-// {} (a keepalive carries nothing), and refuses anything else. A body is
-// held to the rules of every other body (httpx.DecodeJSON), its
-// Content-Type included: when given, application/json (docs/api.md). An
-// empty body (or only white space) has nothing for a Content-Type to
-// describe and passes with any: the proxy's lookup, whose body is also
-// empty or {}, checks the Content-Type only of a body too.
-func emptyBody(r *http.Request) error {
-	body, err := httpx.ReadBody(r)
-	if err != nil {
-		return err
-	}
-	body = bytes.TrimSpace(body)
-	if len(body) == 0 {
-		return nil
-	}
-	if err := httpx.CheckContentType(r); err != nil {
-		return err
-	}
-	if body[0] != '{' {
-		return problem.New(problem.InvalidRequest, "the body must be empty or {}")
-	}
-	var empty struct{}
-	if err := httpx.DecodeStrict(body, &empty); err != nil {
-		// A member ({"ttl_ms":60000}) is an unknown field, named as such
-		// in the problem's field member.
-		e := problem.From(err)
-		e.Message = "the body must be empty or {}: " + e.Message
-		return e
-	}
 	return nil
 }
 

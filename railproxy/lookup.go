@@ -31,11 +31,8 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if r.ContentLength != 0 {
-		var body struct{}
-		if err := httpx.DecodeJSON(r, &body); err != nil {
-			return err
-		}
+	if err := httpx.DecodeEmpty(r); err != nil {
+		return err
 	}
 	log := httpx.Log(ctx).With(obs.KeyPayoutID, payoutID)
 	rec, err := s.st.forwarded(ctx, payoutID)

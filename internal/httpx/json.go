@@ -1,6 +1,7 @@
 package httpx
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"mime"
@@ -35,6 +36,37 @@ func DecodeJSON(r *http.Request, v any) error {
 func CheckContentType(r *http.Request) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !jsonContentType(ct) {
 		return problem.New(problem.InvalidRequest, "Content-Type must be application/json (charset utf-8, if any), got %q", problem.Echo(ct))
+	}
+	return nil
+}
+
+// DecodeEmpty accepts a request body that is empty (or only white space)
+// or the empty JSON object {}, for a request that carries nothing, and
+// refuses anything else as invalid_request: a body is held to the rules of
+// every other body (DecodeJSON), its Content-Type included, while an empty
+// body has nothing for a Content-Type to describe and passes with any.
+func DecodeEmpty(r *http.Request) error {
+	body, err := ReadBody(r)
+	if err != nil {
+		return err
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 {
+		return nil
+	}
+	if err := CheckContentType(r); err != nil {
+		return err
+	}
+	if body[0] != '{' {
+		return problem.New(problem.InvalidRequest, "the body must be empty or {}")
+	}
+	var empty struct{}
+	if err := DecodeStrict(body, &empty); err != nil {
+		// A member ({"ttl_ms":60000}) is an unknown field, named as such
+		// in the problem's field member.
+		e := problem.From(err)
+		e.Message = "the body must be empty or {}: " + e.Message
+		return e
 	}
 	return nil
 }

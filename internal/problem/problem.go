@@ -233,8 +233,9 @@ func (e *Error) Extension(name string, v any) bool {
 	return json.Unmarshal(raw, v) == nil
 }
 
-// CodeOf returns the code of err: its *Error's code, unavailable for
-// deadlines, internal for anything else (and "" for nil).
+// CodeOf returns the code of err as From gives it: its *Error's code,
+// unavailable for deadlines, cancellations and unreachable databases,
+// internal for anything else (and "" for nil).
 func CodeOf(err error) Code {
 	if err == nil {
 		return ""

@@ -24,7 +24,7 @@ import (
 func Decode(body []byte, v any) error {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
-		return problem.New(problem.InvalidRequest, "request body is empty; a JSON object is required")
+		return problem.New(problem.InvalidRequest, "the body is empty; a JSON object is required")
 	}
 	if bytes.Equal(trimmed, []byte("null")) {
 		// encoding/json decodes null into a struct as nothing at all.
@@ -41,7 +41,7 @@ func Decode(body []byte, v any) error {
 		return e
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return problem.New(problem.InvalidRequest, "request body has data after the JSON object")
+		return problem.New(problem.InvalidRequest, "the body has data after the JSON object")
 	}
 	return checkFieldNames(body, reflect.TypeOf(v))
 }
