@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -218,6 +219,16 @@ const actionableSQL = `state IN ('PENDING', 'CLAIMED', 'RAIL_SUBMITTED', 'RAIL_A
 // it may return before it falls back to workSkipSQL.
 const workScanFactor = 8
 
+// workCountCap bounds GET /work's count of an account's actionable
+// payouts (its payouts member): counting a long queue whole made every
+// ask cost that queue, where it should follow the accounts asked for.
+const workCountCap = 100
+
+// workCountSQL is the count of the actionable payouts of account o, up to
+// workCountCap: at most that many index entries read.
+var workCountSQL = `(SELECT count(*) FROM (SELECT 1 FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL +
+	` LIMIT ` + strconv.Itoa(workCountCap) + `) c)`
+
 // workSQL reads the payouts that have waited longest, at most $3 of them,
 // in payout_waiting_idx's order (created_at, account_id), and answers the
 // first $1 accounts they name, leaving out the accounts in skip ($2). An
@@ -231,7 +242,7 @@ const workScanFactor = 8
 var workSQL = withActionable(workAccountsSQL, "$4")
 
 // workAccountsSQL is workSQL's accounts.
-const workAccountsSQL = `
+var workAccountsSQL = `
 WITH seen AS (
 	SELECT account_id, created_at FROM payout WHERE ` + actionableSQL + `
 	 ORDER BY created_at, account_id LIMIT $3
@@ -242,7 +253,7 @@ WITH seen AS (
 ), read AS (
 	SELECT count(*) AS n FROM seen
 )
-SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL + `) AS n,
+SELECT o.id, ` + workCountSQL + ` AS n,
        o.oldest_at, a.fence_token, read.n AS read
   FROM read LEFT JOIN (oldest o JOIN account a ON a.id = o.id) ON true`
 
@@ -255,7 +266,7 @@ SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + 
 var workSkipSQL = withActionable(workSkipAccountsSQL, "$3")
 
 // workSkipAccountsSQL is workSkipSQL's accounts.
-const workSkipAccountsSQL = `
+var workSkipAccountsSQL = `
 WITH RECURSIVE accts(id, oldest_at) AS (
 	(SELECT account_id, created_at FROM payout WHERE ` + actionableSQL + ` ORDER BY account_id, created_at LIMIT 1)
 	UNION ALL
@@ -266,7 +277,7 @@ WITH RECURSIVE accts(id, oldest_at) AS (
 	SELECT id, oldest_at FROM accts WHERE NOT (id = ANY($2))
 	 ORDER BY 2, 1 LIMIT $1
 )
-SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL + `) AS n,
+SELECT o.id, ` + workCountSQL + ` AS n,
        o.oldest_at, a.fence_token, 0::bigint AS read
   FROM oldest o JOIN account a ON a.id = o.id`
 
@@ -275,12 +286,15 @@ SELECT o.id, (SELECT count(*) FROM payout p WHERE p.account_id = o.id AND p.` + 
 // each account with at most param actionable payouts comes with them, one
 // row per payout in id order (payoutCols), read in the same statement and
 // so the same snapshot as the account's fence; any other account comes
-// once, with NULL payout columns.
+// once, with NULL payout columns. The account's payouts are read by its
+// own index and then sorted: OFFSET 0 keeps the planner from walking the
+// primary key in id order to find them (under a generic plan, with most
+// of the table actionable, it did: every payout read to answer one).
 func withActionable(work, param string) string {
 	return `SELECT w.id, w.n, w.oldest_at, w.fence_token, w.read, p.* FROM (` + work + `) w
-	LEFT JOIN LATERAL (SELECT ` + payoutCols + ` FROM payout p
-		WHERE p.account_id = w.id AND p.` + actionableSQL + ` AND w.n <= ` + param + `
-		ORDER BY p.id LIMIT ` + param + `) p ON true
+	LEFT JOIN LATERAL (SELECT * FROM (SELECT ` + payoutCols + ` FROM payout p
+		WHERE p.account_id = w.id AND p.` + actionableSQL + ` AND w.n <= ` + param + ` OFFSET 0) q
+		ORDER BY q.id LIMIT ` + param + `) p ON true
 	ORDER BY w.oldest_at, w.id, p.id`
 }
 

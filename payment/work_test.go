@@ -335,3 +335,58 @@ func TestWorkFullWalkCarriesTheActionablePayouts(t *testing.T) {
 		t.Errorf("second: %+v, want acc-b carrying po-b", page[1])
 	}
 }
+
+// GET /work counts an account's actionable payouts only up to
+// workCountCap: an account with a long queue (a bulk load) made every ask
+// that returned it read the whole queue, where an ask should cost about
+// the accounts it answers.
+func TestWorkCountsALongQueueOnlyUpToItsCap(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := tctx(t)
+	e.account(t, "acc-long", 1_000_000)
+	const queue = 3 * workCountCap
+	if _, err := e.svc.pool.Exec(ctx, `INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref, state)
+		SELECT 'po-l-' || g, 'acc-long', 1, 'EUR', 'b', 'po-po-l-' || g, 'PENDING' FROM generate_series(1, $1::int) g`, queue); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.pool.Exec(ctx, "VACUUM ANALYZE payout"); err != nil {
+		t.Fatal(err)
+	}
+	page, err := e.exec.Work(ctx, 1)
+	if err != nil || len(page) != 1 || page[0].AccountID != "acc-long" || page[0].Payouts != workCountCap {
+		t.Fatalf("work: %+v %v; want acc-long with %d (the cap) payouts", page, err, workCountCap)
+	}
+	budget := workScanFactor
+	if n := payoutRowsRead(t, e.svc.pool, workSQL, 1, budget); n > budget+workCountCap+1 {
+		t.Fatalf("GET /work?limit=1 read %d payout index entries for an account of %d payouts, want at most %d", n, queue, budget+workCountCap+1)
+	}
+}
+
+// The payouts GET /work carries (payouts=N) are read by their account's
+// index, never by walking the primary key in id order: with most of the
+// table actionable, a generic plan did, reading every payout whose id
+// sorts before the account's to answer one.
+func TestWorkCarriesAnAccountsPayoutsWithoutWalkingThePrimaryKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := tctx(t)
+	e.account(t, "acc-z", 1_000)
+	e.payout(t, "z-1", "acc-z", 1) // the oldest, its id sorting last
+	const accounts, each = 100, 50
+	for i := range accounts {
+		e.account(t, fmt.Sprintf("acc-%03d", i), 1_000)
+	}
+	if _, err := e.svc.pool.Exec(ctx, `INSERT INTO payout (id, account_id, amount, currency, beneficiary_ref, client_ref, state)
+		SELECT 'a-' || lpad(a::text, 3, '0') || '-' || g, 'acc-' || lpad(a::text, 3, '0'), 1, 'EUR', 'b', 'po-a-' || a || '-' || g, 'PENDING'
+		  FROM generate_series(0, $1::int - 1) a, generate_series(1, $2::int) g`, accounts, each); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.svc.pool.Exec(ctx, "VACUUM ANALYZE payout"); err != nil {
+		t.Fatal(err)
+	}
+	budget := workScanFactor
+	if n := rowsReadGeneric(t, e.svc.pool, workSQL, fmt.Sprintf("1, '{}', %d, 10", budget)); n > budget+2+2 {
+		t.Fatalf("GET /work?limit=1&payouts=10 read %d payout index entries to answer one account of one payout, want at most %d", n, budget+4)
+	}
+}
