@@ -149,6 +149,13 @@ func (s *Service) applyTx(ctx context.Context, payoutID string, cmd Command) (pc
 		return pc.Payout{}, nil, fmt.Errorf("commit %s: %w", cmd.Op, err)
 	}
 	s.m.transitions.WithLabelValues(string(ch.from.State), string(ch.to)).Inc()
+	if ch.from.State == pc.RailAmbiguous && ch.to.Actionable() {
+		// A resolution made an ambiguous payout actionable again
+		// (RAIL_ACKED: to be posted): executors waiting for work are
+		// told, as when payouts are created.
+		s.workCreated.broadcast()
+		s.announceWork()
+	}
 	return out[0], nil, nil
 }
 

@@ -31,6 +31,29 @@ func TestWorkWaitIsAnsweredWhenAPayoutIsCreated(t *testing.T) {
 	}
 }
 
+// A resolution that makes an ambiguous payout actionable again (SETTLED:
+// RAIL_ACKED, to be posted) answers a GET /work waiting for work, as a
+// payout created does, not when the wait ends.
+func TestWorkWaitIsAnsweredWhenAResolutionMakesWork(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	e.payout(t, "po-1", "acc-1", 10)
+	e.drive(t, "po-1", pc.RailAmbiguous, 5, "holder-a")
+	const wait = 8 * time.Second
+	done := waitingCall(t, e.svc, func() ([]pc.WorkItem, error) { return e.exec.WaitForWork(bg, 10, wait) })
+	if _, err := e.recon.Resolve(tctx(t), "po-1", 6, "holder-r", pc.ResolutionSettled, "rail: settled rl-1", "rl-1"); err != nil {
+		t.Fatal(err)
+	}
+	a := <-done
+	if a.err != nil || len(a.items) != 1 || a.items[0].AccountID != "acc-1" {
+		t.Fatalf("waiting GET /work: %+v %v, want acc-1", a.items, a.err)
+	}
+	if a.took >= wait-time.Second {
+		t.Fatalf("waiting GET /work answered after %s: at the end of its %s wait, not when the resolution made work", a.took, wait)
+	}
+}
+
 // With no payout created, a waiting GET /work answers no work once the wait
 // has passed; without wait_ms it answers at once.
 func TestWorkWaitEndsEmpty(t *testing.T) {
