@@ -40,6 +40,10 @@ type Member struct {
 	// LogLevel is the least severe level written to LogFile: the level the
 	// embedding process was started with.
 	LogLevel slog.Level
+	// MaxTxnOps is etcd's --max-txn-ops, the most operations a
+	// transaction may hold (0: etcd's default, 128). Tests lower it to
+	// check that the backend splits what a cluster refuses.
+	MaxTxnOps uint
 }
 
 // Embedded is a running embedded etcd member.
@@ -95,6 +99,9 @@ func StartMember(m Member) (*Embedded, error) {
 	// --auto-compaction-retention=1h, docs/lock-service.md).
 	cfg.AutoCompactionMode = "periodic"
 	cfg.AutoCompactionRetention = "1h"
+	if m.MaxTxnOps > 0 {
+		cfg.MaxTxnOps = m.MaxTxnOps
+	}
 	if _, err := os.Stat(filepath.Join(m.Dir, "member")); err == nil {
 		cfg.ClusterState = embed.ClusterStateFlagExisting
 	}

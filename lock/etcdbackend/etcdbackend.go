@@ -45,8 +45,9 @@ const DefaultPrefix = "/payouts/lock"
 // Config configures the backend.
 type Config struct {
 	// Client is an etcd client; Endpoints is used when it is nil (with
-	// ClientConfig). A client made elsewhere should use ClientConfig or
-	// DialOptions too, to reconnect promptly after an outage.
+	// ClientConfig). A client made elsewhere should use ClientConfig too
+	// (or DialOptions and the keepalive), to reconnect promptly after an
+	// outage and to leave a member that stopped answering.
 	Client    *clientv3.Client
 	Endpoints []string
 	Prefix    string
@@ -60,6 +61,11 @@ type Config struct {
 	GrantRetention time.Duration
 	// CompactInterval is how often compaction runs (default 1 minute).
 	CompactInterval time.Duration
+	// StepTimeout bounds each step of Run's background work (a sweep, a
+	// compaction pass, recording one watch answer, starting the watch)
+	// and the backend's own calls that no caller waits for (default
+	// DefaultStepTimeout).
+	StepTimeout time.Duration
 }
 
 // reconnectBackoff is how the etcd client spaces its attempts to reconnect
@@ -84,14 +90,41 @@ func DialOptions() []grpc.DialOption {
 	})}
 }
 
+// keepAliveTime and keepAliveTimeout are the client's gRPC keepalive: a
+// connection that has had streams open (calls, watches) and nothing from
+// etcd for keepAliveTime is pinged, and closed when the ping is not
+// answered within keepAliveTimeout. A member that stops answering with its
+// connection still up (a frozen process: its kernel keeps the TCP
+// connection) is then dropped within 15 s, its calls fail as unavailable,
+// the watch moves to another member and later calls go to the others.
+// gRPC answers pings itself, however busy etcd is: a live member answers
+// in milliseconds. 10 s is the least gRPC allows, and at least etcd's
+// --grpc-keepalive-min-time (5 s by default), under which etcd takes pings
+// for abuse.
+//
+// PermitWithoutStream stays off: etcd's servers do not permit pings on a
+// connection without streams (their enforcement policy), and answer the
+// third with GOAWAY too_many_pings, dropping idle connections to live
+// members. It is not needed to find a dead idle connection: a call that
+// opens a stream on a connection idle for keepAliveTime is pinged for at
+// once, so it fails after keepAliveTimeout (within 15 s in any case; a
+// read is retried on another member, a write fails as unavailable).
+const (
+	keepAliveTime    = 10 * time.Second
+	keepAliveTimeout = 5 * time.Second
+)
+
 // ClientConfig is the etcd client configuration the backend uses when
-// given endpoints: a 5s dial timeout, no client logging, DialOptions.
+// given endpoints: a 5s dial timeout, no client logging, the keepalive
+// (keepAliveTime), DialOptions.
 func ClientConfig(endpoints []string) clientv3.Config {
 	return clientv3.Config{
-		Endpoints:   endpoints,
-		DialTimeout: 5 * time.Second,
-		Logger:      zap.NewNop(),
-		DialOptions: DialOptions(),
+		Endpoints:            endpoints,
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    keepAliveTime,
+		DialKeepAliveTimeout: keepAliveTimeout,
+		Logger:               zap.NewNop(),
+		DialOptions:          DialOptions(),
 	}
 }
 
@@ -102,7 +135,10 @@ type Backend struct {
 	prefix  string
 	log     *slog.Logger
 	sweepIv time.Duration
-	cfg     Config
+	// stepTimeout bounds each step of Run and the calls no caller waits
+	// for (Config.StepTimeout).
+	stepTimeout time.Duration
+	cfg         Config
 
 	watchCancel context.CancelFunc
 	watchCh     clientv3.WatchChan
@@ -149,8 +185,11 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = 5 * time.Second
 	}
+	if cfg.StepTimeout <= 0 {
+		cfg.StepTimeout = DefaultStepTimeout
+	}
 	b := &Backend{cli: cfg.Client, cfg: cfg, prefix: strings.TrimRight(cfg.Prefix, "/"), log: cfg.Logger, sweepIv: cfg.SweepInterval,
-		observer: backend.NopObserver{}}
+		stepTimeout: cfg.StepTimeout, observer: backend.NopObserver{}}
 	b.ends = batcher.New(b.endMany, endOptions(b))
 	if b.cli == nil {
 		if len(cfg.Endpoints) == 0 {

@@ -361,9 +361,9 @@ func (b *Backend) expire(ctx context.Context, batch []expiring) error {
 	}
 	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		if ctx.Err() == nil && !(errors.Is(err, rpctypes.ErrTooManyOps) && len(batch) > 1) {
+		if !stopping(ctx) && !(errors.Is(err, rpctypes.ErrTooManyOps) && len(batch) > 1) {
 			b.log.Warn("could not record expired grants; the sweep will retry", "grants", len(batch), "first_key", batch[0].key,
-				"first_token", batch[0].token, "error", err.Error())
+				"first_token", batch[0].token, "error", b.failure(ctx, err))
 		}
 		return err
 	}
@@ -393,8 +393,8 @@ func (b *Backend) sweep(ctx context.Context) {
 		clientv3.OpGet(b.prefix+"/locks/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
-		if ctx.Err() == nil {
-			b.log.Warn("sweep of open grants failed", "error", err.Error())
+		if !stopping(ctx) {
+			b.log.Warn("sweep of open grants failed", "error", b.failure(ctx, err))
 		}
 		return
 	}
@@ -411,8 +411,8 @@ func (b *Backend) sweep(ctx context.Context) {
 	}
 	whole, err := b.readKeys(ctx, gone, 0)
 	if err != nil {
-		if ctx.Err() == nil {
-			b.log.Warn("sweep of open grants failed", "error", err.Error())
+		if !stopping(ctx) {
+			b.log.Warn("sweep of open grants failed", "error", b.failure(ctx, err))
 		}
 		return
 	}
@@ -435,7 +435,8 @@ func (b *Backend) sweep(ctx context.Context) {
 }
 
 // compactPage bounds one read of compaction, and compactOps one delete
-// transaction (etcd allows 128 operations per transaction by default).
+// transaction (etcd allows 128 operations per transaction by default; a
+// batch a cluster with a lower limit refuses is split, inBatches).
 // clockAhead is how far ahead of this process's clock another replica's
 // may be before compaction takes a grant's time for a wrong one.
 const (
@@ -447,10 +448,13 @@ const (
 // Compact deletes ended grant records older than the retention (always
 // keeping the newest ended record, so the high token stays known), and the
 // records of sessions that ended (their alive key is gone) before the
-// retention. It reports how many of each it deleted. Run calls it
-// every CompactInterval; it is exported for tests and tools. etcd's own
-// history of the deleted keys goes with etcd's compaction (auto-compaction;
-// see docs/lock-service.md).
+// retention. It reports how many of each it deleted, also when it fails
+// part way: it deletes each page of records as it reads it, so what it
+// deleted stays deleted and a pass cut short (Run bounds each by the step
+// timeout) leaves the next less to read. Run calls it every
+// CompactInterval; it is exported for tests and tools. etcd's own history
+// of the deleted keys goes with etcd's compaction (auto-compaction; see
+// docs/lock-service.md).
 func (b *Backend) Compact(ctx context.Context) (grants, sessions int, err error) {
 	if b.cfg.GrantRetention <= 0 {
 		return 0, 0, nil
@@ -465,12 +469,12 @@ func (b *Backend) Compact(ctx context.Context) (grants, sessions int, err error)
 	// at: stopping there would stop compaction until that time.
 	now := time.Now()
 	from := b.endedFrom()
-	var dels []string
 	for {
 		resp, err := b.cli.Get(ctx, from, clientv3.WithRange(b.endedEnd()), clientv3.WithLimit(compactPage))
 		if err != nil {
 			return grants, sessions, classify("compact grant log", err)
 		}
+		var dels []string
 		stop := false
 		for _, kv := range resp.Kvs {
 			var gv grantValue
@@ -485,20 +489,23 @@ func (b *Backend) Compact(ctx context.Context) (grants, sessions int, err error)
 				dels = append(dels, string(kv.Key))
 			}
 		}
-		if stop {
-			break
+		// Without more records after it, the page's last is the newest
+		// ended record: it stays. A record is deleted only when a newer
+		// one was read (another replica's compaction too), so the newest
+		// always stays.
+		last := !stop && !resp.More
+		if n := len(dels); last && n > 0 && dels[n-1] == string(resp.Kvs[len(resp.Kvs)-1].Key) {
+			dels = dels[:n-1]
 		}
-		if len(resp.Kvs) == 0 || !resp.More {
-			// The scan reached the newest ended record: it stays.
-			if n := len(dels); n > 0 && len(resp.Kvs) > 0 && dels[n-1] == string(resp.Kvs[len(resp.Kvs)-1].Key) {
-				dels = dels[:n-1]
-			}
+		n, err := b.deleteKeys(ctx, dels)
+		grants += n
+		if err != nil {
+			return grants, 0, err
+		}
+		if stop || last || len(resp.Kvs) == 0 {
 			break
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
-	}
-	if grants, err = b.deleteKeys(ctx, dels); err != nil {
-		return grants, 0, err
 	}
 	// A session's record goes once its end, not its creation, is before
 	// the cutoff, as lockdb's do: by its creation, a session opened before
@@ -518,7 +525,7 @@ func (b *Backend) Compact(ctx context.Context) (grants, sessions int, err error)
 	for _, kv := range alive {
 		live[strings.TrimPrefix(string(kv.Key), b.alivePath(""))] = true
 	}
-	dels = dels[:0]
+	var dels []string
 	var undated []endedSession
 	for _, kv := range recs {
 		id := strings.TrimPrefix(string(kv.Key), b.sessionPath(""))
@@ -562,29 +569,30 @@ func (b *Backend) dateEnds(ctx context.Context, batch []endedSession, now time.T
 	return err
 }
 
-// deleteKeys deletes keys in transactions of compactOps.
+// deleteKeys deletes keys in transactions of compactOps (fewer while etcd
+// refuses that many, inBatches) and reports how many it deleted: every
+// transaction that was committed, also when a later one failed.
 func (b *Backend) deleteKeys(ctx context.Context, keys []string) (int, error) {
 	n := 0
-	for len(keys) > 0 {
-		batch := keys[:min(len(keys), compactOps)]
-		keys = keys[len(batch):]
-		ops := make([]clientv3.Op, 0, len(batch))
-		for _, k := range batch {
-			ops = append(ops, clientv3.OpDelete(k))
+	err := inBatches(keys, compactOps, func(batch []string) error {
+		ops := make([]clientv3.Op, len(batch))
+		for i, k := range batch {
+			ops[i] = clientv3.OpDelete(k)
 		}
 		if _, err := b.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-			return n, classify("compact", err)
+			return err
 		}
 		n += len(batch)
-	}
-	return n, nil
+		return nil
+	})
+	return n, classify("compact", err)
 }
 
 func (b *Backend) compactNow(ctx context.Context) {
 	g, s, err := b.Compact(ctx)
 	switch {
-	case err != nil && ctx.Err() == nil:
-		b.log.Warn("grant log compaction failed; will retry", "error", err.Error())
+	case err != nil && !stopping(ctx):
+		b.log.Warn("grant log compaction failed; will retry", "error", b.failure(ctx, err), "grants", g, "sessions", s)
 	case g+s > 0:
 		b.log.Info("grant log compacted", "grants", g, "sessions", s, "retention", b.cfg.GrantRetention.String())
 	}

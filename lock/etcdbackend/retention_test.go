@@ -4,13 +4,20 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
+	"github.com/payouts/payouts/internal/loopback"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/etcdbackend"
@@ -205,5 +212,140 @@ func TestCompactionKeepsSessionsThatEndedWithinTheRetention(t *testing.T) {
 	}
 	if got, err := b.Session(ctx, expiredLate.ID); err != nil || got.State != backend.StateExpired {
 		t.Errorf("session created before the cutoff and expired since, after compaction: %+v %v; want EXPIRED", got, err)
+	}
+}
+
+// memberWithTxnLimit starts an etcd member of its own, whose transactions
+// may hold at most maxTxnOps operations (--max-txn-ops), and returns its
+// client URL; the member stops when the test ends. Its ports are picked
+// free and picked again if another process bound one first.
+func memberWithTxnLimit(t *testing.T, maxTxnOps uint) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	for attempt := 1; ; attempt++ {
+		cp, err := loopback.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pp, err := loopback.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := fmt.Sprintf("http://127.0.0.1:%d", cp)
+		e, err := etcdbackend.StartMember(etcdbackend.Member{Name: "limited", Dir: filepath.Join(dir, strconv.Itoa(attempt)),
+			ClientURL: client, PeerURL: fmt.Sprintf("http://127.0.0.1:%d", pp), MaxTxnOps: maxTxnOps})
+		if err != nil && attempt < 5 && strings.Contains(err.Error(), "address already in use") {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Close)
+		if err := e.Ready(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return client
+	}
+}
+
+// TestCompactionSplitsWhatTheClusterRefuses: on a cluster whose
+// --max-txn-ops is below compaction's delete batch (100), the batch is
+// split until etcd takes it, as every other batch of the backend is
+// (inBatches), and compaction deletes every ended record older than the
+// retention but the newest. Before, each pass failed with "too many
+// operations in txn request" and deleted nothing: the log grew until
+// etcd's quota.
+func TestCompactionSplitsWhatTheClusterRefuses(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{memberWithTxnLimit(t, 64)}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	const retention = time.Millisecond
+	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: "/limited", Logger: slog.New(slog.DiscardHandler), GrantRetention: retention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	s, err := b.CreateSession(ctx, "w", "p", backend.MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 110
+	tokens := makeGrants(t, ctx, b, s.ID, "split", n)
+	newest := slices.Max(tokens)
+	time.Sleep(10 * retention) // every record older than the retention (the condition, not a synchronisation)
+	if got, _, err := b.Compact(ctx); err != nil || got != n-1 {
+		t.Fatalf("compaction on a cluster with --max-txn-ops 64 deleted %d grant records (%v); want %d, all but the newest", got, err, n-1)
+	}
+	if recs := allGrants(t, ctx, b, 200); len(recs) != 1 || recs[0].Token != newest {
+		t.Fatalf("grant log after compaction: %d records %+v; want only the newest, %d", len(recs), recs, newest)
+	}
+}
+
+// TestACompactionCutShortKeepsWhatItDeleted: a compaction pass that ends
+// part way (Run bounds each by the step timeout) has deleted the records
+// it read before, and reports them; the next pass goes on from there.
+// Before, a pass read the whole log before deleting anything, so a log too
+// long to read within the timeout was never compacted. Here the pass is
+// cut as it asks for its second page of records.
+func TestACompactionCutShortKeepsWhatItDeleted(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	prefix := fmt.Sprintf("/test/%d", seq.Add(1))
+	var pages atomic.Int32
+	var cut atomic.Pointer[context.CancelFunc]
+	cutOnSecondPage := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*etcdserverpb.RangeRequest); ok && strings.HasPrefix(string(r.Key), prefix+"/grants/") {
+			if c := cut.Load(); c != nil && pages.Add(1) == 2 {
+				(*c)()
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cluster.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(cutOnSecondPage)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	const retention = time.Millisecond
+	b, err := etcdbackend.Open(ctx, etcdbackend.Config{Client: cli, Prefix: prefix, Logger: slog.New(slog.DiscardHandler), GrantRetention: retention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	s, err := b.CreateSession(ctx, "w", "p", backend.MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 600 // more than a page of compaction's reads (500)
+	newest := slices.Max(makeGrants(t, ctx, b, s.ID, "cut", n))
+	time.Sleep(10 * retention) // every record older than the retention (the condition, not a synchronisation)
+	pass, cutPass := context.WithCancel(ctx)
+	defer cutPass()
+	cut.Store(&cutPass)
+	deleted, _, err := b.Compact(pass)
+	cut.Store(nil)
+	if err == nil {
+		t.Fatal("the compaction pass cut short succeeded")
+	}
+	if deleted == 0 || deleted >= n-1 {
+		t.Fatalf("the compaction pass cut short at its second page deleted %d grant records (%v); want those of its first page", deleted, err)
+	}
+	if left := len(allGrants(t, ctx, b, 1000)); left != n-deleted {
+		t.Fatalf("after a compaction pass that reported %d deleted: %d of %d grant records left; want %d", deleted, left, n, n-deleted)
+	}
+	if more, _, err := b.Compact(ctx); err != nil || deleted+more != n-1 {
+		t.Fatalf("the next compaction pass deleted %d grant records (%v); want the other %d but the newest", more, err, n-1-deleted)
+	}
+	if recs := allGrants(t, ctx, b, 1000); len(recs) != 1 || recs[0].Token != newest {
+		t.Fatalf("grant log after both passes: %d records; want only the newest, %d", len(recs), newest)
 	}
 }

@@ -3,6 +3,7 @@ package etcdbackend
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,47 @@ import (
 )
 
 // Background work: the watch on the lock prefix and the periodic sweep.
+
+// DefaultStepTimeout bounds each step of Run (Config.StepTimeout): a
+// sweep, a compaction pass, the recording of one watch answer, starting
+// the watch. A member that stops answering with its connection still up
+// (a frozen process, a stalled disk) would otherwise hold a step, and all
+// the background work behind it, until it answers again: no expiry
+// recorded (D-9), no sweep, no compaction. A step that times out is logged
+// and made again at its next turn; what it wrote stays written (a
+// compaction pass deletes as it reads, so each pass gets further).
+const DefaultStepTimeout = 30 * time.Second
+
+// errStepTimeout is why a step's context ended at its deadline.
+var errStepTimeout = errors.New("step timed out")
+
+// step is the context of one step of background work: it ends at the
+// step timeout, or with ctx.
+func (b *Backend) step(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, b.stepTimeout, errStepTimeout)
+}
+
+// inStep runs fn in a step of its own.
+func (b *Backend) inStep(ctx context.Context, fn func(context.Context)) {
+	sctx, cancel := b.step(ctx)
+	defer cancel()
+	fn(sctx)
+}
+
+// stopping reports whether ctx ended because the work it bounds is being
+// stopped (Run's context ended), not at a step's timeout: a failure is
+// then no news.
+func stopping(ctx context.Context) bool {
+	return ctx.Err() != nil && !errors.Is(context.Cause(ctx), errStepTimeout)
+}
+
+// failure is err as a warning tells it: saying so when the step timed out.
+func (b *Backend) failure(ctx context.Context, err error) string {
+	if errors.Is(context.Cause(ctx), errStepTimeout) {
+		return fmt.Sprintf("%v (no answer within %s)", err, b.stepTimeout)
+	}
+	return err.Error()
+}
 
 func (b *Backend) startWatch(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
@@ -58,16 +100,21 @@ func (b *Backend) Run(ctx context.Context) error {
 	var following sync.WaitGroup
 	defer following.Wait()
 	following.Go(func() { b.followWaiting(ctx, b.waitingRev) })
-	b.sweep(ctx)
+	// Each step has a deadline of its own (step): Run's context may have
+	// none, and a member that does not answer must not hold Run.
+	b.inStep(ctx, b.sweep)
 	reportSize()
 	for ctx.Err() == nil {
 		b.mu.Lock()
 		ch := b.watchCh
 		b.mu.Unlock()
 		if ch == nil {
-			if err := b.startWatch(ctx); err != nil {
+			sctx, cancel := b.step(ctx)
+			err := b.startWatch(sctx)
+			cancel()
+			if err != nil {
 				if ctx.Err() == nil {
-					b.log.Warn("etcd watch failed; retrying", "error", err.Error())
+					b.log.Warn("etcd watch failed; retrying", "error", b.failure(sctx, err))
 				}
 				select {
 				case <-ctx.Done():
@@ -75,15 +122,15 @@ func (b *Backend) Run(ctx context.Context) error {
 				}
 				continue
 			}
-			b.sweep(ctx) // catch what happened while not watching
+			b.inStep(ctx, b.sweep) // catch what happened while not watching
 			continue
 		}
 		select {
 		case <-ctx.Done():
 		case <-t.C:
-			b.sweep(ctx)
+			b.inStep(ctx, b.sweep)
 		case <-compact.C:
-			b.compactNow(ctx)
+			b.inStep(ctx, b.compactNow)
 			reportSize()
 		case resp, ok := <-ch:
 			if !ok || resp.Err() != nil || resp.Canceled {
@@ -95,7 +142,7 @@ func (b *Backend) Run(ctx context.Context) error {
 				b.mu.Unlock()
 				continue
 			}
-			b.recordDeletions(ctx, resp.Events)
+			b.inStep(ctx, func(ctx context.Context) { b.recordDeletions(ctx, resp.Events) })
 		}
 	}
 	return nil

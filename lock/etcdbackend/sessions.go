@@ -33,7 +33,11 @@ func (b *Backend) CreateSession(ctx context.Context, owner, principal string, tt
 	rec := sessionValue{Owner: owner, Principal: principal, TTLMS: applied.Milliseconds(), CreatedAt: now.UTC()}
 	if _, err := b.cli.Txn(ctx).Then(clientv3.OpPut(b.sessionPath(id), mustJSON(rec)),
 		clientv3.OpPut(b.alivePath(id), "", clientv3.WithLease(lr.ID))).Commit(); err != nil {
-		_, _ = b.cli.Revoke(context.WithoutCancel(ctx), lr.ID)
+		// The lease goes now rather than at its TTL, whether or not the
+		// caller still waits; bounded, as etcd may not answer at all.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.stepTimeout)
+		_, _ = b.cli.Revoke(rctx, lr.ID)
+		cancel()
 		return backend.Session{}, classify("create session", err)
 	}
 	b.cache.putSession(id, sessInfo{owner: owner, principal: principal, createdAt: rec.CreatedAt, ttl: applied, renewed: now})

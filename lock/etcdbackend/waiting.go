@@ -157,8 +157,11 @@ func (b *Backend) followWaiting(ctx context.Context, rev int64) {
 // breaks (rev 0: read them whole first).
 func (b *Backend) watchWaiting(ctx context.Context, rev int64) error {
 	if rev == 0 {
+		rctx, cancel := b.step(ctx)
 		var err error
-		if rev, err = b.readWaiting(ctx); err != nil {
+		rev, err = b.readWaiting(rctx)
+		cancel()
+		if err != nil {
 			return err
 		}
 	}
