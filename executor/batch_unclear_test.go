@@ -126,6 +126,29 @@ func (g poisonGrant) Valid() bool {
 	return g.grant.Valid()
 }
 
+// countSingleSubmission counts r, when it is a single submission to the
+// proxy, in marked when it is marked a resubmission, else in unmarked; its
+// body is left for the proxy to read.
+func countSingleSubmission(t *testing.T, r *http.Request, marked, unmarked *atomic.Int32) {
+	if r.Method != http.MethodPost || r.URL.Path != "/v1/submissions" {
+		return
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Error(err)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	var req proxyclient.SubmitRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		t.Error(err)
+	}
+	if req.Resubmission {
+		marked.Add(1)
+	} else {
+		unmarked.Add(1)
+	}
+}
+
 // frontOf serves target through a reverse proxy that shows each request to
 // fn first.
 func frontOf(t *testing.T, target string, fn func(r *http.Request)) string {
@@ -167,22 +190,7 @@ func TestBatchSubmissionChecksTheGrantAfterTheClaim(t *testing.T) {
 		if isBatchSubmission(r) {
 			batches.Add(1)
 		}
-		if r.Method == http.MethodPost && r.URL.Path == "/v1/submissions" {
-			body, err := io.ReadAll(r.Body)
-			if err != nil {
-				t.Error(err)
-			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			var req proxyclient.SubmitRequest
-			if err := json.Unmarshal(body, &req); err != nil {
-				t.Error(err)
-			}
-			if req.Resubmission {
-				resubmissions.Add(1)
-			} else {
-				unmarked.Add(1)
-			}
-		}
+		countSingleSubmission(t, r, &resubmissions, &unmarked)
 	})
 	cfg.locker = poisoned(t, cfg, &p)
 	runUntil(t, cfg, "every payout to be posted", s.allIn(t, ids, pc.Posted))

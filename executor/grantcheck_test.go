@@ -1,7 +1,6 @@
 package executor
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -137,22 +136,8 @@ func TestARefusedBatchIsResentOnlyUnderAValidGrant(t *testing.T) {
 			problem.Write(w, problem.New(problem.InvalidRequest, "items: refused for the test").
 				With(proxyclient.ForwardedExtension, false))
 			return
-		case r.Method == http.MethodPost && r.URL.Path == "/v1/submissions":
-			body, err := io.ReadAll(r.Body)
-			if err != nil {
-				t.Error(err)
-			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			var req proxyclient.SubmitRequest
-			if err := json.Unmarshal(body, &req); err != nil {
-				t.Error(err)
-			}
-			if req.Resubmission {
-				marked.Add(1)
-			} else {
-				unmarked.Add(1)
-			}
 		}
+		countSingleSubmission(t, r, &marked, &unmarked)
 		real.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)

@@ -311,10 +311,11 @@ func TestBadInput(t *testing.T) {
 
 // TestKeepaliveContentType: a keepalive's body is held to the rule of every
 // other body: its Content-Type, when given, is application/json (charset
-// utf-8, if any), or the keepalive is 400 invalid_request. An empty body has nothing for a Content-Type to describe (as the
-// proxy's lookup, whose body is also empty or {}). Before, the keepalive
-// read its body without looking at the Content-Type and answered 200 to
-// {} sent as text/plain.
+// utf-8, if any), or the keepalive is 400 invalid_request. An empty body
+// has nothing for a Content-Type to describe (as the proxy's lookup, whose
+// body is also empty or {}: httpx.DecodeEmpty). Before, the keepalive read
+// its body without looking at the Content-Type and answered 200 to {} sent
+// as text/plain.
 func TestKeepaliveContentType(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
 		svc := setup(t, kind).svc
