@@ -153,8 +153,7 @@ func (s *Service) applyTx(ctx context.Context, payoutID string, cmd Command) (pc
 		// A resolution made an ambiguous payout actionable again
 		// (RAIL_ACKED: to be posted): executors waiting for work are
 		// told, as when payouts are created.
-		s.workCreated.broadcast()
-		s.announceWork()
+		s.workArrived()
 	}
 	return out[0], nil, nil
 }

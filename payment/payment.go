@@ -68,7 +68,8 @@ type Service struct {
 	// (createPayouts).
 	creates *batcher.Batcher[createRequest, createAnswer]
 	// workCreated wakes GET /v1/work calls waiting for work (workwait.go) when
-	// this process creates a payout.
+	// this process creates a payout or makes one actionable again, or
+	// another process says it did (workArrived, listenForWork).
 	workCreated workSignal
 	// onWorkWait, when set (tests only), runs each time a waiting GET
 	// /v1/work call has found no work and starts to wait.

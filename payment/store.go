@@ -225,7 +225,7 @@ const workScanFactor = 8
 const workCountCap = 100
 
 // workCountSQL is the count of the actionable payouts of account o, up to
-// workCountCap: at most that many index entries read.
+// workCountCap: at most that many rows read, by the account's index.
 var workCountSQL = `(SELECT count(*) FROM (SELECT 1 FROM payout p WHERE p.account_id = o.id AND p.` + actionableSQL +
 	` LIMIT ` + strconv.Itoa(workCountCap) + `) c)`
 
@@ -530,8 +530,7 @@ func (s *Service) createPayouts(ctx context.Context, reqs []createRequest) ([]cr
 	// Calls of GET /v1/work waiting for work, here and in the other
 	// processes on this paydb, learn of the new payouts once they are
 	// committed.
-	defer s.announceWork()
-	defer s.workCreated.broadcast()
+	defer s.workArrived()
 	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return reqs[i].req.ID }) {
 		err := s.createDistinct(ctx, reqs, round, out)
 		if err == nil {

@@ -10,12 +10,13 @@ import (
 	"github.com/payouts/payouts/internal/obs"
 )
 
-// Payment-resource processes sharing a paydb tell one another of created
-// payouts, so a call waiting for work on one (workwait.go) is answered
-// when a payout is created through another: after each create batch a
-// process announces on workChannel (NOTIFY, outside the create's
-// transaction), and each process listens there (listenForWork) and wakes
-// its waiting calls.
+// Payment-resource processes sharing a paydb tell one another of new work
+// (payouts created, or made actionable again by a resolution), so a call
+// waiting for work on one (workwait.go) is answered when the work comes
+// through another: after each create batch or such resolution a process
+// announces on workChannel (NOTIFY, outside the change's transaction,
+// once it has committed), and each process listens there (listenForWork)
+// and wakes its waiting calls.
 
 // workChannel is the PostgreSQL notification channel of the announcements.
 const workChannel = "payouts_work"
@@ -41,8 +42,16 @@ type announcer struct {
 	wg      sync.WaitGroup
 }
 
-// announceWork tells the other processes on this paydb that payouts were
-// created. It does not wait.
+// workArrived wakes the calls waiting for work, in this process and, by
+// announceWork, in the others on this paydb: payouts were created, or made
+// actionable again, and the change has committed.
+func (s *Service) workArrived() {
+	s.workCreated.broadcast()
+	s.announceWork()
+}
+
+// announceWork tells the other processes on this paydb that there is new
+// work. It does not wait.
 func (s *Service) announceWork() {
 	a := &s.announce
 	a.mu.Lock()
@@ -60,7 +69,7 @@ func (s *Service) announceWork() {
 			_, err := a.pool.Exec(ctx, `SELECT pg_notify('`+workChannel+`', '')`)
 			cancel()
 			if err != nil {
-				s.log.Warn("could not announce created payouts to the other payment-resource processes; their executors see them at their next poll", obs.KeyError, err.Error())
+				s.log.Warn("could not announce new work to the other payment-resource processes; their executors see it at their next poll", obs.KeyError, err.Error())
 			}
 			time.Sleep(announceEvery)
 			a.mu.Lock()

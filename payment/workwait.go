@@ -66,8 +66,9 @@ func countParam(q url.Values, name string, maxN int) (int, error) {
 	return n, nil
 }
 
-// WaitForWork is Work that, when it finds no work, waits up to wait for a
-// payout to be created (workSignal) and asks again, until some work is
+// WaitForWork is Work that, when it finds no work, waits up to wait for
+// new work (a payout created or made actionable again: workSignal) and
+// asks again, until some work is
 // listed or the wait ends (then it asks a last time). It answers a second
 // before ctx's deadline at the latest, and with no work when ctx ends or
 // the service stops.

@@ -187,4 +187,18 @@ func TestWorkWaitIsAnsweredAcrossProcesses(t *testing.T) {
 	if a.took >= wait-time.Second {
 		t.Fatalf("the other process answered after %s, at the end of its %s wait: the creation was not announced", a.took, wait)
 	}
+	// A resolution that makes an ambiguous payout actionable again is
+	// announced as well.
+	e.drive(t, "po-1", pc.RailAmbiguous, 5, "holder-a")
+	done = waitingCall(t, other, func() ([]pc.WorkItem, error) { return other.WaitForWork(tctx(t), 10, nil, 0, wait) })
+	if _, err := e.recon.Resolve(tctx(t), "po-1", 6, "holder-r", pc.ResolutionSettled, "rail: settled rl-1", "rl-1"); err != nil {
+		t.Fatal(err)
+	}
+	a = <-done
+	if a.err != nil || len(a.items) != 1 || a.items[0].AccountID != "acc-1" {
+		t.Fatalf("waiting GET /work on the other process after the resolution: %+v %v, want acc-1", a.items, a.err)
+	}
+	if a.took >= wait-time.Second {
+		t.Fatalf("the other process answered after %s, at the end of its %s wait: the resolution was not announced", a.took, wait)
+	}
 }

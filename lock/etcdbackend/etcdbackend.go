@@ -46,8 +46,9 @@ const DefaultPrefix = "/payouts/lock"
 type Config struct {
 	// Client is an etcd client; Endpoints is used when it is nil (with
 	// ClientConfig). A client made elsewhere should use ClientConfig too
-	// (or DialOptions and the keepalive), to reconnect promptly after an
-	// outage and to leave a member that stopped answering.
+	// (its DialOptions, and its DialKeepAliveTime and DialKeepAliveTimeout),
+	// to reconnect promptly after an outage and to leave a member that
+	// stopped answering.
 	Client    *clientv3.Client
 	Endpoints []string
 	Prefix    string

@@ -307,8 +307,13 @@ func (b *Backend) recordDeletions(ctx context.Context, evs []*clientv3.Event) {
 		}
 		maybe = append(maybe, expiring{key: key, lv: lv, token: prev.CreateRevision, rev: ev.Kv.ModRevision})
 	}
-	// A batch that fails is left to the sweep; the next is still tried.
+	// A batch that fails is left to the sweep; the next is still tried,
+	// unless the step has ended (its deadline, or Run stopping): then the
+	// rest are left to the sweep too, without a warning each.
 	_ = inBatches(maybe, expiryBatch, func(batch []expiring) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		open, err := b.stillOpen(ctx, batch)
 		if errors.Is(err, rpctypes.ErrTooManyOps) {
 			return err

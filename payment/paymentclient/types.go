@@ -229,7 +229,7 @@ const MaxWorkWait = 10 * time.Second
 // WorkItem is an account with actionable payouts (GET /work).
 type WorkItem struct {
 	AccountID  string        `json:"account_id"`
-	Payouts    int           `json:"payouts"`     // actionable payouts on the account
+	Payouts    int           `json:"payouts"`     // actionable payouts on the account, counted up to 100 (100: 100 or more)
 	OldestAt   time.Time     `json:"oldest_at"`   // creation time of the oldest of them
 	FenceToken fencing.Token `json:"fence_token"` // the account's fence; informational only
 	// Actionable, asked for with WorkQuery.Payouts, is the account's
