@@ -4,6 +4,8 @@ package railproxy
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,5 +103,36 @@ func TestSafetyEventsNeverSkipALateCommit(t *testing.T) {
 		if !seen[id] {
 			t.Fatalf("safety event %d was never served to a reader paging by id (served %v)", id, seen)
 		}
+	}
+}
+
+// A refusal whose evidence cannot be stored (here: proxydb gone between
+// the refusal and its evidence) still stands, answered fenced_out, and the
+// missing evidence is counted in
+// payouts_proxy_safety_event_write_failures_total, which an alert reads:
+// before, only a log line said so.
+func TestEvidenceThatCannotBeStoredIsCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := ctxFor(t)
+	if _, err := b.pc.Submit(ctx, sub("p-1", "acc-1"), 10, holder(1)); err != nil {
+		t.Fatal(err)
+	}
+	lost0, fenced0 := counterValue(t, b.proxy.m.evidenceLost), counterValue(t, b.proxy.m.fencedOut)
+	gone := func() { b.proxy.pool.Close() }
+	b.proxy.afterRefusal.Store(&gone)
+	_, err := b.pc.Submit(ctx, sub("p-2", "acc-1"), 3, holder(2))
+	var pe *problem.Error
+	if !errors.As(err, &pe) || pe.Code != problem.FencedOut {
+		t.Fatalf("stale submission with proxydb gone after the refusal: %v, want fenced_out", err)
+	}
+	if d := counterValue(t, b.proxy.m.fencedOut) - fenced0; d != 1 {
+		t.Errorf("fenced_out counted %v, want 1", d)
+	}
+	if d := counterValue(t, b.proxy.m.evidenceLost) - lost0; d != 1 {
+		t.Errorf("evidence write failures counted %v, want 1", d)
+	}
+	if !strings.Contains(b.logs.String(), "fenced_out: submission refused, but its evidence could not be recorded") {
+		t.Errorf("no log line says the evidence is missing; logs:\n%s", b.logs.String())
 	}
 }

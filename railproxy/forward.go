@@ -290,6 +290,7 @@ func (s *Server) fromRail(ctx context.Context, log *slog.Logger, rec proxyclient
 		Presented: rec.FenceToken, Holder: rec.Holder, PayoutID: rec.PayoutID, Detail: detail})
 	s.countDuplicate()
 	if err != nil {
+		s.m.evidenceLost.Inc()
 		log.Error("duplicate_attempt: the rail already holds the resubmitted payout; not sent again, but the evidence could not be recorded",
 			obs.KeyEvent, proxyclient.KindDuplicateAttempt, "rail_ref", held.RailRef, obs.KeyError, err.Error())
 	} else {

@@ -176,6 +176,7 @@ func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, reqs []proxycl
 	attrs := []any{obs.KeyEvent, proxyclient.KindFencedOut, "stored_token", int64(ev.StoredToken), "stored_holder", string(ev.StoredHolder)}
 	if err != nil {
 		// The refusal stands; only its evidence row is missing. Say so loudly.
+		s.m.evidenceLost.Inc()
 		log.Error("fenced_out: submission refused, but its evidence could not be recorded", append(attrs, obs.KeyError, err.Error())...)
 	} else {
 		log.Warn("fenced_out: stale token refused at the proxy; nothing forwarded", append(attrs, "submission_id", ev.Record.ID)...)
@@ -201,6 +202,7 @@ func (s *Server) duplicate(ctx context.Context, log *slog.Logger, req proxyclien
 	existing, err := s.st.recordDuplicate(ctx, req)
 	s.countDuplicate()
 	if err != nil {
+		s.m.evidenceLost.Inc()
 		log.Error("duplicate_attempt: payout already forwarded; refused, but the evidence could not be recorded",
 			obs.KeyEvent, proxyclient.KindDuplicateAttempt, obs.KeyError, err.Error())
 		return problem.Wrap(problem.SubmissionExists, err, "payout %s already has a forwarded submission; it was not forwarded again", req.PayoutID)

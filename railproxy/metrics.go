@@ -18,6 +18,7 @@ type metrics struct {
 	railLatency   *prometheus.HistogramVec // by outcome
 	resolutions   *prometheus.CounterVec   // by resolution
 	recordFailure prometheus.Counter       // outcome could not be recorded
+	evidenceLost  prometheus.Counter       // a safety event's row could not be stored
 	outcomeGroup  prometheus.Histogram     // outcomes written per statement
 	guardDisabled prometheus.Gauge         // 1 in a negativecontrol build
 	// The rail pause (pause.go).
@@ -59,6 +60,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "payouts_proxy_outcome_record_failures_total",
 			Help: "Rail answers that could not be recorded (the submission stays without outcome, i.e. ambiguous).",
 		}),
+		evidenceLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "payouts_proxy_safety_event_write_failures_total",
+			Help: "Safety events (fenced_out, duplicate_attempt) whose evidence could not be stored in proxydb: the refusal stood and the log line and counters fired, but the row is missing. Alert on any increase.",
+		}),
 		outcomeGroup: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "payouts_proxy_outcome_group_size",
 			Help:    "Outcomes written per statement: the outcomes recorded while the previous group was being written are written together.",
@@ -85,7 +90,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Resubmissions (D-4) checked at the rail before forwarding, by what the rail held: absent (forwarded), held (recorded from the rail's payment, not sent; a duplicate_attempt event), unconfirmed (no final answer: answered 503, not recorded, not sent).",
 		}, []string{"rail"}),
 	}
-	reg.MustRegister(m.submissions, m.fencedOut, m.duplicates, m.safetyEvents, m.railLatency, m.resolutions, m.recordFailure, m.outcomeGroup, m.guardDisabled,
+	reg.MustRegister(m.submissions, m.fencedOut, m.duplicates, m.safetyEvents, m.railLatency, m.resolutions, m.recordFailure, m.evidenceLost, m.outcomeGroup, m.guardDisabled,
 		m.railPaused, m.railPauses, m.pausedRefusals, m.resubmissionChecks)
 	if !guardEnabled {
 		m.guardDisabled.Set(1)
