@@ -17,7 +17,10 @@ import (
 // index-only range scan of payout_event_payout_bytes_idx over the page's
 // ids, merged by payout id (migration 00004). Byte order, not the
 // database's collation: the reconciler merges this stream with the
-// proxy's and the rail's, which use it too.
+// proxy's and the rail's, which use it too. Each payout's ledger entries
+// are summed in the same statement through ledger_entry_payout_idx: a
+// posting commits with its payout's move to POSTED, so the two are read
+// consistently ($3: the clearing account).
 const payoutDigestsSQL = `
 WITH p AS (
 	SELECT id, account_id, amount, currency, state, client_ref, created_at, claimed_at, submitted_at
@@ -29,17 +32,26 @@ WITH p AS (
 	 GROUP BY 1
 )
 SELECT p.id, p.account_id, p.amount, p.currency, p.state, p.client_ref, p.created_at, p.claimed_at, p.submitted_at,
-       COALESCE(e.tokens, '{}')
+       COALESCE(e.tokens, '{}'), COALESCE(l.entries, 0), COALESCE(l.groups, 0), COALESCE(l.own, 0), COALESCE(l.clearing, 0)
   FROM p LEFT JOIN e ON e.payout_id = p.id COLLATE "C"
+  LEFT JOIN (
+	SELECT le.payout_id, count(*) AS entries, count(DISTINCT le.group_id) AS groups,
+	       sum(le.amount) FILTER (WHERE le.account_id = pp.account_id)::bigint AS own,
+	       sum(le.amount) FILTER (WHERE le.account_id = $3)::bigint AS clearing
+	  FROM ledger_entry le JOIN p pp ON pp.id = le.payout_id
+	 WHERE le.payout_id = ANY (ARRAY(SELECT id FROM p))
+	 GROUP BY le.payout_id
+ ) l ON l.payout_id = p.id
  ORDER BY p.id COLLATE "C"`
 
 // PayoutDigests lists up to limit payout digests after payout id after.
 func (s *Service) PayoutDigests(ctx context.Context, after string, limit int) ([]pc.PayoutDigest, error) {
-	rows, err := s.pool.Query(ctx, payoutDigestsSQL, after, limit)
+	rows, err := s.pool.Query(ctx, payoutDigestsSQL, after, limit, pc.ClearingAccount)
 	return collect(rows, err, func(row pgx.Row) (pc.PayoutDigest, error) {
-		var d pc.PayoutDigest
+		d := pc.PayoutDigest{Ledger: &pc.LedgerDigest{}}
 		var state string
-		err := row.Scan(&d.ID, &d.AccountID, &d.Amount, &d.Currency, &state, &d.ClientRef, &d.CreatedAt, &d.ClaimedAt, &d.SubmittedAt, &d.EventTokens)
+		err := row.Scan(&d.ID, &d.AccountID, &d.Amount, &d.Currency, &state, &d.ClientRef, &d.CreatedAt, &d.ClaimedAt, &d.SubmittedAt, &d.EventTokens,
+			&d.Ledger.Entries, &d.Ledger.Groups, &d.Ledger.Account, &d.Ledger.Clearing)
 		d.State, d.CreatedAt = pc.State(state), d.CreatedAt.UTC()
 		for _, t := range []*time.Time{d.ClaimedAt, d.SubmittedAt} {
 			if t != nil {

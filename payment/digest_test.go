@@ -1,6 +1,7 @@
 package payment
 
 import (
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
@@ -21,11 +22,13 @@ func TestPayoutDigestsPageInByteOrderWithHistoryTokens(t *testing.T) {
 		e.payout(t, id, "acc-1", 10)
 	}
 	e.drive(t, "po-2", pc.RailSubmitted, 7, "holder-a")
+	e.drive(t, "po-10", pc.Posted, 8, "holder-b")
 	want := slices.Clone(ids)
 	slices.Sort(want)
 
 	var got []string
 	tokens := map[string][]int64{}
+	ledger := map[string]pc.LedgerDigest{}
 	after := ""
 	for pages := 0; ; pages++ {
 		if pages > len(ids) {
@@ -38,6 +41,10 @@ func TestPayoutDigestsPageInByteOrderWithHistoryTokens(t *testing.T) {
 		for _, d := range page.Items {
 			got = append(got, d.ID)
 			tokens[d.ID] = d.EventTokens
+			if d.Ledger == nil {
+				t.Fatalf("digest of %s carries no ledger sums", d.ID)
+			}
+			ledger[d.ID] = *d.Ledger
 			if d.ClientRef != pc.ClientRef(d.ID) || d.AccountID != "acc-1" || d.Amount != 10 || d.Currency == "" || d.CreatedAt.IsZero() {
 				t.Errorf("digest %+v does not carry the payout", d)
 			}
@@ -57,6 +64,17 @@ func TestPayoutDigestsPageInByteOrderWithHistoryTokens(t *testing.T) {
 	if tk := tokens["pa"]; !slices.Equal(tk, []int64{0}) {
 		t.Errorf("pa history tokens = %v, want [0]", tk)
 	}
+	// The posted payout carries its posting; the others none.
+	for _, id := range ids {
+		l := ledger[id]
+		if id == "po-10" {
+			if !l.Posted(10) {
+				t.Errorf("ledger sums of POSTED po-10 = %+v, want its posting of 10", l)
+			}
+		} else if l != (pc.LedgerDigest{}) {
+			t.Errorf("ledger sums of unposted %s = %+v, want none", id, l)
+		}
+	}
 }
 
 // Malformed paging input is a 4xx, never a 5xx.
@@ -75,8 +93,42 @@ func TestPayoutDigestsRefuseBadQuery(t *testing.T) {
 func TestPayoutDigestsUseByteOrderIndexes(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	plan := explainGeneric(t, e.svc.pool, "", payoutDigestsSQL, "'', 5000", genericPlans...)
-	if !strings.Contains(plan, "payout_id_bytes_idx") || !strings.Contains(plan, "payout_event_payout_bytes_idx") || strings.Contains(plan, "Seq Scan") {
+	plan := explainGeneric(t, e.svc.pool, "", payoutDigestsSQL, "'', 5000, 'payout-clearing'", genericPlans...)
+	if !strings.Contains(plan, "payout_id_bytes_idx") || !strings.Contains(plan, "payout_event_payout_bytes_idx") ||
+		!strings.Contains(plan, "ledger_entry_payout_idx") || strings.Contains(plan, "Seq Scan") {
 		t.Errorf("the digest page does not read through the byte-order indexes:\n%s", plan)
+	}
+}
+
+// A digest's unset times are null, as every unset time in the API is, not
+// left out.
+func TestPayoutDigestsWriteUnsetTimesAsNull(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	e.payout(t, "po-1", "acc-1", 10)
+	req, err := http.NewRequestWithContext(tctx(t), http.MethodGet, e.url+"/v1/payout-digests", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+reconcilerBearer)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var page struct {
+		Items []map[string]json.RawMessage `json:"items"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&page); err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Items) != 1 {
+		t.Fatalf("%d digests, want 1", len(page.Items))
+	}
+	for _, f := range []string{"claimed_at", "submitted_at"} {
+		if v, ok := page.Items[0][f]; !ok || string(v) != "null" {
+			t.Errorf("%s of a PENDING payout's digest: %s (present: %v), want null", f, v, ok)
+		}
 	}
 }

@@ -115,7 +115,11 @@ func evaluate(v payoutView) []candidate {
 			add(CheckSettledNotPosted, map[string]any{"rail_refs": railRefs(settled), "amount": f.Amount},
 				"payout %s is %s but the rail settled %d payment(s) for it: money left with no ledger entry", f.ID, f.State, len(settled))
 		}
-		if f.State == pc.Failed && acked {
+		// A forwarded submission leaves a payout FAILED only once the rail
+		// declined it or a lookup found nothing (the proxy records either
+		// before paydb): one the rail may have paid (no outcome, TIMEOUT,
+		// no resolution) released its money too early.
+		if f.State == pc.Failed && (acked || (sub != nil && sub.Outcome != proxyclient.OutcomeRejected && sub.Resolution != proxyclient.ResolutionAbsent)) {
 			add(CheckSubmissionStateMismatch, map[string]any{"submission": subDesc},
 				"payout %s is FAILED but the proxy has %s", f.ID, subDesc)
 		}

@@ -299,12 +299,18 @@ func (e *testBundle) reconciler(t *testing.T, opts reconcile.Options, railToken 
 }
 
 // reconcilerWith is reconciler with the lock service wrapped by wrap (nil:
-// as is) and reached at lockURL ("" : the stack's).
+// as is).
 func (e *testBundle) reconcilerWith(t *testing.T, opts reconcile.Options, railToken string, wrap func(reconcile.LockService) reconcile.LockService) *reconcile.Reconciler {
+	t.Helper()
+	return e.reconcilerAt(t, opts, railToken, wrap, e.st.Ready.PaymentURL)
+}
+
+// reconcilerAt is reconcilerWith reaching the payment resource at paymentURL.
+func (e *testBundle) reconcilerAt(t *testing.T, opts reconcile.Options, railToken string, wrap func(reconcile.LockService) reconcile.LockService, paymentURL string) *reconcile.Reconciler {
 	t.Helper()
 	r := e.st.Ready
 	tok := r.Tokens.Reconciler
-	pay, err := pc.New(r.PaymentURL, tok)
+	pay, err := pc.New(paymentURL, tok)
 	if err != nil {
 		t.Fatal(err)
 	}

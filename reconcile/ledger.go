@@ -66,6 +66,12 @@ func (r *Reconciler) scanLedger(ctx context.Context, rep *Report, grants *grantI
 		if e.PayoutID != "" && grantErr == nil {
 			grantErr = r.checkLedgerGrant(ctx, rep, e, grants)
 		}
+		if e.PayoutID == "" && e.AccountID == pc.ClearingAccount {
+			rep.add(CheckPayoutPosting, map[string]any{"entry_id": e.ID, "group_id": e.GroupID, "account_id": e.AccountID, "amount": e.Amount,
+				"counterparty_account_id": e.CounterpartyAccountID},
+				"ledger entry %d (group %s) moves %+d on %s, with %s, and names no payout: only a payout's posting moves money through %s",
+				e.ID, e.GroupID, e.Amount, pc.ClearingAccount, e.CounterpartyAccountID, pc.ClearingAccount)
+		}
 		ls.ledgerTokenOrder(rep, e)
 	})
 	if err != nil {

@@ -40,6 +40,7 @@ const (
 	CheckSettledNotPosted        = "settled_not_posted"              // INV-03
 	CheckSubmissionStateMismatch = "submission_state_mismatch"       // INV-03
 	CheckAmountMismatch          = "rail_amount_mismatch"            // INV-03
+	CheckPayoutPosting           = "payout_posting"                  // INV-03
 	CheckLockRewound             = "lock_service_rewound"            // INV-04
 	CheckTokenRegression         = "token_regression"                // INV-04
 	CheckHighWaterAboveFence     = "high_water_above_fence"          // INV-04
@@ -67,6 +68,7 @@ var checkInvariant = map[string]string{
 	CheckSettledNotPosted:        INV03,
 	CheckSubmissionStateMismatch: INV03,
 	CheckAmountMismatch:          INV03,
+	CheckPayoutPosting:           INV03,
 	CheckLockRewound:             INV04,
 	CheckTokenRegression:         INV04,
 	CheckHighWaterAboveFence:     INV04,

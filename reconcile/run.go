@@ -74,9 +74,20 @@ type Config struct {
 // serves /metrics and /healthz on Listen and makes a pass every Interval
 // until ctx ends, then returns ExitClean (or ExitCannotRun when it could
 // not start).
-func Run(ctx context.Context, cfg Config) (int, error) {
+func Run(ctx context.Context, cfg Config) (code int, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	// A --once run that cannot start a pass (a refused token, an
+	// unreadable state file) still says so in the metrics file: the
+	// previous run's up=1 must not stand for this one.
+	passed := false
+	if cfg.Once {
+		defer func() {
+			if !passed && code == ExitCannotRun {
+				failMetricsFile(cfg, err)
+			}
+		}()
 	}
 	cfg.Options.Logger = cfg.Logger
 	if cfg.RequestTimeout <= 0 {
@@ -122,9 +133,22 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		return ExitCannotRun, err
 	}
 	if cfg.Once {
+		passed = true
 		return rec.once(ctx, cfg)
 	}
 	return rec.continuous(ctx, cfg)
+}
+
+// failMetricsFile records in --metrics-file a run that could not start
+// its pass (up 0, a failed pass; the rest carried over).
+func failMetricsFile(cfg Config, err error) {
+	fm, ferr := newFileMetrics(cfg.MetricsFile)
+	if ferr != nil {
+		cfg.Logger.Warn("could not carry the previous metrics file over", obs.KeyError, ferr.Error())
+	}
+	if werr := fm.write(nil, err, 0, time.Now()); werr != nil {
+		cfg.Logger.Error("could not record the failed run in the metrics file", obs.KeyError, werr.Error())
+	}
 }
 
 // railClients are the clients of the rail: lookups go with the rail
@@ -209,15 +233,25 @@ func (r *Reconciler) openMetricsFile(cfg Config) *fileMetrics {
 func (r *Reconciler) once(ctx context.Context, cfg Config) (int, error) {
 	fm := r.openMetricsFile(cfg)
 	rep, took, end, err := r.timedPass(ctx)
-	if werr := fm.write(rep, err, took, end); werr != nil && err == nil {
-		err = cannotRun("write the metrics file", werr)
-	}
 	if refusedToken(err) {
 		if rerr := r.refusal(ctx, cfg, err); rerr != nil {
 			err = rerr
 		}
 	}
 	r.logFindings(rep, err)
+	code, err := r.finish(cfg, rep, err)
+	// Written last, so that it says what the run's exit code says: a
+	// report that could not be printed or a state file that could not be
+	// saved is a failed run there too.
+	if werr := fm.write(rep, err, took, end); werr != nil && code != ExitCannotRun {
+		return ExitCannotRun, cannotRun("write the metrics file", werr)
+	}
+	return code, err
+}
+
+// finish prints a --once pass's report, saves its state and returns its
+// exit code.
+func (r *Reconciler) finish(cfg Config, rep *Report, err error) (int, error) {
 	if !rep.Complete() {
 		return ExitCannotRun, err
 	}

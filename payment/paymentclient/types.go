@@ -271,11 +271,30 @@ type PayoutDigest struct {
 	State       State      `json:"state"`
 	ClientRef   string     `json:"client_ref"`
 	CreatedAt   time.Time  `json:"created_at"`
-	ClaimedAt   *time.Time `json:"claimed_at,omitempty"`
-	SubmittedAt *time.Time `json:"submitted_at,omitempty"`
+	ClaimedAt   *time.Time `json:"claimed_at"`
+	SubmittedAt *time.Time `json:"submitted_at"`
 	// EventTokens are the tokens of the payout's accepted changes in event
 	// order (0 for a change made under no token, such as its creation).
 	EventTokens []int64 `json:"event_tokens"`
+	// Ledger sums the payout's ledger entries, read in the same statement
+	// (nil from a payment resource older than this member).
+	Ledger *LedgerDigest `json:"ledger,omitempty"`
+}
+
+// LedgerDigest sums the ledger entries that name one payout. Its posting,
+// once POSTED, is one group of two entries: -amount on the payout's
+// account, +amount on payout-clearing; before that, and in any other
+// state, there are none.
+type LedgerDigest struct {
+	Entries  int   `json:"entries"`
+	Groups   int   `json:"groups"`
+	Account  int64 `json:"account"`  // the sum of its entries on the payout's account
+	Clearing int64 `json:"clearing"` // the sum of its entries on payout-clearing
+}
+
+// Posted reports whether l is exactly the posting of amount.
+func (l LedgerDigest) Posted(amount int64) bool {
+	return l.Entries == 2 && l.Groups == 1 && l.Account == -amount && l.Clearing == amount
 }
 
 // Payout is the digest as a payout (the fields a digest leaves out are

@@ -1,0 +1,82 @@
+package reconcile_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/payouts/payouts/reconcile"
+)
+
+// gaugeIn reads an unlabelled gauge of a metrics file.
+func gaugeIn(t *testing.T, path, name string) float64 {
+	t.Helper()
+	fh, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(fh)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	fam := fams[name]
+	if fam == nil || len(fam.GetMetric()) != 1 {
+		t.Fatalf("%s: %s missing", path, name)
+	}
+	return fam.GetMetric()[0].GetGauge().GetValue()
+}
+
+// TestMetricsFileSaysWhatTheExitCodeSays: a --once run that exits 2 leaves
+// payouts_reconcile_up at 0 in --metrics-file, whether it failed before
+// its pass (a refused token: the file used to keep the previous run's 1)
+// or after it (a state file that could not be saved: the file used to be
+// written before, saying 1 with a fresh success time). The last success
+// stays the last run that succeeded.
+func TestMetricsFileSaysWhatTheExitCodeSays(t *testing.T) {
+	e := setup(t)
+	r := e.st.Ready
+	dir := t.TempDir()
+	metrics := filepath.Join(dir, "payouts_reconcile.prom")
+	run := func(token, stateFile string) int {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		code, err := reconcile.Run(ctx, reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: r.RailURL,
+			Token: token, RailToken: r.Tokens.Reconciler, Once: true, MetricsFile: metrics, StateFile: stateFile,
+			Logger: testLogger(t), Options: reconcile.Options{Owner: "metrics-exit"}})
+		t.Logf("exit %d: %v", code, err)
+		return code
+	}
+	if code := run(r.Tokens.Reconciler, filepath.Join(dir, "state.json")); code == reconcile.ExitCannotRun {
+		t.Fatal("the first run could not run")
+	}
+	if up := gaugeIn(t, metrics, "payouts_reconcile_up"); up != 1 {
+		t.Fatalf("up = %v after a run that completed", up)
+	}
+	success := gaugeIn(t, metrics, "payouts_reconcile_last_success_timestamp_seconds")
+
+	if code := run("not-a-token", filepath.Join(dir, "state.json")); code != reconcile.ExitCannotRun {
+		t.Fatalf("a refused token: exit %d, want 2", code)
+	}
+	if up := gaugeIn(t, metrics, "payouts_reconcile_up"); up != 0 {
+		t.Errorf("up = %v after a run refused before its pass (exit 2), want 0", up)
+	}
+
+	// The pass completes; its state cannot be saved (no such directory).
+	if code := run(r.Tokens.Reconciler, filepath.Join(dir, "gone", "state.json")); code != reconcile.ExitCannotRun {
+		t.Fatalf("a state file that cannot be saved: exit %d, want 2", code)
+	}
+	if up := gaugeIn(t, metrics, "payouts_reconcile_up"); up != 0 {
+		t.Errorf("up = %v after a run whose state could not be saved (exit 2), want 0", up)
+	}
+	if got := gaugeIn(t, metrics, "payouts_reconcile_last_success_timestamp_seconds"); got != success {
+		t.Errorf("last success %v after two failed runs, want the first run's %v", got, success)
+	}
+}
