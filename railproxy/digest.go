@@ -12,14 +12,16 @@ import (
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
+const submissionDigestsSQL = `SELECT id, payout_id, account_id, fence_token, holder, coalesce(outcome, ''), coalesce(resolution, ''), created_at
+	FROM rail_submission WHERE (payout_id COLLATE "C", id) > ($1, $2) ORDER BY payout_id COLLATE "C", id LIMIT $3`
+
 // submissionDigests lists up to limit attempts ordered by (payout_id in
 // byte order, id) after the attempt (afterPayout, afterID): an index-only
-// keyset scan of rail_submission_payout_bytes_idx (migration 00002). Byte
+// keyset scan of rail_submission_digest_idx (migration 00004). Byte
 // order, not the database's collation: the reconciler merges this stream
 // with the payment resource's and the rail's, which use it too.
 func (st *store) submissionDigests(ctx context.Context, afterPayout string, afterID int64, limit int) ([]proxyclient.SubmissionDigest, error) {
-	rows, err := st.pool.Query(ctx, `SELECT id, payout_id, account_id, fence_token, holder, coalesce(outcome, ''), coalesce(resolution, '')
-		FROM rail_submission WHERE (payout_id COLLATE "C", id) > ($1, $2) ORDER BY payout_id COLLATE "C", id LIMIT $3`, afterPayout, afterID, limit)
+	rows, err := st.pool.Query(ctx, submissionDigestsSQL, afterPayout, afterID, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -29,7 +31,8 @@ func (st *store) submissionDigests(ctx context.Context, afterPayout string, afte
 			token                  int64
 			holder, outcome, resol string
 		)
-		err := row.Scan(&d.ID, &d.PayoutID, &d.AccountID, &token, &holder, &outcome, &resol)
+		err := row.Scan(&d.ID, &d.PayoutID, &d.AccountID, &token, &holder, &outcome, &resol, &d.CreatedAt)
+		d.CreatedAt = d.CreatedAt.UTC()
 		d.FenceToken, d.Holder = fencing.Token(token), fencing.Holder(holder)
 		d.Outcome, d.Resolution = proxyclient.Outcome(outcome), proxyclient.Resolution(resol)
 		return d, err

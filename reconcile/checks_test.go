@@ -416,7 +416,8 @@ func TestWritesBeyondTheGrantRetentionAreNotChecked(t *testing.T) {
 
 // checkUngrantedWrites plants a submission and a ledger group of a new
 // payout under token (far above anything the lock service issued, so the
-// grant log has no grant of it), made age ago. A pass with skip reports
+// grant log has no grant of it), made age ago (the payout became
+// RAIL_SUBMITTED then too). A pass with skip reports
 // neither and counts them in a note containing note; a pass with report
 // finds both.
 func checkUngrantedWrites(t *testing.T, token int64, age time.Duration, skip, report reconcile.Options, note string) {
@@ -425,8 +426,8 @@ func checkUngrantedWrites(t *testing.T, token int64, age time.Duration, skip, re
 	acc := e.newAccount(t, 10_000)
 	p := e.newPayout(t, acc, 10)
 	e.exec(t, "paydb", true, `UPDATE payout SET submitted_at = now() - $2::interval WHERE id = $1`, p.ID, age)
-	e.exec(t, "proxydb", false, `INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref)
-		VALUES ($1, $2, $3, 'ungranted', $4, $5, 'EUR', 'BEN-x')`, p.ID, acc, token, p.ClientRef, p.Amount)
+	e.exec(t, "proxydb", false, `INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, created_at)
+		VALUES ($1, $2, $3, 'ungranted', $4, $5, 'EUR', 'BEN-x', now() - $6::interval)`, p.ID, acc, token, p.ClientRef, p.Amount, age)
 	group := uniq("ungranted")
 	e.exec(t, "paydb", false, `INSERT INTO ledger_entry (group_id, account_id, amount, counterparty_account_id, payout_id, token, created_at) VALUES
 		($1, $2, -10, 'payout-clearing', $3, $4, now() - $5::interval), ($1, 'payout-clearing', 10, $2, $3, $4, now() - $5::interval)`, group, acc, p.ID, token, age)

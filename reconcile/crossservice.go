@@ -204,8 +204,15 @@ func (r *Reconciler) checkPayout(ctx context.Context, rep *Report, p pc.Payout, 
 // passed the proxy's guard of that account, under its grant, not this one's.
 func (r *Reconciler) checkSubmissionGrant(ctx context.Context, rep *Report, p pc.Payout, s proxyclient.Record, grants *grantIndex) error {
 	key := lockKey(p.AccountID)
-	// Forwarded no earlier than the payout became RAIL_SUBMITTED.
-	if (p.SubmittedAt != nil && grants.beyondRetention(*p.SubmittedAt, "submission")) || grants.lostGrant(s.FenceToken, "submission") {
+	// Its grant ended after the submission was written. A proxy older
+	// than the digests' created_at leaves only a bound from below: the
+	// payout became RAIL_SUBMITTED before (a resubmission by a later
+	// holder comes long after).
+	at := s.CreatedAt
+	if at.IsZero() && p.SubmittedAt != nil {
+		at = *p.SubmittedAt
+	}
+	if (!at.IsZero() && grants.beyondRetention(at, "submission")) || grants.lostGrant(s.FenceToken, "submission") {
 		return nil
 	}
 	ok, other, err := grants.granted(ctx, s.FenceToken, key)

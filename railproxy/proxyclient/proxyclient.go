@@ -167,13 +167,16 @@ type SubmissionDigest struct {
 	Holder     fencing.Holder `json:"holder"`
 	Outcome    Outcome        `json:"outcome"`
 	Resolution Resolution     `json:"resolution"`
+	// CreatedAt is when the attempt was written (zero from a proxy older
+	// than this member).
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // Record is the digest as a record (the fields a digest leaves out are
 // zero).
 func (d SubmissionDigest) Record() Record {
 	return Record{ID: d.ID, PayoutID: d.PayoutID, AccountID: d.AccountID, FenceToken: d.FenceToken, Holder: d.Holder,
-		Outcome: d.Outcome, Resolution: d.Resolution}
+		Outcome: d.Outcome, Resolution: d.Resolution, CreatedAt: d.CreatedAt}
 }
 
 // SubmissionDigestCursor is the cursor of GET /v1/submission-digests
