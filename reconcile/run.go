@@ -243,8 +243,11 @@ func (r *Reconciler) once(ctx context.Context, cfg Config) (int, error) {
 	// Written last, so that it says what the run's exit code says: a
 	// report that could not be printed or a state file that could not be
 	// saved is a failed run there too.
-	if werr := fm.write(rep, err, took, end); werr != nil && code != ExitCannotRun {
-		return ExitCannotRun, cannotRun("write the metrics file", werr)
+	if werr := fm.write(rep, err, took, end); werr != nil {
+		if code != ExitCannotRun {
+			return ExitCannotRun, cannotRun("write the metrics file", werr)
+		}
+		r.log.Error("could not write the metrics file", obs.KeyError, werr.Error())
 	}
 	return code, err
 }

@@ -37,14 +37,16 @@ func (g *Grant) Holder() fencing.Holder { return fencing.Holder(g.SessionID) }
 // released. Run every step of the work under it.
 func (g *Grant) Context() context.Context { return g.ctx }
 
-// Valid reports whether the grant may still be relied on: not released, and
-// the session HEALTHY or JEOPARDY (its deadline not passed). Liveness only:
-// the guards' fence is what makes a late write harmless.
+// Valid reports whether a new step may start under the grant: not
+// released, and the session HEALTHY. In JEOPARDY (a keepalive failed, the
+// deadline not passed) it is false until a keepalive gets through again
+// (D-11: start no new step); once LOST, for good. Liveness only: the
+// guards' fence is what makes a late write harmless.
 func (g *Grant) Valid() bool {
 	if g.ctx.Err() != nil {
 		return false
 	}
-	return g.s.State() != Lost
+	return g.s.State() == Healthy
 }
 
 // TryAcquire acquires key if it is free now (ErrLockHeld otherwise).

@@ -163,7 +163,12 @@ func (s *Session) lose(why error) {
 func (s *Session) keepAlive() {
 	defer s.loop.Done()
 	interval := s.ttl / 3
-	next := time.NewTimer(interval)
+	// Keepalives go every interval from the send of the one before (the
+	// first from the open's), however long each took to be answered: the
+	// deadline counts from the sends too, so a lock service that answers
+	// slowly, but within the interval, never costs the session.
+	sent := s.Deadline().Add(-(s.ttl - s.c.o.margin))
+	next := time.NewTimer(time.Until(sent.Add(interval)))
 	defer next.Stop()
 	lost := time.NewTimer(time.Until(s.Deadline()))
 	defer lost.Stop()
@@ -183,7 +188,7 @@ func (s *Session) keepAlive() {
 			continue
 		case <-next.C:
 		}
-		sent := time.Now()
+		sent = time.Now()
 		dl := s.Deadline()
 		if !sent.Before(dl) {
 			s.lose(fmt.Errorf("%w: local deadline passed without an acknowledged keepalive", ErrSessionLost))
@@ -198,6 +203,10 @@ func (s *Session) keepAlive() {
 		switch {
 		case err == nil:
 			s.mu.Lock()
+			// An answer read after the deadline passed (this goroutine
+			// held up meanwhile: a pause, a stopped process) finds the
+			// session LOST, as State() would have: LOST is terminal.
+			s.checkDeadlineLocked()
 			if s.state != Lost {
 				s.deadline = sent.Add(s.ttl - s.c.o.margin)
 				if s.state == Jeopardy {
@@ -211,7 +220,7 @@ func (s *Session) keepAlive() {
 			if st == Lost {
 				return
 			}
-			next.Reset(interval)
+			next.Reset(max(interval-time.Since(sent), 0))
 		case problem.Has(err, problem.SessionExpired), problem.Has(err, problem.NotSessionOwner):
 			// Gone, or not ours to renew (403): either way it will not be
 			// renewed by us again.
