@@ -72,6 +72,15 @@ func (l *lockService) session(ctx context.Context) (*lockclient.Session, error) 
 	if l.sess != nil && l.sess.State() != lockclient.Lost {
 		return l.sess, nil
 	}
+	if l.sess != nil {
+		// Lost here (its deadline passed unrenewed) is not gone there:
+		// close it, so that its locks are freed now rather than when the
+		// lock service expires it.
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_ = l.sess.Close(cctx)
+		cancel()
+		l.sess = nil
+	}
 	s, err := l.c.Open(ctx, l.owner)
 	if err != nil {
 		return nil, err
