@@ -77,6 +77,10 @@ type Server struct {
 	refs     refIndex             // every client_ref, for the paged report
 	attempts map[string]time.Time // client_ref -> when its newest attempt (accepted or not) ended
 	inflight map[string]int       // client_ref -> attempts still being processed
+	// arriving counts payment requests whose body is still being read:
+	// their client reference is not known yet, so while any is, no
+	// lookup is final.
+	arriving int
 	started  time.Time
 	journal  *journal // nil without Config.StateFile
 	// closed: Serve has returned and closed the state file; a payment
@@ -222,6 +226,20 @@ func validatePayment(p railclient.PaymentRequest) error {
 }
 
 func (s *Server) pay(w http.ResponseWriter, r *http.Request) error {
+	// An attempt counts from its arrival, before its body is read: a
+	// lookup answered final while it is read would say no payment can
+	// appear, and then this one could.
+	s.mu.Lock()
+	s.arriving++
+	s.mu.Unlock()
+	counted := false
+	defer func() {
+		if !counted {
+			s.mu.Lock()
+			s.arriving--
+			s.mu.Unlock()
+		}
+	}()
 	var req railclient.PaymentRequest
 	if err := httpx.DecodeJSON(r, &req); err != nil {
 		return err
@@ -238,6 +256,8 @@ func (s *Server) pay(w http.ResponseWriter, r *http.Request) error {
 	s.mu.Lock()
 	f := s.faults
 	s.inflight[req.ClientRef]++
+	s.arriving--
+	counted = true
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -363,7 +383,7 @@ func (s *Server) find(w http.ResponseWriter, r *http.Request) error {
 	if t, ok := s.attempts[ref]; ok && t.After(since) {
 		since = t
 	}
-	out.Final = s.inflight[ref] == 0 && s.cfg.Now().Sub(since) >= s.cfg.SettlementWindow
+	out.Final = s.arriving == 0 && s.inflight[ref] == 0 && s.cfg.Now().Sub(since) >= s.cfg.SettlementWindow
 	httpx.WriteJSON(w, http.StatusOK, out)
 	return nil
 }

@@ -387,3 +387,72 @@ func TestFindIsNotFinalWhileAnAttemptIsInFlight(t *testing.T) {
 		t.Fatalf("lookup a window after the attempt ended: %+v %v, want final", l, err)
 	}
 }
+
+// A lookup is not final while a payment request is still arriving (its
+// body being read, so its reference not yet known): the payment it makes
+// appears afterwards. Before, the attempt counted only once its body was
+// read, and a lookup in between answered final with no payment, for a
+// reference whose payment then settled.
+func TestFindIsNotFinalWhileAPaymentIsArriving(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Now()}
+	_, url, _ := serveRail(t, Config{SettlementWindow: 10 * time.Minute, Now: clk.Now})
+	ex, err := railclient.New(url, proxyToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t)
+	clk.Advance(11 * time.Minute) // a reference never seen is final by now
+	if l, err := ex.Find(ctx, "ref-arriving"); err != nil || !l.Final {
+		t.Fatalf("unknown reference past the window: %+v %v", l, err)
+	}
+	body, feed := io.Pipe()
+	post, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/payments", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	post.Header.Set("Authorization", "Bearer "+proxyToken)
+	post.Header.Set("Content-Type", "application/json")
+	answered := make(chan *http.Response, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(post)
+		if err != nil {
+			t.Error(err)
+			close(answered)
+			return
+		}
+		answered <- resp
+	}()
+	if _, err := io.WriteString(feed, `{"client_ref":"ref-arriving",`); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		l, err := ex.Find(ctx, "ref-arriving")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !l.Final {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("lookups stayed final for 30 s while a payment request was arriving")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := io.WriteString(feed, `"amount":500,"currency":"EUR","beneficiary_ref":"ben-1"}`); err != nil {
+		t.Fatal(err)
+	}
+	feed.Close()
+	resp, ok := <-answered
+	if !ok {
+		t.Fatal("the payment request failed")
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("payment: %d", resp.StatusCode)
+	}
+	if l, err := ex.Find(ctx, "ref-arriving"); err != nil || l.Final || len(l.Items) != 1 {
+		t.Fatalf("lookup right after the payment: %+v %v, want its payment, not final", l, err)
+	}
+}
