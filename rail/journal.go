@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"syscall"
 
 	"github.com/payouts/payouts/rail/railclient"
 )
@@ -35,6 +36,13 @@ func openJournal(path string, log *slog.Logger) (*journal, []railclient.Payment,
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, nil, fmt.Errorf("state file: %w", err)
+	}
+	// One writer: a second stub on the same file (or a restart while the
+	// old process still finishes its requests) would write over its lines.
+	// The lock goes with the process.
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("state file %s is in use by another rail stub process (%w): each stub needs a file of its own", path, err)
 	}
 	data, err := io.ReadAll(f)
 	if err != nil {

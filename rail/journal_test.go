@@ -213,3 +213,26 @@ func TestPaymentAfterTheStateFileClosedIsNotMade(t *testing.T) {
 		t.Fatalf("state file holds %d payments, want the 1 made before it closed", len(got))
 	}
 }
+
+// A state file is written by one stub at a time: a second stub started on
+// the file of a running one refuses to start, naming the file, where
+// before both appended at their own offsets and wrote over each other's
+// payments (the next start then refused the damaged file). Once the first
+// has stopped, the file is free again.
+func TestStateFileHasOneWriter(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "payments.jsonl")
+	c, _, stop := stateRail(t, path)
+	if _, err := c.Pay(ctxFor(t), req("ref-one-writer")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(Config{Addr: "127.0.0.1:0", Logger: obs.NewLogger(io.Discard, slog.LevelInfo, "rail"), StateFile: path})
+	if err == nil || !strings.Contains(err.Error(), "in use by another rail stub") {
+		t.Fatalf("a second stub on a running stub's state file: %v, want a refusal naming it", err)
+	}
+	stop()
+	c2, _, _ := stateRail(t, path)
+	if got, err := c2.SettlementReport(ctxFor(t)); err != nil || len(got) != 1 {
+		t.Fatalf("the file after the first stub stopped: %+v %v, want its one payment", got, err)
+	}
+}
