@@ -151,28 +151,42 @@ const fullSweepEvery = 20
 // everything still drifting, plus a full sweep every fullSweepEvery runs.
 // Drift is exported as gauges and logged at ERROR, once per account or group
 // per run, until it is gone.
+//
+// A run that fails leaves the window where it was: the next run covers what
+// changed since the last run that succeeded, and after a failed full sweep
+// it is an incremental run, so that a ledger whose full sweep no longer
+// fits its budget is still checked where it changes (the sweep is tried
+// again fullSweepEvery runs later, and each failure counted and logged).
 func (s *Service) RunLedgerCheck(ctx context.Context) error {
 	var (
-		since     time.Time // zero: full sweep first
+		since     time.Time // the window of the next incremental run
 		drifting  []string
 		unbalance []string
 	)
+	check := s.CheckLedger
+	if s.checkLedger != nil {
+		check = s.checkLedger
+	}
 	t := time.NewTicker(s.interval)
 	defer t.Stop()
 	for run := 0; ; run++ {
 		start := time.Now()
+		if since.IsZero() {
+			since = start.Add(-2*s.interval - time.Minute)
+		}
+		from := since
 		if run%fullSweepEvery == 0 {
-			since = time.Time{}
+			from = time.Time{} // a full sweep, the first run among them
 		}
 		cctx, cancel := context.WithTimeout(ctx, max(s.interval, 30*time.Second))
-		rep, err := s.CheckLedger(cctx, since, drifting, unbalance)
+		rep, err := check(cctx, from, drifting, unbalance)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
 			s.m.driftChecks.WithLabelValues("error").Inc()
-			s.log.Warn("ledger check failed", obs.KeyError, err.Error())
+			s.log.Warn("ledger check failed; the next run checks from the last run that succeeded", obs.KeyError, err.Error(), "full_sweep", from.IsZero())
 		default:
 			s.reportLedger(rep)
 			drifting, unbalance = drifting[:0], unbalance[:0]

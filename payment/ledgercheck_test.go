@@ -2,9 +2,11 @@ package payment
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -196,5 +198,50 @@ func TestLedgerCheckIsNotJITCompiled(t *testing.T) {
 	}
 	if p := e.explainLedger(t, "(ANALYZE)", accounts, compileAll...); strings.Contains(p, "JIT:") {
 		t.Fatalf("the ledger check's statement was JIT-compiled in its transaction:\n%s", p)
+	}
+}
+
+// TestLedgerCheckGoesOnWhenFullSweepsFail: every full sweep fails (here
+// refused; on a large ledger, one over its time budget), and the check
+// still finds drift where the ledger changes: after a failed sweep the
+// next run is an incremental one from the last run that succeeded, and
+// each failure is counted. Before, a failed full sweep left its window at
+// the start of time, so every later run was a full sweep, each failing:
+// the continuous check had stopped and its gauges said 0.
+func TestLedgerCheckGoesOnWhenFullSweepsFail(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.svc.interval = 10 * time.Millisecond
+	e.account(t, "acc-1", 1_000)
+	var sweeps atomic.Int32
+	e.svc.checkLedger = func(ctx context.Context, since time.Time, accounts, groups []string) (LedgerReport, error) {
+		if since.IsZero() {
+			sweeps.Add(1)
+			return LedgerReport{}, errors.New("the full sweep ran out of its time budget")
+		}
+		return e.svc.CheckLedger(ctx, since, accounts, groups)
+	}
+	ctx, cancel := context.WithCancel(tctx(t))
+	done := make(chan error, 1)
+	go func() { done <- e.svc.RunLedgerCheck(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	if _, err := e.svc.pool.Exec(tctx(t), `UPDATE account SET balance = balance + 7, updated_at = now() WHERE id = 'acc-1'`); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for counterValue(e.svc.m.driftAccounts) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a drift on a changed account went unreported for a minute while full sweeps failed (%d sweeps, %v errors)",
+				sweeps.Load(), counterValue(e.svc.m.driftChecks.WithLabelValues("error")))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := counterValue(e.svc.m.driftChecks.WithLabelValues("error")); n < 1 || float64(sweeps.Load()) < n {
+		t.Fatalf("%v check errors counted for %d failed sweeps", n, sweeps.Load())
 	}
 }

@@ -86,6 +86,9 @@ type Service struct {
 	// afterRefusal, when set (tests only), runs after a refused mutation's
 	// transaction has ended and before its evidence is recorded.
 	afterRefusal atomic.Pointer[func()]
+	// checkLedger, when set (tests only), stands in for CheckLedger in
+	// RunLedgerCheck.
+	checkLedger func(ctx context.Context, since time.Time, extraAccounts, extraGroups []string) (LedgerReport, error)
 
 	// states serves payouts_payment_payouts and its companions
 	// (collector_states.go).
