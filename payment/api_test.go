@@ -62,6 +62,10 @@ func TestPayoutLifecycleAndReads(t *testing.T) {
 	}
 	_, err := e.oper.CreatePayout(bg, pc.CreatePayoutRequest{ID: "po-1", AccountID: "acc-1", Amount: 401, Currency: "EUR", BeneficiaryRef: "ben-po-1"})
 	wantCode(t, err, problem.Conflict)
+	// A different body under the id is a conflict, also when its account
+	// does not exist.
+	_, err = e.oper.CreatePayout(bg, pc.CreatePayoutRequest{ID: "po-1", AccountID: "acc-none", Amount: 400, Currency: "EUR", BeneficiaryRef: "ben-po-1"})
+	wantCode(t, err, problem.Conflict)
 
 	if w, err := e.exec.Work(bg, 10); err != nil || len(w) != 1 || w[0].AccountID != "acc-1" || w[0].Payouts != 1 {
 		t.Fatalf("work %+v %v", w, err)

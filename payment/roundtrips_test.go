@@ -96,14 +96,15 @@ func TestCreatePayoutAnswersInOneRoundTrip(t *testing.T) {
 	if pe := wantCode(t, err, problem.InvalidRequest); !pe.Extension("field", new(string)) || !strings.Contains(pe.Message, "account_id") {
 		t.Fatalf("unknown account: %+v", pe)
 	}
-	// The account is checked first, as for a new payout: an existing id
-	// under an unknown account is that account's error, not a conflict.
+	// An existing id under an unknown account is a different body under
+	// the id: a conflict showing the payout (contract §4), not the
+	// account's error.
 	unknown.ID = "po-1"
 	_, _, err = e.svc.CreatePayout(ctx, unknown, "operator:alice")
-	var field string
-	if pe := wantCode(t, err, problem.InvalidRequest); !pe.Extension("field", &field) || field != "account_id" {
-		t.Fatalf("existing id, unknown account: %+v", pe)
+	if pe := wantCode(t, err, problem.Conflict); !pe.Extension("payout", &shown) || shown.ID != "po-1" {
+		t.Fatalf("existing id, unknown account: %+v, want the existing payout", pe)
 	}
+	var field string
 
 	wrong := req
 	wrong.ID, wrong.Currency = "po-3", "USD"
@@ -128,7 +129,8 @@ func TestCreatePayoutAnswersInOneRoundTrip(t *testing.T) {
 		{"created", body, http.StatusCreated, "", ""},
 		{"replay", body, http.StatusOK, "", ""},
 		{"conflict", strings.Replace(body, `"amount":100`, `"amount":101`, 1), http.StatusConflict, string(problem.Conflict), ""},
-		{"unknown account", strings.Replace(body, "acc-1", "acc-9", 1), http.StatusBadRequest, string(problem.InvalidRequest), "account_id"},
+		{"existing id, unknown account", strings.Replace(body, "acc-1", "acc-9", 1), http.StatusConflict, string(problem.Conflict), ""},
+		{"unknown account", strings.Replace(strings.Replace(body, "acc-1", "acc-9", 1), "po-4", "po-5", 1), http.StatusBadRequest, string(problem.InvalidRequest), "account_id"},
 	} {
 		if status, code, field := postPayout(t, e, tc.body); status != tc.status || code != tc.wantCode || field != tc.wantField {
 			t.Errorf("%s: %d %q %q, want %d %q %q", tc.name, status, code, field, tc.status, tc.wantCode, tc.wantField)

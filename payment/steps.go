@@ -64,6 +64,9 @@ func (s *Service) ApplySteps(ctx context.Context, b Steps) ([]pc.StepResult, err
 	if err := checkWhileCovered(b.Cmd.Op, b.WhileCovered); err != nil {
 		return nil, err
 	}
+	if err := checkItems(b.Cmd.Op, b.Items); err != nil {
+		return nil, err
+	}
 	res, rejs, fenced, err := s.stepsTx(ctx, b)
 	if err != nil {
 		// The items refused before the error were never to be written:
@@ -219,29 +222,40 @@ func decodeSteps(r *http.Request, account string) (Steps, error) {
 	if err := wire.ValidFence(req.Token, req.Holder); err != nil {
 		return Steps{}, err
 	}
-	if len(req.Items) == 0 || len(req.Items) > pc.MaxStepItems {
-		return Steps{}, badField("items", "between 1 and %d payouts, got %d", pc.MaxStepItems, len(req.Items))
+	if err := checkItems(op, req.Items); err != nil {
+		return Steps{}, err
 	}
-	seen := make(map[string]bool, len(req.Items))
-	for i, it := range req.Items {
+	return Steps{Account: account, Cmd: Command{Op: op, Token: req.Token, Holder: req.Holder}, Then: then,
+		WhileCovered: req.WhileCovered, Items: req.Items}, nil
+}
+
+// checkItems holds a batch's items to what ApplySteps can decide: 1 to
+// pc.MaxStepItems payouts, each once (two items of one payout would both
+// be decided against the row as it stood: a payout posted twice), with
+// outcome members for op outcome only.
+func checkItems(op Op, items []pc.StepItem) error {
+	if len(items) == 0 || len(items) > pc.MaxStepItems {
+		return badField("items", "between 1 and %d payouts, got %d", pc.MaxStepItems, len(items))
+	}
+	seen := make(map[string]bool, len(items))
+	for i, it := range items {
 		prefix := fmt.Sprintf("items[%d].", i)
 		if err := wire.ValidID(prefix+"payout_id", it.PayoutID); err != nil {
-			return Steps{}, err
+			return err
 		}
 		if seen[it.PayoutID] {
-			return Steps{}, badField(prefix+"payout_id", "payout %q is listed twice", it.PayoutID)
+			return badField(prefix+"payout_id", "payout %q is listed twice", it.PayoutID)
 		}
 		seen[it.PayoutID] = true
 		if op == OpOutcome {
 			if err := validOutcome(prefix, it.Outcome, it.RailRef, it.ErrorCode); err != nil {
-				return Steps{}, err
+				return err
 			}
 		} else if it.Outcome != "" || it.RailRef != "" || it.ErrorCode != "" {
-			return Steps{}, badField(prefix+"outcome", "outcome, rail_ref and error_code belong to op outcome only")
+			return badField(prefix+"outcome", "outcome, rail_ref and error_code belong to op outcome only")
 		}
 	}
-	return Steps{Account: account, Cmd: Command{Op: op, Token: req.Token, Holder: req.Holder}, Then: then,
-		WhileCovered: req.WhileCovered, Items: req.Items}, nil
+	return nil
 }
 
 func (s *Service) handleSteps(w http.ResponseWriter, r *http.Request) error {

@@ -425,3 +425,26 @@ func (e *testBundle) rawPost(t *testing.T, path, bearer, body string) (int, stri
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// ApplySteps itself refuses a batch that lists a payout twice, not only
+// the HTTP decoder: both items would be decided against the row as it
+// stood, and a RAIL_ACKED payout listed twice in a post was posted twice
+// (its account debited twice, four ledger entries, each group balanced).
+func TestApplyStepsRefusesAPayoutListedTwice(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	e.payout(t, "po-1", "acc-1", 100)
+	e.drive(t, "po-1", pc.RailAcked, 1, "h")
+	before := e.counts(t)
+	_, err := e.svc.ApplySteps(bg, Steps{Account: "acc-1", Cmd: Command{Op: OpPost, Token: 1, Holder: "h"}, Items: items("po-1", "po-1")})
+	if !problem.Has(err, problem.InvalidRequest) {
+		t.Fatalf("a post listing po-1 twice: %v, want invalid_request", err)
+	}
+	if after := e.counts(t); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("rows changed: %v -> %v", before, after)
+	}
+	if a, _ := e.exec.Account(bg, "acc-1"); a.Balance != 1_000 {
+		t.Fatalf("balance %d after a refused post, want 1000", a.Balance)
+	}
+}

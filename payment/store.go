@@ -593,9 +593,9 @@ func (r prefixedRow) Scan(dest ...any) error { return r.row.Scan(append(r.dest, 
 
 // CreatePayout creates a PENDING payout with its creation event. Idempotent
 // on id: the same body returns the payout as it stands, a different one is
-// a conflict. created reports whether this call created it. The account
-// must exist and hold the payout's currency (checked first, as for a new
-// payout).
+// a conflict, whatever else is wrong with it (contract §4). created reports
+// whether this call created it. A new payout's account must exist and hold
+// its currency.
 func (s *Service) CreatePayout(ctx context.Context, req pc.CreatePayoutRequest, actor string) (p pc.Payout, created bool, err error) {
 	a, err := s.creates.Do(ctx, createRequest{req: req, actor: actor})
 	if err == nil {
@@ -606,6 +606,8 @@ func (s *Service) CreatePayout(ctx context.Context, req pc.CreatePayoutRequest, 
 	switch {
 	case err != nil:
 		return pc.Payout{}, false, err
+	case outcome == "exists":
+		return replay(req, p)
 	case cur == nil:
 		return pc.Payout{}, false, problem.New(problem.InvalidRequest, "account_id: no account %q", req.AccountID).With("field", "account_id")
 	case *cur != req.Currency:
@@ -620,6 +622,12 @@ func (s *Service) CreatePayout(ctx context.Context, req pc.CreatePayoutRequest, 
 			return pc.Payout{}, false, err
 		}
 	}
+	return replay(req, p)
+}
+
+// replay answers a create of payout p's id again: p itself for the same
+// body, a conflict for any other.
+func replay(req pc.CreatePayoutRequest, p pc.Payout) (pc.Payout, bool, error) {
 	if p.AccountID != req.AccountID || p.Amount != req.Amount || p.Currency != req.Currency || p.BeneficiaryRef != req.BeneficiaryRef {
 		return pc.Payout{}, false, problem.New(problem.Conflict, "payout %q already exists with a different body", req.ID).With("payout", p)
 	}
