@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/payouts/payouts/dev/faultproxy"
@@ -47,8 +48,31 @@ func chaosKinds(backend string) []string {
 // partition is a link in a fault mode until healAt.
 type partition struct {
 	link   *faultproxy.Link
+	mode   faultproxy.Mode
 	healAt time.Time
-	fault  int // index in the timeline
+	fault  int              // index in the timeline
+	before faultproxy.Stats // the link's counts when it was cut
+}
+
+// waitStopped waits, ten seconds at most, until process pid is stopped
+// (state T): a freeze that did not happen would prove nothing.
+func waitStopped(t *testing.T, pid int, name string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatalf("read the state of %s: %v", name, err)
+		}
+		// pid (comm) state ...: the state follows the last ')'.
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && strings.HasPrefix(strings.TrimSpace(string(stat[i+1:])), "T") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s (pid %d) was sent SIGSTOP but is not stopped: %s", name, pid, stat)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // chaos injects cfg.faults faults, spread over cfg.duration with seeded
@@ -136,6 +160,7 @@ func (c *chaosRun) do(kind string) bool {
 		if err := e.p.Pause(); err != nil {
 			t.Fatalf("pause %s: %v", e.p.Name, err)
 		}
+		waitStopped(t, e.p.Pid(), e.p.Name)
 		e.paused, e.resumeAt = true, time.Now().Add(hold)
 	case strings.HasPrefix(kind, "lock_"), strings.HasPrefix(kind, "payment_"), strings.HasPrefix(kind, "proxy_"):
 		role, sig, _ := strings.Cut(kind, "_")
@@ -231,10 +256,11 @@ func (c *chaosRun) partition(kind string) bool {
 		detail = fmt.Sprintf("%s %s for %s", mode, delay, hold)
 	}
 	i := c.record(kind, link.Name, detail)
+	before := link.Stats()
 	if err := link.Set(mode, delay); err != nil {
 		c.t.Fatal(err)
 	}
-	c.partitions[link] = partition{link: link, healAt: time.Now().Add(hold), fault: i}
+	c.partitions[link] = partition{link: link, mode: mode, healAt: time.Now().Add(hold), fault: i, before: before}
 	c.counts[kind]++
 	return true
 }
@@ -246,6 +272,10 @@ func (c *chaosRun) heal(l *faultproxy.Link) {
 	}
 	if err := l.Set(faultproxy.Pass, 0); err != nil {
 		c.t.Fatal(err)
+	}
+	if p.mode != faultproxy.Delay {
+		after := l.Stats()
+		c.cut += after.Reset - p.before.Reset + after.Swallow - p.before.Swallow
 	}
 	c.ended(p.fault)
 	delete(c.partitions, l)

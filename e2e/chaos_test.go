@@ -15,6 +15,7 @@ import (
 	"github.com/payouts/payouts/dev/faultproxy"
 	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/dev/lockhistory"
+	"github.com/payouts/payouts/dev/proctest"
 	"github.com/payouts/payouts/dev/stack"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
@@ -219,6 +220,7 @@ type chaosRun struct {
 	chaosStart       time.Time
 	timeline         []chaosFault
 	counts           map[string]int
+	cut              int // connections reset and bytes swallowed by the partitions (not delays)
 	opening          map[string]int64
 	outDir, outBase  string
 }
@@ -307,9 +309,10 @@ func runChaos(t *testing.T, cfg chaosConfig, backend string) chaosSummary {
 	}
 	t.Logf("after the drain (%s): %v", (time.Since(c.chaosStart) - chaosEnd).Round(time.Second), countStates(all))
 
-	all = c.resolveAmbiguous()
+	all, resolved := c.resolveAmbiguous()
 	c.finalReconcile()
 	c.checkLockHistory()
+	c.checkFaultsTookEffect(resolved)
 	sum := c.summarise(all)
 	t.Logf("%s backend: %s", backend, sum.line())
 	if !sum.clean() {
@@ -412,7 +415,7 @@ func (c *chaosRun) createPayout(i int) error {
 // resolveAmbiguous runs the reconciler until nothing is ambiguous: it
 // resolves the ambiguous payouts from rail evidence once the settlement
 // window has passed, and the executors post the ones the rail settled.
-func (c *chaosRun) resolveAmbiguous() []pc.Payout {
+func (c *chaosRun) resolveAmbiguous() ([]pc.Payout, map[string]int) {
 	t, s := c.t, c.s
 	var lastLog string
 	resolved := map[string]int{}
@@ -430,7 +433,7 @@ func (c *chaosRun) resolveAmbiguous() []pc.Payout {
 		n := countStates(all)
 		if n[pc.RailAmbiguous] == 0 && n[pc.Pending]+n[pc.Claimed]+n[pc.RailSubmitted]+n[pc.RailAcked] == 0 {
 			t.Logf("reconciler resolutions: %v", resolved)
-			return all
+			return all, resolved
 		}
 		if time.Now().After(deadline) {
 			var stuck []string
@@ -441,10 +444,39 @@ func (c *chaosRun) resolveAmbiguous() []pc.Payout {
 			}
 			t.Errorf("payouts still not terminal after reconciling: %v (first 50: %v)\nlast pass (exit %d): unresolved %s\n%s",
 				n, stuck, code, unresolvedReasons(s, t), tailLines(lastLog, 40))
-			return all
+			return all, resolved
 		}
 		time.Sleep(500 * time.Millisecond) // pacing between passes; the loop polls state, it does not wait on time
 	}
+}
+
+// checkFaultsTookEffect: a run whose faults did nothing would pass and
+// prove nothing. The rail injected faults (its own count), some payouts
+// went ambiguous and the reconciler resolved them from rail evidence, the
+// partitions that cut links reset connections or swallowed bytes, and
+// every kind of fault was injected (freezes are checked as they happen:
+// waitStopped).
+func (c *chaosRun) checkFaultsTookEffect(resolved map[string]int) {
+	t := c.t
+	railFaults := 0.0
+	for _, mode := range []string{"timeout_after_accept", "error_before_accept", "error_after_accept", "drop_before_accept"} {
+		railFaults += proctest.Metric(t, c.s.st.Ready.RailURL+"/metrics", `payouts_rail_faults_injected_total{mode="`+mode+`"}`)
+	}
+	if railFaults == 0 {
+		t.Error("the rail injected no fault during the chaos")
+	}
+	if resolved[string(pc.ResolutionSettled)]+resolved[string(pc.ResolutionAbsent)] == 0 {
+		t.Errorf("the reconciler resolved no ambiguous payout (resolutions %v): the rail's timeouts made none ambiguous", resolved)
+	}
+	if c.cut == 0 {
+		t.Error("the partitions reset no connection and swallowed no byte")
+	}
+	for _, kind := range chaosKinds(c.backend) {
+		if c.cfg.faults >= len(chaosKinds(c.backend)) && c.counts[kind] == 0 {
+			t.Errorf("fault %s was never injected (injected: %v)", kind, c.counts)
+		}
+	}
+	t.Logf("faults took effect: rail %v, resolutions %v, partitions cut %d", railFaults, resolved, c.cut)
 }
 
 // finalReconcile: nothing but the safety nets' own records.
