@@ -21,6 +21,7 @@ import (
 	"github.com/payouts/payouts/lock/fencing"
 	pc "github.com/payouts/payouts/payment/paymentclient"
 	"github.com/payouts/payouts/rail/railclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
 // The chaos run of DESIGN §5, on each lock backend in turn: executors
@@ -452,7 +453,8 @@ func (c *chaosRun) resolveAmbiguous() ([]pc.Payout, map[string]int) {
 
 // checkFaultsTookEffect: a run whose faults did nothing would pass and
 // prove nothing. The rail injected faults (its own count), some payouts
-// went ambiguous and the reconciler resolved them from rail evidence, the
+// went ambiguous and the reconciler resolved them from rail evidence
+// (the proxy's records: during the run or after the drain), the
 // partitions that cut links reset connections or swallowed bytes, and
 // every kind of fault was injected (freezes are checked as they happen:
 // waitStopped).
@@ -465,8 +467,27 @@ func (c *chaosRun) checkFaultsTookEffect(resolved map[string]int) {
 	if railFaults == 0 {
 		t.Error("the rail injected no fault during the chaos")
 	}
-	if resolved[string(pc.ResolutionSettled)]+resolved[string(pc.ResolutionAbsent)] == 0 {
-		t.Errorf("the reconciler resolved no ambiguous payout (resolutions %v): the rail's timeouts made none ambiguous", resolved)
+	// Resolutions by the reconciler running alongside and by the passes
+	// after the drain alike, as the proxy recorded them.
+	resolutions := map[proxyclient.Resolution]int{}
+	after := ""
+	for {
+		page, err := c.s.proxy.List(ctxT(t, 30*time.Second), after, 1000)
+		if err != nil {
+			t.Fatalf("list the proxy's submissions: %v", err)
+		}
+		for _, r := range page.Items {
+			if r.Resolution != proxyclient.ResolutionNone {
+				resolutions[r.Resolution]++
+			}
+		}
+		if page.Next == "" || len(page.Items) == 0 {
+			break
+		}
+		after = page.Next
+	}
+	if len(resolutions) == 0 {
+		t.Errorf("no ambiguous submission was resolved (by the passes after the drain: %v): the rail's timeouts made none ambiguous", resolved)
 	}
 	if c.cut == 0 {
 		t.Error("the partitions reset no connection and swallowed no byte")
@@ -476,7 +497,7 @@ func (c *chaosRun) checkFaultsTookEffect(resolved map[string]int) {
 			t.Errorf("fault %s was never injected (injected: %v)", kind, c.counts)
 		}
 	}
-	t.Logf("faults took effect: rail %v, resolutions %v, partitions cut %d", railFaults, resolved, c.cut)
+	t.Logf("faults took effect: rail %v, resolutions %v, partitions cut %d", railFaults, resolutions, c.cut)
 }
 
 // finalReconcile: nothing but the safety nets' own records.

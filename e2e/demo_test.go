@@ -74,6 +74,12 @@ func checkDemo(t *testing.T, dir, stdout string, code int) {
 			t.Errorf("the demo's output lacks %q\n%s", want, stdout)
 		}
 	}
+	// The money, three ways: settled at the rail, POSTED, and paid out by
+	// the ledger's own entries; equal, and something was paid.
+	money := regexp.MustCompile(`money settled at the rail for POSTED payouts: (\d+); POSTED: (\d+); paid out in the ledger: (\d+)`).FindStringSubmatch(stdout)
+	if money == nil || money[1] != money[2] || money[2] != money[3] || money[1] == "0" {
+		t.Errorf("the demo's money line %q: want three equal amounts above 0\n%s", money, stdout)
+	}
 	// The reconciler's exit code is reported; with the fences on record it
 	// is 1 (findings), and nothing but that evidence was found.
 	m := regexp.MustCompile(`reconciler exit code: (\d)(.*)`).FindStringSubmatch(stdout)

@@ -127,6 +127,28 @@ func (s *system) staleProbe(t *testing.T, key string, p pc.Payout) (fencing.Toke
 	return g.Token, claimErr, submitErr
 }
 
+// requireFencedAtBothGuards fails t unless the probe under token tok was
+// fenced out at the payment resource (claimErr) and at the proxy
+// (submitErr), the proxy recording one fenced_out event for it.
+func (s *system) requireFencedAtBothGuards(t *testing.T, tok fencing.Token, claimErr, submitErr error) {
+	t.Helper()
+	if !problem.Has(claimErr, problem.FencedOut) {
+		t.Fatalf("claim under re-issued token %d: %v, want fenced_out at the payment resource", tok, claimErr)
+	}
+	if !problem.Has(submitErr, problem.FencedOut) {
+		t.Fatalf("submission under re-issued token %d: %v, want fenced_out at the proxy", tok, submitErr)
+	}
+	proxyFenced := 0
+	for _, e := range s.proxySafetyEvents(t) {
+		if e.Kind == proxyclient.KindFencedOut && e.PresentedToken == tok {
+			proxyFenced++
+		}
+	}
+	if proxyFenced != 1 {
+		t.Fatalf("%d proxy fenced_out events for token %d, want 1", proxyFenced, tok)
+	}
+}
+
 // TestRestoreEtcdFromSnapshot is D-13 for the etcd lock backend (INV-04).
 // A snapshot taken earlier is restored twice:
 //
@@ -223,12 +245,7 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 	if tok > issuedHigh {
 		t.Fatalf("the restored lock service granted %d, above the %d issued before the restore: it did not go back", tok, issuedHigh)
 	}
-	if !problem.Has(claimErr, problem.FencedOut) {
-		t.Fatalf("claim under re-issued token %d: %v, want fenced_out at the payment resource", tok, claimErr)
-	}
-	if !problem.Has(submitErr, problem.FencedOut) {
-		t.Fatalf("submission under re-issued token %d: %v, want fenced_out at the proxy", tok, submitErr)
-	}
+	s.requireFencedAtBothGuards(t, tok, claimErr, submitErr)
 	// The executor's own grants are fenced out too.
 	waitUntil(t, 2*time.Minute, "the payment guard to fence out the executor's re-issued tokens", func() (bool, error) {
 		n := 0
@@ -243,15 +260,6 @@ func TestRestoreEtcdFromSnapshot(t *testing.T) {
 		}
 		return true, nil
 	})
-	proxyFenced := 0
-	for _, e := range s.proxySafetyEvents(t) {
-		if e.Kind == proxyclient.KindFencedOut && e.PresentedToken == tok {
-			proxyFenced++
-		}
-	}
-	if proxyFenced != 1 {
-		t.Fatalf("%d proxy fenced_out events for token %d, want 1", proxyFenced, tok)
-	}
 	for i := 0; i < 2; i++ {
 		if p := s.payout(t, fmt.Sprintf("re-restored-%d", i)); p.State != pc.Pending {
 			t.Fatalf("payout %s is %s under a rewound lock service; want PENDING (fenced out)", p.ID, p.State)

@@ -15,11 +15,9 @@ import (
 	"github.com/payouts/payouts/dev/infra"
 	"github.com/payouts/payouts/dev/proctest"
 	"github.com/payouts/payouts/dev/stack"
-	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/fencing"
 	"github.com/payouts/payouts/migrations"
 	pc "github.com/payouts/payouts/payment/paymentclient"
-	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
 // startPGLock starts a lock service on the PostgreSQL backend at the
@@ -253,21 +251,7 @@ func TestRestoreLockDBFromBaseBackup(t *testing.T) {
 	if tok >= highest {
 		t.Fatalf("the restored lock service granted %d, not below the guards' highest fence %d", tok, highest)
 	}
-	if !problem.Has(claimErr, problem.FencedOut) {
-		t.Fatalf("claim under re-issued token %d: %v, want fenced_out at the payment resource", tok, claimErr)
-	}
-	if !problem.Has(submitErr, problem.FencedOut) {
-		t.Fatalf("submission under re-issued token %d: %v, want fenced_out at the proxy", tok, submitErr)
-	}
-	proxyFenced := 0
-	for _, e := range s.proxySafetyEvents(t) {
-		if e.Kind == proxyclient.KindFencedOut && e.PresentedToken == tok {
-			proxyFenced++
-		}
-	}
-	if proxyFenced != 1 {
-		t.Fatalf("%d proxy fenced_out events for token %d, want 1", proxyFenced, tok)
-	}
+	s.requireFencedAtBothGuards(t, tok, claimErr, submitErr)
 	for i := 0; i < 2; i++ {
 		if p := s.payout(t, fmt.Sprintf("rs-restored-%d", i)); p.State != pc.Pending {
 			t.Fatalf("payout %s is %s under a rewound lock service; want PENDING (fenced out)", p.ID, p.State)

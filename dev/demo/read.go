@@ -96,3 +96,27 @@ func (dm *demo) liveGrants(ctx context.Context, owner string) ([]lockclient.Gran
 	}
 	return out, nil
 }
+
+// paidOut is the money the ledger says left for payouts: the sum of the
+// payout entries on payout-clearing (each posting credits it with the
+// payout's amount), read from the whole ledger.
+func (dm *demo) paidOut(ctx context.Context) (int64, error) {
+	cctx, cancel := callCtx(ctx)
+	defer cancel()
+	var sum, after int64
+	for {
+		page, err := dm.pay.Ledger(cctx, after, 1000)
+		if err != nil {
+			return 0, fmt.Errorf("read the ledger: %w", err)
+		}
+		for _, e := range page.Items {
+			if e.PayoutID != "" && e.AccountID == pc.ClearingAccount {
+				sum += e.Amount
+			}
+			after = e.ID
+		}
+		if page.Next == "" || len(page.Items) == 0 {
+			return sum, nil
+		}
+	}
+}

@@ -80,6 +80,11 @@ func (dm *demo) summary(ctx context.Context) error {
 	}
 	sort.Strings(dupRefs)
 
+	// What left by the ledger's own entries, not by the payouts' states.
+	ledgerPaid, err := dm.paidOut(ctx)
+	if err != nil {
+		return err
+	}
 	accounts, err := dm.accounts(ctx)
 	if err != nil {
 		return err
@@ -94,7 +99,7 @@ func (dm *demo) summary(ctx context.Context) error {
 	dm.d.Printf("  fenced-out events per guard:     payment %d, proxy %d%s", s.FencedOut["payment"], s.FencedOut["proxy"], freezeNote(s))
 	dm.d.Printf("  ambiguous resolved:              %d of %d (settled %d, absent %d)", s.AmbiguousResolved, s.AmbiguousSeen, s.Resolutions["SETTLED"], s.Resolutions["ABSENT"])
 	dm.d.Printf("  duplicate payments at the rail: %d", s.RailDuplicates)
-	dm.d.Printf("  money settled at the rail for POSTED payouts: %d; posted in the ledger: %d", settledPosted, posted)
+	dm.d.Printf("  money settled at the rail for POSTED payouts: %d; POSTED: %d; paid out in the ledger: %d", settledPosted, posted, ledgerPaid)
 	dm.d.Printf("  ledger balanced: %s (sum of %d account balances = %d; reconciler INV-03 findings: %d)", yesNo(balanced), len(accounts), s.BalanceSum, len(s.LedgerFindings))
 	dm.d.Printf("  reconciler exit code: %d%s", code, findingsNote(s.ReconcileFindings))
 
@@ -107,8 +112,9 @@ func (dm *demo) summary(ctx context.Context) error {
 	for _, f := range s.LedgerFindings {
 		dm.fail("the reconciler found a ledger problem (INV-03): %s", f)
 	}
-	if settledPosted != posted {
-		dm.fail("money settled at the rail for POSTED payouts (%d) differs from money posted (%d)", settledPosted, posted)
+	if settledPosted != posted || ledgerPaid != posted {
+		dm.fail("money settled at the rail for POSTED payouts (%d), the POSTED payouts' amounts (%d) and the money the ledger paid out (%d) differ",
+			settledPosted, posted, ledgerPaid)
 	}
 	if s.FencedOut["payment"]+s.FencedOut["proxy"] == 0 {
 		dm.fail("no fence fired: the stale holder was never shown refused")

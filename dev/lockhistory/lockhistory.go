@@ -131,8 +131,10 @@ type Clock struct {
 	Exact bool
 	// Slack widens each acquire to [granted_at, granted_at+Slack] when the
 	// times are the service's clock around the store's transaction (etcd
-	// backend); an end is then known only to lie between its grant and
-	// ended_at+Slack (an expiry is recorded when the service sees it).
+	// backend), and a release or revocation, which the service records as
+	// it makes it, to ended_at±Slack; an expiry is recorded when the
+	// service sees it, so it is known only to lie between its grant and
+	// ended_at+Slack.
 	Slack time.Duration
 }
 
@@ -169,8 +171,12 @@ func FromGrants(recs []lockclient.GrantRecord, clock Clock) []porcupine.Operatio
 		}
 		e := at(*r.EndedAt)
 		call, ret := e, e
-		if !clock.Exact {
+		switch {
+		case clock.Exact:
+		case r.EndReason == nil || *r.EndReason == "expired":
 			call, ret = g, max(e, g)+slack
+		default: // released, revoked: when the service ended it
+			call, ret = max(g, e-slack), max(e, g)+slack
 		}
 		ops = append(ops, porcupine.Operation{ClientId: i, Input: Input{Op: op, Key: r.Key, Session: r.SessionID, Token: r.Token},
 			Output: Output{OK: true}, Call: call, Return: ret})

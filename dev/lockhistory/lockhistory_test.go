@@ -60,6 +60,36 @@ func TestOverlappingGrantsAreIllegal(t *testing.T) {
 	if err := check(t, recs, exact); !errors.Is(err, ErrNotLinearizable) {
 		t.Fatalf("overlap in exact times: %v, want not linearizable", err)
 	}
+	// Released (or revoked) well after another session's grant of the key,
+	// and by more than the slack: illegal with the service's clock too.
+	// Before, a loose clock let every end fall right after its own grant,
+	// so no two grants that both ended could overlap.
+	for _, reason := range []string{"released", "revoked"} {
+		recs = []lockclient.GrantRecord{
+			grant(10, "payout:a", "s1", time.Second, 60*time.Second, reason),
+			grant(15, "payout:a", "s2", 10*time.Second, 50*time.Second, "released"),
+		}
+		if err := check(t, recs, loose); !errors.Is(err, ErrNotLinearizable) {
+			t.Fatalf("grant 10 %s at 60 s, grant 15 at 10 s, service clock: %v, want not linearizable", reason, err)
+		}
+	}
+	// An expiry is recorded when the service sees it: ended before the next
+	// grant, seen after it, is legal.
+	recs = []lockclient.GrantRecord{
+		grant(10, "payout:a", "s1", time.Second, 15*time.Second, "expired"),
+		grant(15, "payout:a", "s2", 10*time.Second, 50*time.Second, "released"),
+	}
+	if err := check(t, recs, loose); err != nil {
+		t.Fatalf("an expiry seen after the next grant: %v, want linearizable", err)
+	}
+	// A release recorded within the slack after the next grant is legal.
+	recs = []lockclient.GrantRecord{
+		grant(10, "payout:a", "s1", time.Second, 10*time.Second+500*time.Millisecond, "released"),
+		grant(15, "payout:a", "s2", 10*time.Second, 50*time.Second, "released"),
+	}
+	if err := check(t, recs, loose); err != nil {
+		t.Fatalf("a release recorded 0.5 s after the next grant, 2 s slack: %v, want linearizable", err)
+	}
 	// A grant that never ended and a later one: illegal however loose the clock.
 	recs = []lockclient.GrantRecord{
 		grant(10, "payout:a", "s1", 1*ms, 0, ""),
