@@ -70,8 +70,12 @@ func TestMigrateCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer proxy.Close(ctx)
-	if _, err := proxy.Exec(ctx, `ALTER TABLE rail_submission DROP COLUMN resolvable_after;
-		DELETE FROM goose_db_version WHERE version_id = 3`); err != nil {
+	// proxydb back at version 2: 00004 and 00003 undone, newest first.
+	if _, err := proxy.Exec(ctx, `CREATE INDEX rail_submission_payout_bytes_idx ON rail_submission (payout_id COLLATE "C", id)
+			INCLUDE (account_id, fence_token, holder, outcome, resolution);
+		DROP INDEX rail_submission_digest_idx;
+		ALTER TABLE rail_submission DROP COLUMN resolvable_after;
+		DELETE FROM goose_db_version WHERE version_id IN (3, 4)`); err != nil {
 		t.Fatal(err)
 	}
 	readTx, err := proxy.Begin(ctx)
