@@ -142,11 +142,7 @@ func Run(ctx context.Context, cfg Config) (code int, err error) {
 // failMetricsFile records in --metrics-file a run that could not start
 // its pass (up 0, a failed pass; the rest carried over).
 func failMetricsFile(cfg Config, err error) {
-	fm, ferr := newFileMetrics(cfg.MetricsFile)
-	if ferr != nil {
-		cfg.Logger.Warn("could not carry the previous metrics file over", obs.KeyError, ferr.Error())
-	}
-	if werr := fm.write(nil, err, 0, time.Now()); werr != nil {
+	if werr := openMetricsFile(cfg.Logger, cfg.MetricsFile).write(nil, err, 0, time.Now()); werr != nil {
 		cfg.Logger.Error("could not record the failed run in the metrics file", obs.KeyError, werr.Error())
 	}
 }
@@ -220,18 +216,19 @@ func (r *Reconciler) print(cfg Config, rep *Report) error {
 	return rep.WriteTable(cfg.Out)
 }
 
-// openMetricsFile prepares --metrics-file; a previous file it cannot read
-// is logged and replaced (the detective controls must still run).
-func (r *Reconciler) openMetricsFile(cfg Config) *fileMetrics {
-	fm, err := newFileMetrics(cfg.MetricsFile)
+// openMetricsFile prepares --metrics-file (path); a previous file it
+// cannot read is logged and replaced (the detective controls must still
+// run).
+func openMetricsFile(log *slog.Logger, path string) *fileMetrics {
+	fm, err := newFileMetrics(path)
 	if err != nil {
-		r.log.Warn("could not carry the previous metrics file over", obs.KeyError, err.Error())
+		log.Warn("could not carry the previous metrics file over", obs.KeyError, err.Error())
 	}
 	return fm
 }
 
 func (r *Reconciler) once(ctx context.Context, cfg Config) (int, error) {
-	fm := r.openMetricsFile(cfg)
+	fm := openMetricsFile(r.log, cfg.MetricsFile)
 	rep, took, end, err := r.timedPass(ctx)
 	if refusedToken(err) {
 		if rerr := r.refusal(ctx, cfg, err); rerr != nil {
@@ -284,7 +281,7 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 		cfg.Registry = obs.NewRegistry()
 	}
 	metrics := NewMetrics(cfg.Registry)
-	fm := r.openMetricsFile(cfg)
+	fm := openMetricsFile(r.log, cfg.MetricsFile)
 	srv := httpx.NewServer(httpx.Config{Role: "reconcile", Addr: cfg.Listen, Logger: cfg.Logger, Registry: cfg.Registry})
 	addr, err := srv.Listen()
 	if err != nil {

@@ -50,16 +50,8 @@ func (s *Session) tracked() int {
 // long as it lives. Releasing either Grant releases the lock and ends both.
 func TestReacquireIsTrackedOnce(t *testing.T) {
 	var releases atomic.Int32
-	c, err := New(sameTokenService(t, &releases), WithToken("x"), WithTTL(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openTest(t, sameTokenService(t, &releases), WithToken("x"), WithTTL(time.Minute))
 	ctx := context.Background()
-	s, err := c.Open(ctx, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
 	first, err := s.TryAcquire(ctx, "payout:a")
 	if err != nil {
 		t.Fatal(err)

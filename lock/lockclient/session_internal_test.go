@@ -58,6 +58,22 @@ func (f *fakeService) start(t *testing.T) string {
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// openTest opens a session "test" with the service at url, closed when
+// the test ends.
+func openTest(t *testing.T, url string, opts ...Option) *Session {
+	t.Helper()
+	c, err := New(url, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Open(context.Background(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s
+}
+
 // heldAnswers is a transport that, once armed, gets the service's answer
 // to the next keepalive and then holds it until released, whatever the
 // request's deadline: the keepalive loop stuck after its answer arrived
@@ -120,16 +136,8 @@ func TestAnAnswerReadAfterTheDeadlineDoesNotRevive(t *testing.T) {
 	f := &fakeService{ttl: 3 * time.Second}
 	h := &heldAnswers{got: make(chan struct{}), release: make(chan struct{})}
 	h.armed.Store(true)
-	c, err := New(f.start(t), WithTTL(f.ttl), WithLogger(quietLogger()), WithHTTPClient(&http.Client{Transport: h}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openTest(t, f.start(t), WithTTL(f.ttl), WithLogger(quietLogger()), WithHTTPClient(&http.Client{Transport: h}))
 	ctx := context.Background()
-	s, err := c.Open(ctx, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
 	g, err := s.TryAcquire(ctx, "payout:a")
 	if err != nil {
 		t.Fatal(err)
@@ -168,16 +176,7 @@ func TestSlowAnswersWithinTheIntervalKeepTheSession(t *testing.T) {
 		time.Sleep(ttl / 3 * 6 / 10)
 		_ = json.NewEncoder(w).Encode(SessionInfo{SessionID: "s-1", Owner: "test", TTLMS: ttl.Milliseconds(), State: "ACTIVE"})
 	}
-	c, err := New(f.start(t), WithTTL(ttl), WithSafetyMargin(ttl/3), WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	s, err := c.Open(ctx, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
+	s := openTest(t, f.start(t), WithTTL(ttl), WithSafetyMargin(ttl/3), WithLogger(quietLogger()))
 	// Three answers in: past the open's deadline (TTL - margin) and the
 	// next one's.
 	waitUntil(t, "three keepalives answered", func() bool { return f.kas.Load() >= 4 || s.State() == Lost })
@@ -207,16 +206,8 @@ func TestAGrantIsNotValidInJeopardy(t *testing.T) {
 		_ = json.NewEncoder(w).Encode(SessionInfo{SessionID: "s-1", Owner: "test", TTLMS: f.ttl.Milliseconds(), State: "ACTIVE"})
 	}
 	f.acquire = func() { <-failed }
-	c, err := New(f.start(t), WithTTL(f.ttl), WithLogger(quietLogger()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openTest(t, f.start(t), WithTTL(f.ttl), WithLogger(quietLogger()))
 	ctx := context.Background()
-	s, err := c.Open(ctx, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
 	g, err := s.Acquire(ctx, "payout:a", time.Minute) // answered once the keepalive failed
 	if err != nil {
 		t.Fatal(err)
