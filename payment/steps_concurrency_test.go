@@ -18,7 +18,11 @@ import (
 // single claims and posts, on accounts whose funds cover fewer payouts than
 // they have, under rising tokens drawn from one counter, some stale and some
 // equal to the fence from another holder. Any answer the API allows is
-// accepted; afterwards each account's fenced events have non-decreasing
+// accepted. One more account takes only while-covered claims, its funds
+// covering two of its payouts, so that the first such claim to pass its
+// fence stops where the funds run out whatever the interleaving (on the
+// others, plain claims may fail every uncovered payout first). Afterwards
+// each account's fenced events have non-decreasing
 // tokens and are exactly the transitions the answers reported, no account's
 // available funds are negative, the ledger balances, each POSTED payout has
 // its two ledger lines and no other payout any, every steps answer matches
@@ -33,6 +37,11 @@ func TestStepsRaceOtherWriters(t *testing.T) {
 		for i := range payouts {
 			e.payout(t, fmt.Sprintf("%s-po-%02d", acct, i), acct, int64(100+50*(i%5)))
 		}
+	}
+	const fundsEnd = "acc-end" // while-covered claims only: funds for two payouts
+	e.account(t, fundsEnd, 250)
+	for i := range payouts {
+		e.payout(t, fmt.Sprintf("%s-po-%02d", fundsEnd, i), fundsEnd, 100)
 	}
 	const ( // the kinds of request, /steps first
 		kClaimSteps = iota
@@ -71,6 +80,9 @@ func TestStepsRaceOtherWriters(t *testing.T) {
 			for range perGoroutine {
 				acct := fmt.Sprintf("acc-%d", r.IntN(accounts))
 				kind := r.IntN(kinds)
+				if kind == kCoveredSteps && r.IntN(2) == 0 {
+					acct = fundsEnd
+				}
 				req := pc.StepsRequest{Op: pc.StepClaim, Then: pc.StepSubmitting, WhileCovered: kind == kCoveredSteps}
 				switch kind {
 				case kClaimSteps, kCoveredSteps:
