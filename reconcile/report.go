@@ -34,6 +34,7 @@ const (
 	CheckDuplicateAttempt        = "duplicate_attempt"               // INV-02
 	CheckAmbiguousOverSLA        = "ambiguous_over_sla"              // INV-02
 	CheckAmbiguousNoSubmission   = "ambiguous_without_submission"    // INV-02
+	CheckAmbiguousConflict       = "ambiguous_evidence_conflict"     // INV-02
 	CheckLedgerGroupSum          = "ledger_group_sum"                // INV-03
 	CheckBalanceDrift            = "balance_drift"                   // INV-03
 	CheckPostedNotSettled        = "posted_not_settled"              // INV-03
@@ -62,6 +63,7 @@ var checkInvariant = map[string]string{
 	CheckDuplicateAttempt:        INV02,
 	CheckAmbiguousOverSLA:        INV02,
 	CheckAmbiguousNoSubmission:   INV02,
+	CheckAmbiguousConflict:       INV02,
 	CheckLedgerGroupSum:          INV03,
 	CheckBalanceDrift:            INV03,
 	CheckPostedNotSettled:        INV03,

@@ -109,6 +109,26 @@ func (r *Reconciler) leave(rep *Report, p pc.Payout, format string, args ...any)
 	r.log.Info("ambiguous payout left unresolved", obs.KeyPayoutID, p.ID, obs.KeyAccountID, p.AccountID, "reason", reason)
 }
 
+// conflict leaves payout p for a human because the rail's final evidence
+// contradicts the proxy's record or does not fit the payout, and reports
+// it at once: no later pass will resolve it, and waiting for the ambiguity
+// SLA would hide for a day a payout whose money may have left.
+func (r *Reconciler) conflict(rep *Report, p pc.Payout, lk proxyclient.LookupResult, format string, args ...any) {
+	r.leave(rep, p, format, args...)
+	rep.add(CheckAmbiguousConflict, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "client_ref": p.ClientRef,
+		"amount": p.Amount, "currency": p.Currency, "submission_id": lk.Submission.ID, "outcome": string(lk.Submission.Outcome),
+		"resolution": string(lk.Resolution), "rail_refs": lookupRefs(lk.RailItems)},
+		"payout %s is RAIL_AMBIGUOUS and will not be resolved automatically: "+format, append([]any{p.ID}, args...)...)
+}
+
+func lookupRefs(items []proxyclient.RailPayment) []string {
+	refs := make([]string, 0, len(items))
+	for _, it := range items {
+		refs = append(refs, it.RailRef)
+	}
+	return refs
+}
+
 // resolveOne resolves payout p if the rail's answer is final and fits the
 // payout, or leaves it, saying why. The error is a service that failed:
 // the payout could not be looked at.
@@ -198,7 +218,7 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) e
 	// where the rail moved another.
 	if why := mismatch(cur, lk); why != "" {
 		log.Error("the rail's evidence does not fit the payout; left for a human", "why", why, "resolution", string(lk.Resolution))
-		r.leave(rep, p, "%s; the rail's final lookup says %s: resolve it by hand", why, lk.Resolution)
+		r.conflict(rep, cur, lk, "%s; the rail's final lookup says %s: resolve it by hand", why, lk.Resolution)
 		return nil
 	}
 	// The proxy may hold the rail's own answer, recorded after the
@@ -209,7 +229,7 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) e
 		(o == proxyclient.OutcomeRejected && res == pc.ResolutionSettled) {
 		log.Error("the rail's lookup contradicts the answer the proxy recorded from it; left for a human",
 			"outcome", string(o), "rail_ref", lk.Submission.RailRef, "resolution", string(lk.Resolution), "rail_payments", len(lk.RailItems))
-		r.leave(rep, p, "the proxy recorded the rail's answer %s (rail_ref %q), but the rail's final lookup says %s: the rail contradicts itself; resolve it by hand",
+		r.conflict(rep, cur, lk, "the proxy recorded the rail's answer %s (rail_ref %q), but the rail's final lookup says %s: the rail contradicts itself; resolve it by hand",
 			o, lk.Submission.RailRef, lk.Resolution)
 		return nil
 	}

@@ -23,9 +23,9 @@ import (
 
 // leftUntil runs passes until the payout is left for the given reason,
 // failing after a generous timeout or if it is resolved.
-func leftUntil(t *testing.T, r *reconcile.Reconciler, payoutID, reason string) {
+func leftUntil(t *testing.T, r *reconcile.Reconciler, payoutID, reason string) *reconcile.Report {
 	t.Helper()
-	passUntil(t, r, fmt.Sprintf("payout %s left for %q", payoutID, reason), func(rep *reconcile.Report) bool {
+	return passUntil(t, r, fmt.Sprintf("payout %s left for %q", payoutID, reason), func(rep *reconcile.Report) bool {
 		if x, ok := resolved(rep, payoutID); ok {
 			t.Fatalf("payout %s resolved %s -> %s, want it left (%q); evidence %s", payoutID, x.Resolution, x.State, reason, x.Evidence)
 		}
@@ -37,7 +37,8 @@ func leftUntil(t *testing.T, r *reconcile.Reconciler, payoutID, reason string) {
 // is not the payout's (here 500 where the payout is 100: the executor's
 // submission_mismatch) is left for a human, however final the rail's
 // answer: resolved SETTLED, the executor would post 100 where the rail
-// paid 500.
+// paid 500. The pass reports it at once (ambiguous_evidence_conflict), not
+// a day later as over the ambiguity SLA.
 func TestResolveLeavesAPayoutWhoseSubmissionIsNotIt(t *testing.T) {
 	e := setup(t)
 	acc := e.newAccount(t, 10_000)
@@ -60,7 +61,8 @@ func TestResolveLeavesAPayoutWhoseSubmissionIsNotIt(t *testing.T) {
 	}
 	e.release(t, g)
 	r := e.reconciler(t, reconcile.Options{Resolve: true}, e.st.Ready.Tokens.Operator)
-	leftUntil(t, r, p.ID, "is not the payout's")
+	rep := leftUntil(t, r, p.ID, "is not the payout's")
+	mustFind(t, rep, reconcile.INV02, reconcile.CheckAmbiguousConflict, map[string]any{"payout_id": p.ID, "amount": 100, "resolution": "SETTLED"})
 	e.wantStillAmbiguous(t, p.ID)
 }
 

@@ -205,7 +205,8 @@ func leftWith(rep *reconcile.Report, payoutID, reason string) bool {
 // ambiguous (the answer was recorded late), and the rail's final lookup
 // shows no payment of it: the rail contradicts itself. The reconciler does
 // not resolve the payout ABSENT on the lookup alone (FAILED, its money
-// released although the rail took it): it leaves it for a human.
+// released although the rail took it): it leaves it for a human, and
+// reports it at once (ambiguous_evidence_conflict).
 func TestResolveLeavesAPayoutWhoseRailContradictsItsAck(t *testing.T) {
 	e := setup(t)
 	acc := e.newAccount(t, 10_000)
@@ -221,6 +222,7 @@ func TestResolveLeavesAPayoutWhoseRailContradictsItsAck(t *testing.T) {
 			}
 		}
 		if leftWith(rep, p.ID, "contradicts itself") {
+			mustFind(t, rep, reconcile.INV02, reconcile.CheckAmbiguousConflict, map[string]any{"payout_id": p.ID, "outcome": "ACKED", "resolution": "ABSENT"})
 			break
 		}
 		if time.Now().After(deadline) {
