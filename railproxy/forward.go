@@ -212,6 +212,17 @@ func (s *Server) railHolds(ctx context.Context, log *slog.Logger, req proxyclien
 	case len(held.settled) > 0:
 		s.m.resubmissionChecks.WithLabelValues("held").Inc()
 		return &held.settled[0], nil
+	case len(held.unknown) > 0:
+		// Neither settled nor declined (a status this proxy does not
+		// know): money may move yet, so the payout is not sent again and
+		// not recorded from it either.
+		p := held.unknown[0]
+		s.m.resubmissionChecks.WithLabelValues("unconfirmed").Inc()
+		log.Warn("resubmission not recorded, not forwarded: the rail holds a payment of its client reference that is neither settled nor declined",
+			"rail_ref", p.RailRef, "rail_status", p.Status)
+		return nil, problem.New(problem.Unavailable,
+			"a resubmission is forwarded only once the rail says it holds no payment of its client reference, and the rail holds payment %+q of it with status %+q, neither settled nor declined: it was not recorded and not forwarded (nothing was sent); submit it again later",
+			p.RailRef, p.Status).With(proxyclient.ForwardedExtension, false)
 	case held.declined != nil:
 		s.m.resubmissionChecks.WithLabelValues("held").Inc()
 		return held.declined, nil
@@ -231,6 +242,9 @@ type railPayments struct {
 	items    []railclient.Payment // the reference's payments (others are no evidence about it)
 	settled  []railclient.Payment // those settled
 	declined *railclient.Payment  // the first declined, if any
+	// unknown are those neither settled nor declined: a status this proxy
+	// does not know, so not evidence that no money moved.
+	unknown []railclient.Payment
 }
 
 // paymentsOf keeps of the rail's answer what concerns clientRef, and logs
@@ -245,9 +259,13 @@ func paymentsOf(log *slog.Logger, clientRef string, items []railclient.Payment) 
 		switch {
 		case p.Status == railclient.StatusSettled:
 			out.settled = append(out.settled, p)
-		case p.Status == railclient.StatusDeclined && out.declined == nil:
-			d := p
-			out.declined = &d
+		case p.Status == railclient.StatusDeclined:
+			if out.declined == nil {
+				d := p
+				out.declined = &d
+			}
+		default:
+			out.unknown = append(out.unknown, p)
 		}
 	}
 	if len(out.settled) > 1 {

@@ -106,6 +106,18 @@ func (s *Server) lookup(w http.ResponseWriter, r *http.Request) error {
 		httpx.WriteJSON(w, http.StatusOK, out)
 		return nil
 	}
+	// A payment neither settled nor declined (a status this proxy does
+	// not know) may move money yet: without a settled one it is no
+	// evidence for either resolution.
+	if len(held.settled) == 0 && len(held.unknown) > 0 {
+		p := held.unknown[0]
+		out.Detail = fmt.Sprintf("the rail holds payment %+q of client reference %s with status %+q, neither settled nor declined: not resolved, nothing recorded; ask again later, or resolve it by hand",
+			p.RailRef, rec.ClientRef, p.Status)
+		log.Warn("the rail holds a payment of the submission's client reference that is neither settled nor declined; not resolved",
+			"client_ref", rec.ClientRef, "rail_ref", p.RailRef, "rail_status", p.Status, "outcome", outcomeText(rec.Outcome))
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	}
 	out.Resolution = proxyclient.ResolutionAbsent
 	if len(held.settled) > 0 {
 		out.Resolution = proxyclient.ResolutionSettled
