@@ -49,9 +49,18 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 		outcome, code = proxyclient.OutcomeRejected, proxyclient.ErrorCodeNotForwardedInTime
 		why = fmt.Sprintf("not sent: its rail call could not start within %s of its intent (waited %s for a slot)", s.cfg.SendWindow, waited.Round(time.Millisecond))
 	default:
-		p, err := s.rail.Pay(ctx, railclient.PaymentRequest{
+		if s.cfg.beforeRailCall != nil {
+			s.cfg.beforeRailCall() // tests: the process stalls between the window's check and the call
+		}
+		// However late the call starts (the process stalled since the
+		// check above), it ends by the time a lookup may take the
+		// submission as finished: its intent, the send window and the
+		// rail timeout (resolvableAge).
+		pctx, cancel := context.WithDeadline(ctx, begun.Add(s.resolvableAge()))
+		p, err := s.rail.Pay(pctx, railclient.PaymentRequest{
 			ClientRef: rec.ClientRef, Amount: rec.Amount, Currency: rec.Currency, BeneficiaryRef: rec.BeneficiaryRef,
 		})
+		cancel()
 		outcome, railRef, code, why = classify(rec, p, err)
 		s.m.railLatency.WithLabelValues(string(outcome)).Observe(time.Since(start).Seconds())
 		s.railAnswer(log, outcome != proxyclient.OutcomeTimeout)

@@ -125,6 +125,8 @@ type bundle struct {
 	sendWindow time.Duration
 	// outcomeAttempt bounds each attempt to record a rail answer (0: its default).
 	outcomeAttempt time.Duration
+	// beforeRailCall runs just before each rail call (nil: nothing).
+	beforeRailCall func()
 }
 
 type options struct {
@@ -139,6 +141,8 @@ type options struct {
 	// outcomeAttempt bounds each attempt to record a rail answer (default:
 	// the proxy's own, dbTimeout).
 	outcomeAttempt time.Duration
+	// beforeRailCall runs just before each rail call: a stall there.
+	beforeRailCall func()
 }
 
 func ctxFor(t *testing.T) context.Context {
@@ -200,7 +204,7 @@ func setup(t *testing.T, o options) *bundle {
 	if b.rail, err = railclient.New(b.railURL, operatorBearer); err != nil {
 		t.Fatal(err)
 	}
-	b.now, b.sendWindow, b.outcomeAttempt = o.now, o.sendWindow, o.outcomeAttempt
+	b.now, b.sendWindow, b.outcomeAttempt, b.beforeRailCall = o.now, o.sendWindow, o.outcomeAttempt, o.beforeRailCall
 	b.startProxy(t, o.railTimeout, "")
 	return b
 }
@@ -210,7 +214,7 @@ func (b *bundle) startProxy(t *testing.T, railTimeout time.Duration, crashPoint 
 	s, err := New(ctxFor(t), Config{
 		Addr: "127.0.0.1:0", Logger: obs.NewLogger(b.logs, slog.LevelDebug, "proxy"), Auth: testAuth(),
 		DatabaseURL: b.dbURL, RailURL: b.railURL, RailToken: proxyBearer, RailTimeout: railTimeout, SendWindow: b.sendWindow,
-		crashPoint: crashPoint, now: b.now, outcomeAttemptTimeout: b.outcomeAttempt,
+		crashPoint: crashPoint, now: b.now, outcomeAttemptTimeout: b.outcomeAttempt, beforeRailCall: b.beforeRailCall,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -206,3 +206,33 @@ func TestLookupWaitsForTheWritersSendWindow(t *testing.T) {
 		t.Errorf("the rail was asked %d time(s) about a submission still within its writer's send window, want 0", n)
 	}
 }
+
+// A rail call that starts late, because the process stalled between the
+// send window's check and the call, still ends by the time a lookup may
+// take its submission as finished (its intent, the send window and the
+// rail timeout), not a whole rail timeout after it started: past that age
+// a lookup records ABSENT, and a call still running could then pay.
+func TestARailCallStartedLateEndsByTheResolvableAge(t *testing.T) {
+	t.Parallel()
+	const railTimeout, sendWindow, stall = 4 * time.Second, time.Second, 3 * time.Second
+	var ended atomic.Int64 // when the rail saw the call go (unix ns)
+	rail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-r.Context().Done() // never answers
+		ended.Store(time.Now().UnixNano())
+	}))
+	t.Cleanup(rail.Close)
+	b := setup(t, options{railURL: rail.URL, railTimeout: railTimeout, sendWindow: sendWindow,
+		beforeRailCall: func() { time.Sleep(stall) }}) // the stall itself, not synchronisation
+	rec, err := b.pc.Submit(ctxFor(t), sub("p-late", "acc-late"), 3, holder(1))
+	if err != nil || rec.Outcome != proxyclient.OutcomeTimeout {
+		t.Fatalf("submit: %+v %v, want TIMEOUT", rec, err)
+	}
+	if ended.Load() == 0 {
+		t.Fatal("the rail call never reached the rail: the stall exercised nothing")
+	}
+	limit := rec.CreatedAt.Add(sendWindow + railTimeout)
+	if at := time.Unix(0, ended.Load()); at.After(limit.Add(time.Second)) {
+		t.Fatalf("the rail call ended %s after its intent, past the resolvable age %s (and a second's slack)", at.Sub(rec.CreatedAt).Round(time.Millisecond), sendWindow+railTimeout)
+	}
+}

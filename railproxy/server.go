@@ -69,6 +69,9 @@ type Config struct {
 	// crashPoint makes the process exit at that point (tests only; set by
 	// this package's tests or, with -tags crashpoints, from the environment).
 	crashPoint string
+	// beforeRailCall runs just before a submission's rail call (tests
+	// only: a stall there).
+	beforeRailCall func()
 	// now is the rail pause's clock (tests only; default time.Now).
 	now func() time.Time
 	// shutdownGrace is the HTTP server's grace for in-flight requests at
