@@ -273,21 +273,47 @@ func (b *batch) sendAll(ps []pc.Payout) ([]pc.Payout, []pc.StepItem) {
 			answers[i].err = err
 		}
 	}
+	b.fileAnswers(ps, answers, collect)
+	return reported, items
+}
+
+// fileAnswers acts on each item's answer to the batch submission of ps, in
+// order, as on a single submission's; the ones without a usable answer
+// are settled together (unclear).
+func (b *batch) fileAnswers(ps []pc.Payout, answers []submitAnswer, collect func(pc.Payout, proxyclient.Record) (pc.Payout, error)) {
+	r := b.r
+	// While the proxy's rail is paused it forwards one item of a batch as
+	// its probe and answers the others unforwarded: those say nothing of
+	// the rail one by one. They count once toward the executor's rail
+	// pause, and not at all when an item brought the rail's own answer.
+	railAnswer, unforwarded := false, false
+	for _, a := range answers {
+		railAnswer = railAnswer || (a.err == nil && railAnswered(a.rec))
+	}
 	var unclear []pc.Payout
 	var unclearErr error
 	for i, p := range ps {
-		if noUsableAnswer(answers[i].err) {
+		err := answers[i].err
+		switch {
+		case noUsableAnswer(err):
 			unclear = append(unclear, p)
-			unclearErr = cmp.Or(unclearErr, answers[i].err)
+			unclearErr = cmp.Or(unclearErr, err)
+			continue
+		case proxyclient.PausedUnforwarded(err):
+			unforwarded = unforwarded || !proxyclient.ShuttingDown(err)
+			next, err := r.unforwarded(r.log.With("step", "submit", obs.KeyPayoutID, p.ID), p, err, false)
+			b.file(p, next, err)
 			continue
 		}
-		next, err := r.answered(p, answers[i].rec, answers[i].err, collect)
+		next, err := r.answered(p, answers[i].rec, err, collect)
 		b.file(p, next, err)
+	}
+	if unforwarded && !railAnswer {
+		r.e.railAnswer(r.log, false)
 	}
 	if len(unclear) > 0 {
 		b.unclear(unclear, unclearErr, collect)
 	}
-	return reported, items
 }
 
 // file files a payout the batch's submission handled as a single

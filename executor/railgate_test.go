@@ -251,3 +251,49 @@ func TestAnAccountLeftByAPauseIsWorkedOnOnceItEnds(t *testing.T) {
 		t.Fatal("an account whose round the pause gated still waits after the pause ended")
 	}
 }
+
+// TestABatchWhoseProbeWasPaidDoesNotPauseClaims: while its rail is paused
+// the proxy forwards one item of a batch as its probe and answers the
+// others unforwarded (503, "forwarded": false). The rail paid the probe,
+// so the batch ends no pause and starts none, however many items came
+// back unforwarded after it; a batch of unforwarded items alone counts
+// once toward the pause. Before, each unforwarded item counted after the
+// probe's answer, and a batch of nine tripped the pause just as the rail
+// had paid.
+func TestABatchWhoseProbeWasPaidDoesNotPauseClaims(t *testing.T) {
+	e := newBareExecutor()
+	log := slog.New(slog.DiscardHandler)
+	b := &batch{r: &run{e: e, log: log}}
+	collect := func(p pc.Payout, _ proxyclient.Record) (pc.Payout, error) { return p, errQueued }
+	unforwarded := problem.New(problem.Unavailable, "not recorded, not forwarded").With(proxyclient.ForwardedExtension, false)
+	batchOf := func(probe *proxyclient.Record) ([]pc.Payout, []submitAnswer) {
+		ps := make([]pc.Payout, railgate.TripAfter+1)
+		answers := make([]submitAnswer, len(ps))
+		for i := range ps {
+			ps[i] = pc.Payout{ID: fmt.Sprintf("po-%d", i), State: pc.RailSubmitted, Amount: 100, Currency: "EUR"}
+			answers[i].err = unforwarded
+		}
+		if probe != nil {
+			answers[0] = submitAnswer{rec: *probe}
+			answers[0].rec.PayoutID = ps[0].ID
+		}
+		return ps, answers
+	}
+	ps, answers := batchOf(&proxyclient.Record{Outcome: proxyclient.OutcomeAcked, RailRef: "rl-1"})
+	b.fileAnswers(ps, answers, collect)
+	if !e.rail.PausedUntil().IsZero() {
+		t.Fatal("a batch whose probe the rail paid paused the executor's claims")
+	}
+	for range railgate.TripAfter - 1 {
+		ps, answers := batchOf(nil)
+		b.fileAnswers(ps, answers, collect)
+	}
+	if !e.rail.PausedUntil().IsZero() {
+		t.Fatalf("%d batches of unforwarded items paused claims: each should count once", railgate.TripAfter-1)
+	}
+	ps, answers = batchOf(nil)
+	b.fileAnswers(ps, answers, collect)
+	if e.rail.PausedUntil().IsZero() {
+		t.Fatalf("%d batches of unforwarded items in a row did not pause claims", railgate.TripAfter)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/payouts/payouts/internal/obs"
@@ -140,6 +141,34 @@ func (r *run) sendBatch(ps []pc.Payout) ([]proxyclient.BatchResult, error) {
 	return res, err
 }
 
+// unforwarded leaves a payout whose submission the proxy neither recorded
+// nor forwarded (PausedUnforwarded): the proxy has paused forwarding while
+// the rail gives no usable answer, or is shutting down. The payout stays
+// RAIL_SUBMITTED; a later pass asks the proxy first (D-4), then submits it
+// again. feed: the answer counts toward the executor's rail pause (a
+// batch counts its unforwarded items once, sendAll).
+func (r *run) unforwarded(log *slog.Logger, p pc.Payout, err error, feed bool) (pc.Payout, error) {
+	r.e.m.steps.WithLabelValues("submit", resultTransient).Inc()
+	if proxyclient.ShuttingDown(err) {
+		// A proxy going away says nothing of the rail.
+		log.Info("the proxy is shutting down: the payout stays RAIL_SUBMITTED for a later pass (nothing was sent)", obs.KeyError, err.Error())
+		return p, errLeave
+	}
+	log.Info("the proxy forwards nothing while the rail gives no usable answer: the payout stays RAIL_SUBMITTED for a later pass (nothing was sent)",
+		obs.KeyError, err.Error())
+	if feed {
+		r.e.railAnswer(log, false)
+	}
+	return p, errLeave
+}
+
+// railAnswered reports whether rec is the rail's own answer (ACKED or
+// REJECTED by the rail, not refused unsent by the proxy).
+func railAnswered(rec proxyclient.Record) bool {
+	return rec.ErrorCode != proxyclient.ErrorCodeNotForwardedInTime &&
+		(rec.Outcome == proxyclient.OutcomeAcked || rec.Outcome == proxyclient.OutcomeRejected)
+}
+
 // answered acts on the proxy's answer to the payout's submission (the
 // table of docs/executor.md). A record whose outcome is to be reported goes
 // to report: r.apply reports it at once, a batch collects it.
@@ -154,7 +183,7 @@ func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report fu
 		switch {
 		case rec.ErrorCode == proxyclient.ErrorCodeNotForwardedInTime:
 			// Not sent: it says nothing of the rail.
-		case rec.Outcome == proxyclient.OutcomeAcked, rec.Outcome == proxyclient.OutcomeRejected:
+		case railAnswered(rec):
 			r.e.railAnswer(log, true)
 		case rec.Outcome == proxyclient.OutcomeTimeout:
 			r.e.railAnswer(log, false)
@@ -185,20 +214,7 @@ func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report fu
 		r.e.m.steps.WithLabelValues("submit", resultRejected).Inc()
 		return r.refused(p, err)
 	case proxyclient.PausedUnforwarded(err):
-		// The proxy has paused forwarding while the rail gives no usable
-		// answer: nothing was recorded or sent. The payout stays
-		// RAIL_SUBMITTED; a later pass asks the proxy first (D-4), then
-		// submits it again.
-		r.e.m.steps.WithLabelValues("submit", resultTransient).Inc()
-		if proxyclient.ShuttingDown(err) {
-			// A proxy going away says nothing of the rail.
-			log.Info("the proxy is shutting down: the payout stays RAIL_SUBMITTED for a later pass (nothing was sent)", obs.KeyError, err.Error())
-			return p, errLeave
-		}
-		log.Info("the proxy forwards nothing while the rail gives no usable answer: the payout stays RAIL_SUBMITTED for a later pass (nothing was sent)",
-			obs.KeyError, err.Error())
-		r.e.railAnswer(log, false)
-		return p, errLeave
+		return r.unforwarded(log, p, err, true)
 	}
 	if !noUsableAnswer(err) {
 		return p, r.failed("submit", "proxy", p, err)
