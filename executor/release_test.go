@@ -266,11 +266,17 @@ func TestQueuedReleaseLeavesItsAccountOpenUntilItsTurn(t *testing.T) {
 	if !e.reserve(other, time.Now()) {
 		t.Fatalf("account %s, whose release waits behind %s's, could not be taken by a worker", other, first)
 	}
-	// The worker's acquire returns the same grant and supersedes the
-	// queued release (acquire does this).
+	// The worker's acquire returns the same grant, which supersedes the
+	// queued release.
+	if g, held := e.acquire(sameGrantSession{g: gs[other]}, slog.New(slog.DiscardHandler), other, "payout:"+other); g == nil || held {
+		t.Fatalf("the worker's acquire of %s: grant %v, held %v", other, g, held)
+	}
 	e.mu.Lock()
-	delete(e.unreleased, other)
+	_, queued := e.unreleased[other]
 	e.mu.Unlock()
+	if queued {
+		t.Fatalf("account %s's queued release is still queued after the worker's acquire: it would be sent under the worker's round", other)
+	}
 	close(gs[first].proceed)
 	select {
 	case <-done:
@@ -323,3 +329,12 @@ func TestAReleaseADispatchWaitedForSignalsTheWake(t *testing.T) {
 		}
 	}
 }
+
+// sameGrantSession hands out g on every acquire, as the lock service does
+// to a session that holds the key already.
+type sameGrantSession struct {
+	session
+	g grant
+}
+
+func (s sameGrantSession) TryAcquire(context.Context, string) (grant, error) { return s.g, nil }
