@@ -475,21 +475,42 @@ func (b *Backend) releaseOnce(ctx context.Context, keys, sessions []string, toke
 	return recs, br.Close() // the implicit transaction commits here
 }
 
+// revokeSQL ends the live grant of key $1 as revoked by actor $2 for
+// reason $3. It runs after the key's advisory lock (sendAcquire): an
+// acquire taking the key over from a lapsed holder has then committed, and
+// this statement's snapshot sees the grant it wrote. Without the lock the
+// DELETE, waiting on the entry's row, went on to delete the new holder's
+// entry while the UPDATE, on the older snapshot, could not see its grant:
+// the key was freed, its grant left open for good, and "not held"
+// answered. A holder whose session has lapsed is not revoked: the key is
+// free already, and the reaper ends that grant as expired.
+const revokeSQL = `
+WITH d AS (
+	DELETE FROM lock_entry e WHERE e.key = $1
+	   AND EXISTS (SELECT 1 FROM lock_session s WHERE s.id = e.session_id AND lock_session_live(s.state, s.expires_at))
+	RETURNING e.key, e.token, e.contended
+), g AS (
+	UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'revoked', actor = $2, reason = $3
+	 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
+	RETURNING ` + grantCols + `
+)
+SELECT g.*, d.contended, pg_notify('` + notifyChannel + `', g.key)::text FROM g JOIN d ON d.token = g.token`
+
 // Revoke implements backend.Backend.
 func (b *Backend) Revoke(ctx context.Context, key, actor, reason string) (backend.GrantRecord, error) {
-	rows, err := b.pool.Query(ctx, `
-		WITH d AS (
-			DELETE FROM lock_entry WHERE key = $1 RETURNING key, token, contended
-		), g AS (
-			UPDATE lock_grant SET ended_at = clock_timestamp(), end_reason = 'revoked', actor = $2, reason = $3
-			 WHERE token = ANY (ARRAY(SELECT token FROM d)) AND ended_at IS NULL
-			RETURNING `+grantCols+`
-		)
-		SELECT g.*, d.contended, pg_notify('`+notifyChannel+`', g.key)::text FROM g JOIN d ON d.token = g.token`, key, actor, reason)
+	br, err := b.sendAcquire(ctx, []string{key}, revokeSQL, key, actor, reason)
+	if err != nil {
+		return backend.GrantRecord{}, b.classify("revoke", err)
+	}
+	defer br.Close()
+	rows, err := br.Query()
 	if err != nil {
 		return backend.GrantRecord{}, b.classify("revoke", err)
 	}
 	recs, err := collectGrants(rows, true)
+	if err == nil {
+		err = br.Close() // the implicit transaction commits here
+	}
 	if err != nil {
 		return backend.GrantRecord{}, b.classify("revoke", err)
 	}

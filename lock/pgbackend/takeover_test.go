@@ -229,3 +229,89 @@ func TestTakeoverInFlightAcrossKeepAlive(t *testing.T) {
 		t.Fatalf("A's row after the takeover: state %q, %v; want EXPIRED, written by the takeover (a later grace period must not revive it)", state, err)
 	}
 }
+
+// TestRevokeAcrossTakeover: an operator's revoke of a key starts while an
+// acquire that takes the key over from a lapsed holder (A) is committing
+// for B. The revoke ends B's grant, as revoked, and leaves no grant open
+// without its entry. Before the revoke took the key's advisory lock, its
+// DELETE followed the entry to B's new row and freed the key, while its
+// UPDATE, on a snapshot older than B's grant, ended nothing: "not held"
+// was answered, B's grant stayed open for good, and C was then granted the
+// key beside it.
+func TestRevokeAcrossTakeover(t *testing.T) {
+	r := setupTakeover(t)
+	sb, err := r.b.CreateSession(r.ctx, "b", "p", backend.MaxTTL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.lapseIn(t, 200*time.Millisecond)
+	r.waitLapsed(t)
+	tx, err := r.b.pool.Begin(r.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	// B's acquire, as sendAcquire runs it: the key's lock, then the statement.
+	if _, err := tx.Exec(r.ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 7101))`, r.key); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(r.ctx, acquireSQL, r.key, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outcome string
+	var token int64
+	for rows.Next() {
+		v, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		outcome, token = v[0].(string), v[4].(int64)
+	}
+	if rows.Close(); rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	if outcome != "granted" || token <= int64(r.held.Token) {
+		t.Fatalf("takeover: %s, token %d (A held %d)", outcome, token, r.held.Token)
+	}
+	done := make(chan struct{})
+	var rec backend.GrantRecord
+	var rerr error
+	go func() { defer close(done); rec, rerr = r.b.Revoke(r.ctx, r.key, "op", "wedged") }()
+	r.blockedOrDone(t, done)
+	if err := tx.Commit(r.ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if rerr != nil || int64(rec.Token) != token || rec.EndReason != "revoked" {
+		t.Fatalf("revoke: %+v, %v; want B's grant %d ended as revoked", rec, rerr, token)
+	}
+	var entries, open int
+	if err := r.b.pool.QueryRow(r.ctx, `SELECT (SELECT count(*) FROM lock_entry WHERE key = $1),
+		(SELECT count(*) FROM lock_grant WHERE key = $1 AND ended_at IS NULL)`, r.key).Scan(&entries, &open); err != nil {
+		t.Fatal(err)
+	}
+	if entries != 0 || open != 0 {
+		t.Fatalf("after the revoke: %d entries of %s, %d grants of it open; want none", entries, r.key, open)
+	}
+}
+
+// TestRevokeOfALapsedHolderIsNotHeld: a holder whose session has lapsed,
+// not yet reaped, holds nothing (Lock shows the key free): a revoke of its
+// key answers not_held and records no revocation; the reaper ends that
+// grant as expired.
+func TestRevokeOfALapsedHolderIsNotHeld(t *testing.T) {
+	r := setupTakeover(t)
+	r.lapseIn(t, 100*time.Millisecond)
+	r.waitLapsed(t)
+	if _, err := r.b.Revoke(r.ctx, r.key, "op", "wedged"); !problem.Has(err, problem.NotHeld) {
+		t.Fatalf("revoke of a lapsed holder's key: %v, want not_held", err)
+	}
+	var reason *string
+	if err := r.b.pool.QueryRow(r.ctx, `SELECT end_reason FROM lock_grant WHERE token = $1`, int64(r.held.Token)).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if reason != nil {
+		t.Fatalf("A's grant ended as %q by the revoke; want it left for the reaper", *reason)
+	}
+}
