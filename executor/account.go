@@ -352,14 +352,7 @@ func (r *run) drive(p pc.Payout) error {
 		if !r.e.sleep(bo.next()) {
 			return errStop
 		}
-		ctx, cancel := r.e.callCtx()
-		fresh, gerr := r.e.pay.Payout(ctx, p.ID)
-		cancel()
-		if gerr != nil {
-			r.log.Warn("could not re-read the payout; retrying", obs.KeyPayoutID, p.ID, obs.KeyError, gerr.Error())
-			continue
-		}
-		p = fresh
+		p = r.reread(p)
 	}
 }
 

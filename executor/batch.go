@@ -389,5 +389,12 @@ func (r *run) reread(p pc.Payout) pc.Payout {
 		r.log.Warn("could not re-read the payout; acting on the state last seen", obs.KeyPayoutID, p.ID, obs.KeyError, err.Error())
 		return p
 	}
+	if fresh.State != p.State {
+		// A step of this grant whose answer was lost landed after all:
+		// no one else writes the payout while the grant holds. It moved
+		// the payout, and a final state is counted as any other.
+		r.moved = true
+		r.transition("reread", p, fresh)
+	}
 	return fresh
 }

@@ -278,3 +278,61 @@ func TestLockUnavailableWhileTheSessionIsInJeopardy(t *testing.T) {
 		t.Errorf("payouts_executor_lock_unavailable became 1 only with the session lost (%v lost), not while it was in jeopardy", lost)
 	}
 }
+
+// TestALostAnswerThatLandedIsCounted: the payment resource posts a
+// RAIL_ACKED payout, and the answer is lost on the way back (the
+// connection closes). The executor re-reads the payout and finds it
+// POSTED: that is this grant's doing, counted as any final state
+// (payouts_executor_payouts_total{outcome="POSTED"}), and the round moved a
+// payout, so the account gets no cooldown. Before, the change went
+// uncounted and the round was taken for one that moved nothing.
+func TestALostAnswerThatLandedIsCounted(t *testing.T) {
+	t.Parallel() // owns its stack and databases
+	s := setup(t)
+	ids := s.fundedPage(t, "lostpost", 1)
+	s.advance(t, ids[0], "lostpost", pc.RailAcked)
+	target, err := url.Parse(s.st.Ready.PaymentURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := httputil.NewSingleHostReverseProxy(target)
+	var cut atomic.Int32
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/post") && cut.Add(1) == 1 {
+			rec := httptest.NewRecorder()
+			real.ServeHTTP(rec, r) // the post lands...
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				_ = conn.Close() // ...and its answer is lost
+			}
+			return
+		}
+		real.ServeHTTP(w, r)
+	}))
+	defer front.Close()
+	logs := newSyncBuf()
+	cfg := s.config(t, "lostpost-exec", logs)
+	defer func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	}()
+	cfg.PaymentURL = front.URL
+	reg := cfg.Registry
+	// The round ends as one that moved a payout: its grant is kept for
+	// the next (a round that moved nothing releases it and cools down).
+	runUntil(t, cfg, "the posting to be counted and the round's grant kept", func() bool {
+		return counter(t, reg, "payouts_executor_payouts_total", "outcome", "POSTED") == 1 &&
+			gathered(t, reg, "payouts_executor_kept_grants") == 1
+	})
+	if cut.Load() == 0 {
+		t.Fatal("no post went through the front: the test exercised nothing")
+	}
+	if got := gathered(t, reg, "payouts_executor_account_cooldowns_total"); got > 0 {
+		t.Errorf("payouts_executor_account_cooldowns_total = %v: the round that posted the payout was taken for one that moved nothing", got)
+	}
+	if s.state(t, ids[0]) != pc.Posted {
+		t.Fatalf("payout %s is %s, want POSTED", ids[0], s.state(t, ids[0]))
+	}
+	s.paidOnceEach(t, ids)
+}
