@@ -18,6 +18,7 @@ func newMigrateCmd(a *app) *cobra.Command {
 		out         output
 		timeout     time.Duration
 		lockTimeout time.Duration
+		grantTo     string
 	)
 	c := &cobra.Command{
 		Use:   "migrate --db paydb|proxydb|lockdb",
@@ -31,6 +32,11 @@ func newMigrateCmd(a *app) *cobra.Command {
 			url, err := dbURL.value()
 			if err != nil {
 				return err
+			}
+			if grantTo != "" {
+				if err := migrations.CheckRoleName(grantTo); err != nil {
+					return &ExitError{Code: 2, Err: fmt.Errorf("--grant-to: %w", err)}
+				}
 			}
 			if timeout < 0 || lockTimeout < 0 {
 				return &ExitError{Code: 2, Err: errors.New("--timeout and --lock-timeout cannot be negative")}
@@ -48,17 +54,26 @@ func newMigrateCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			t := newTable().row(fmt.Sprintf("%s migrated to version %d", kind, v))
+			if grantTo != "" {
+				if err := migrations.GrantServing(ctx, kind, url, grantTo); err != nil {
+					return err
+				}
+				t.row(fmt.Sprintf("%s may serve %s: data privileges only", grantTo, kind))
+			}
 			res := struct {
-				DB      migrations.DB `json:"db"`
-				Version int64         `json:"version"`
-			}{kind, v}
-			return out.print(cmd.OutOrStdout(), res, newTable().row(fmt.Sprintf("%s migrated to version %d", kind, v)))
+				DB        migrations.DB `json:"db"`
+				Version   int64         `json:"version"`
+				GrantedTo string        `json:"granted_to,omitempty"`
+			}{kind, v, grantTo}
+			return out.print(cmd.OutOrStdout(), res, t)
 		},
 	}
 	c.Flags().StringVar(&db, "db", "", "which database: paydb, proxydb or lockdb")
 	c.Flags().DurationVar(&timeout, "timeout", 0, "give up (exit 1) after this long, rolling back the migration in progress; 0: no limit (an index build on a large table takes minutes)")
 	c.Flags().DurationVar(&lockTimeout, "lock-timeout", migrations.DefaultLockTimeout,
 		"longest a migration waits for a table lock before it is rolled back and tried again, so the table's traffic never queues behind it for longer; 0: the database's own lock_timeout")
+	c.Flags().StringVar(&grantTo, "grant-to", "", "after migrating, give this existing role what serving the database needs and nothing more (rows and sequences; it must not be a superuser or own the schema): serve as it, migrate as the owner; run again after every migration")
 	dbURL.register(c, "that database")
 	out.register(c, false)
 	return c

@@ -124,7 +124,34 @@ func (f *serverFlags) setup(cmd *cobra.Command, a *app, checks ...func() error) 
 	if err := checkSchema(cmd.Context(), env.Logger, f.db, env.DatabaseURL); err != nil {
 		return nil, err
 	}
+	if err := checkRole(cmd.Context(), env, f.db); err != nil {
+		return nil, err
+	}
 	return env, nil
+}
+
+// checkRole says, in the log and in payouts_database_role_privileged,
+// whether the role this server uses could switch off its database's own
+// defenses (a superuser, or the schema's owner: migrations.Privileged). It
+// still serves: a development stack migrates and serves as one role.
+func checkRole(ctx context.Context, env *serverEnv, db migrations.DB) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	priv, why, err := migrations.Privileged(ctx, env.DatabaseURL, "")
+	if err != nil {
+		return fmt.Errorf("%s: %w", db, err)
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "payouts_database_role_privileged",
+		Help:        "1 when the role this server uses for its database could switch off the database's own defenses (a superuser, or the schema's owner); serve as a role with data privileges only (payouts migrate --grant-to).",
+		ConstLabels: prometheus.Labels{"database": string(db)},
+	})
+	if priv {
+		g.Set(1)
+		env.Logger.Warn("the database role could switch off the database's own defenses (append-only and write-once triggers, the one-forwarded-submission index): serve as a role with data privileges only, granted by `payouts migrate --grant-to ROLE`",
+			"db", string(db), "why", why)
+	}
+	return env.Registry.Register(g)
 }
 
 // checkSchema refuses to serve from a database whose schema is older than

@@ -57,8 +57,14 @@ func TestComposeCommandLines(t *testing.T) {
 			continue
 		}
 		path, flags := checkCommandLine(t, name, s.Command)
-		healthFlags := checkHealthcheck(t, name, s, path, binary)
-		flags = append(flags, healthFlags...)
+		if path == "migrate" {
+			checkMigrateService(t, name, s, flags)
+		} else {
+			flags = append(flags, checkHealthcheck(t, name, s, path, binary)...)
+		}
+		if path == "serve payment" || path == "serve proxy" {
+			checkServesAsItsOwnRole(t, project, name, s, flags)
+		}
 		n := 1
 		if s.Deploy != nil && s.Deploy.Replicas != nil {
 			n = *s.Deploy.Replicas
@@ -91,7 +97,7 @@ func TestComposeCommandLines(t *testing.T) {
 			}
 		}
 	}
-	want := map[string]int{"serve lock": 2, "serve payment": 1, "serve proxy": 1, "serve rail": 1, "run executor": 2, "reconcile": 1}
+	want := map[string]int{"serve lock": 2, "serve payment": 1, "serve proxy": 1, "serve rail": 1, "run executor": 2, "reconcile": 1, "migrate": 2}
 	for path, n := range want {
 		if replicas[path] != n {
 			t.Errorf("compose runs %d of `payouts %s`, want %d", replicas[path], path, n)
@@ -110,6 +116,51 @@ func TestComposeCommandLines(t *testing.T) {
 	}
 	if etcd != 3 {
 		t.Errorf("compose runs %d etcd members, want 3", etcd)
+	}
+}
+
+// checkMigrateService: a one-shot migration runs once (no restart) as the
+// database's owner, and grants a serving role what serving needs.
+func checkMigrateService(t *testing.T, name string, s types.ServiceConfig, flags []string) {
+	t.Helper()
+	if s.Restart != "no" {
+		t.Errorf("%s: restart %q: a migration runs once (restart: \"no\")", name, s.Restart)
+	}
+	if !slices.Contains(flags, "grant-to") {
+		t.Errorf("%s: no --grant-to: the server of this database would have to serve as its owner", name)
+	}
+}
+
+// checkServesAsItsOwnRole: the payment resource and the proxy do not
+// migrate, serve as a role that is not the databases' owner (the image's
+// POSTGRES_USER), start only once their database's migration has
+// finished, and get no pgpass holding the owner's password.
+func checkServesAsItsOwnRole(t *testing.T, project *types.Project, name string, s types.ServiceConfig, flags []string) {
+	t.Helper()
+	owner := ""
+	if o := project.Services["postgres"].Environment["POSTGRES_USER"]; o != nil {
+		owner = *o
+	}
+	if slices.Contains(flags, "migrate") {
+		t.Errorf("%s: --migrate: a server migrating its database must own it; migrate in a migrate service and serve as a role granted by it", name)
+	}
+	u, err := url.Parse(flagValue(s.Command, "database-url"))
+	if err != nil || u.User == nil || owner == "" || u.User.Username() == owner {
+		t.Errorf("%s: --database-url %q: serve as a role of its own, not the owner %q", name, flagValue(s.Command, "database-url"), owner)
+	}
+	migrated := false
+	for dep, d := range s.DependsOn {
+		if m, ok := project.Services[dep]; ok && len(m.Command) > 0 && m.Command[0] == "migrate" {
+			migrated = d.Condition == types.ServiceConditionCompletedSuccessfully
+		}
+	}
+	if !migrated {
+		t.Errorf("%s: does not wait for its database's migrate service to complete successfully", name)
+	}
+	for _, sec := range s.Secrets {
+		if sec.Source == "pgpass" || sec.Source == "pg_password" {
+			t.Errorf("%s: gets the owner's password (secret %s)", name, sec.Source)
+		}
 	}
 }
 

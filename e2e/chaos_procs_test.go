@@ -115,9 +115,9 @@ func (c *chaosRun) startServices() {
 		t.Fatal(err)
 	}
 	c.payment = &chaosService{role: "payment", name: "payment", addr: hostPort(t, r.PaymentURL),
-		args: []string{"serve", "payment", "--database-url", r.DatabaseURLs.PayDB}}
+		args: []string{"serve", "payment", "--database-url", c.s.st.ServingDatabaseURLs().PayDB}}
 	c.proxy = &chaosService{role: "proxy", name: "proxy", addr: hostPort(t, r.ProxyURL),
-		args: []string{"serve", "proxy", "--database-url", r.DatabaseURLs.ProxyDB, "--rail-url", c.railLink.URL("http"),
+		args: []string{"serve", "proxy", "--database-url", c.s.st.ServingDatabaseURLs().ProxyDB, "--rail-url", c.railLink.URL("http"),
 			"--rail-token", r.Tokens.Proxy, "--rail-timeout", chaosRailTimeout.String()}}
 	for _, sv := range c.services() {
 		sv.start(t, c.authFile())

@@ -364,7 +364,7 @@ func (s *system) startProxy(t *testing.T, name string, env []string, railTimeout
 	t.Helper()
 	r := s.st.Ready
 	p := proctest.Start(t, name, env, "serve", "proxy", "--listen", hostPort(t, r.ProxyURL),
-		"--auth-file", filepath.Join(r.Dir, "auth.json"), "--database-url", r.DatabaseURLs.ProxyDB,
+		"--auth-file", filepath.Join(r.Dir, "auth.json"), "--database-url", s.st.ServingDatabaseURLs().ProxyDB,
 		"--rail-url", r.RailURL, "--rail-token-file", r.TokenFiles["proxy"], "--rail-timeout", railTimeout.String())
 	if err := proctest.WaitReady(ctxT(t, time.Minute), r.ProxyURL); err != nil {
 		t.Fatalf("%v\n%s", err, p.Log())

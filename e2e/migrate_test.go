@@ -41,6 +41,23 @@ func TestMigrateCLI(t *testing.T) {
 			}
 		}
 	}
+	// --grant-to gives an existing role what serving needs, and the role
+	// then reads as unprivileged; a name it would have to quote is a usage
+	// error, a role that does not exist or is a superuser is refused.
+	if err := pg.CreateRole(ctx, "serve_pay"); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := runCLI(t, nil, "migrate", "--db", "paydb", "--database-url", pg.URL("paydb"), "--grant-to", "serve_pay", "-o", "json"); code != 0 || !strings.Contains(out, `"granted_to": "serve_pay"`) {
+		t.Fatalf("migrate --grant-to serve_pay: exit %d\nstdout: %s\nstderr: %s", code, out, errOut)
+	}
+	if priv, why, err := migrations.Privileged(ctx, pg.RoleURL("serve_pay", "paydb"), ""); err != nil || priv {
+		t.Fatalf("serve_pay after --grant-to: privileged %v (%s), %v", priv, why, err)
+	}
+	for role, want := range map[string]int{"Bad-Name": 2, "no_such_role": 1, "postgres": 1} {
+		if _, errOut, code := runCLI(t, nil, "migrate", "--db", "paydb", "--database-url", pg.URL("paydb"), "--grant-to", role); code != want || errOut == "" {
+			t.Fatalf("migrate --grant-to %s: exit %d (want %d), stderr %q", role, code, want, errOut)
+		}
+	}
 	// The environment variable form of the flag works too.
 	out, errOut, code := runCLI(t, []string{"PAYOUTS_DATABASE_URL=" + pg.URL("paydb")}, "migrate", "--db", "paydb")
 	if code != 0 {

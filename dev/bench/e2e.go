@@ -454,11 +454,11 @@ func (sys *e2eSystem) startStack(ctx context.Context, o E2EOptions) error {
 		sys.cpu.add("postgres", pid, true)
 	}
 	authFile := filepath.Join(r.Dir, "auth.json")
-	payDB, err := writeSecretFile(o.Dir, "paydb.url", r.DatabaseURLs.PayDB)
+	payDB, err := writeSecretFile(o.Dir, "paydb.url", st.ServingDatabaseURLs().PayDB)
 	if err != nil {
 		return err
 	}
-	proxyDB, err := writeSecretFile(o.Dir, "proxydb.url", r.DatabaseURLs.ProxyDB)
+	proxyDB, err := writeSecretFile(o.Dir, "proxydb.url", st.ServingDatabaseURLs().ProxyDB)
 	if err != nil {
 		return err
 	}

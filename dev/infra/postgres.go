@@ -297,6 +297,34 @@ func (c *PGCluster) URL(db string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.Port, db)
 }
 
+// RoleURL is the URL of db for role (the cluster trusts loopback
+// connections: no password).
+func (c *PGCluster) RoleURL(role, db string) string {
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", role, c.Port, db)
+}
+
+// CreateRole creates a login role, neither superuser nor able to create
+// databases or roles, unless it exists. role must be a plain lowercase
+// identifier (it is not quoted).
+func (c *PGCluster) CreateRole(ctx context.Context, role string) error {
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)`, role).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, `CREATE ROLE `+role+` LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE`); err != nil {
+		return fmt.Errorf("create role %s: %w", role, err)
+	}
+	return nil
+}
+
 // CreateDatabase creates db (optionally from a template) unless it exists.
 func (c *PGCluster) CreateDatabase(ctx context.Context, db, template string) error {
 	conn, err := pgx.Connect(ctx, c.URL("postgres"))

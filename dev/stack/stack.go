@@ -110,7 +110,20 @@ type Stack struct {
 	failed   chan error
 	authFile string
 	client   *http.Client // trusts the stack's CA (readiness probes)
+	// serving are the URLs the payment resource and the proxy serve
+	// paydb and proxydb by: roles with data privileges only
+	// (migrations.GrantServing), as in production; Ready's DatabaseURLs
+	// are the owner's, for tests and benchmarks that load or inspect.
+	serving DatabaseURLs
 }
+
+// ServingDatabaseURLs are the URLs, each of a role with data privileges
+// only, by which the stack's payment resource and proxy serve paydb and
+// proxydb (LockDB is the owner's: no role serves it here).
+func (s *Stack) ServingDatabaseURLs() DatabaseURLs { return s.serving }
+
+// servingRoles are the roles the stack's servers use for their databases.
+var servingRoles = map[migrations.DB]string{migrations.PayDB: "payouts_payment", migrations.ProxyDB: "payouts_proxy"}
 
 type ports struct{ lock, payment, proxy, rail, pg, etcdClient, etcdPeer int }
 
@@ -284,6 +297,17 @@ func (s *Stack) startPostgres(ctx context.Context, port int) (DatabaseURLs, erro
 			return urls, fmt.Errorf("migrate %s: %w", db, err)
 		}
 	}
+	s.serving = urls
+	for db, role := range servingRoles {
+		if err := s.pg.CreateRole(ctx, role); err != nil {
+			return urls, err
+		}
+		if err := migrations.GrantServing(ctx, db, s.pg.URL(string(db)), role); err != nil {
+			return urls, err
+		}
+	}
+	s.serving.PayDB = s.pg.RoleURL(servingRoles[migrations.PayDB], "paydb")
+	s.serving.ProxyDB = s.pg.RoleURL(servingRoles[migrations.ProxyDB], "proxydb")
 	return urls, nil
 }
 
@@ -300,11 +324,11 @@ func (s *Stack) startServers(ctx context.Context, p ports) error {
 	defer cancel()
 	r := &s.Ready
 	dbFile := func(name, url string) (string, error) { return writeSecret(opts.Dir, name+".url", url) }
-	payDB, err := dbFile("paydb", r.DatabaseURLs.PayDB)
+	payDB, err := dbFile("paydb", s.serving.PayDB)
 	if err != nil {
 		return err
 	}
-	proxyDB, err := dbFile("proxydb", r.DatabaseURLs.ProxyDB)
+	proxyDB, err := dbFile("proxydb", s.serving.ProxyDB)
 	if err != nil {
 		return err
 	}

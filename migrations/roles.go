@@ -1,0 +1,119 @@
+package migrations
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A database's own defenses — the ledger's and the evidence tables'
+// append-only triggers, the deferred group-sum check, the write-once
+// outcome, the one-forwarded-submission index — hold only against a role
+// that cannot switch them off: a superuser (session_replication_role,
+// ALTER TABLE ... DISABLE TRIGGER) or the tables' owner (DROP INDEX,
+// DISABLE TRIGGER, TRUNCATE) can. So the schema is migrated as its owner
+// and served as a role with data privileges only (GrantServing).
+
+// roleName is a PostgreSQL role name this package quotes itself: a plain
+// identifier, so that nothing in it needs escaping.
+var roleName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// CheckRoleName refuses a role name GrantServing would not take: it wants
+// a plain lowercase identifier, which needs no quoting.
+func CheckRoleName(role string) error {
+	if !roleName.MatchString(role) {
+		return fmt.Errorf("role %q: want a lowercase PostgreSQL identifier (a-z, 0-9, _; not starting with a digit)", role)
+	}
+	return nil
+}
+
+// GrantServing gives role what serving db needs and nothing more: to read
+// and write rows (SELECT, INSERT, UPDATE, DELETE on every table of the
+// schema; the triggers still refuse what the schema forbids) and to draw
+// from its sequences. Not TRUNCATE, REFERENCES or TRIGGER, and no
+// ownership: the role cannot alter, drop or disable what guards the data.
+// Run it as the schema's owner after every migration (`payouts migrate
+// --grant-to ROLE`): a table a migration adds is granted only then.
+func GrantServing(ctx context.Context, db DB, databaseURL, role string) error {
+	if err := db.valid(); err != nil {
+		return err
+	}
+	if err := CheckRoleName(role); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		return fmt.Errorf("migrations: %s: connect: %w", db, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var exists, super bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1),
+		coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = $1), false)`, role).Scan(&exists, &super); err != nil {
+		return fmt.Errorf("migrations: %s: read role %s: %w", db, role, err)
+	}
+	switch {
+	case !exists:
+		return fmt.Errorf("migrations: %s: role %s does not exist: create it first (CREATE ROLE %s LOGIN PASSWORD '...')", db, role, role)
+	case super:
+		return fmt.Errorf("migrations: %s: role %s is a superuser: serve as a role without superuser", db, role)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
+	for _, stmt := range []string{
+		`GRANT USAGE ON SCHEMA public TO ` + role,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO ` + role,
+		`GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO ` + role,
+	} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("migrations: %s: %s: %w", db, stmt, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("migrations: %s: grant to %s: %w", db, role, err)
+	}
+	if priv, why, err := Privileged(ctx, databaseURL, role); err != nil {
+		return err
+	} else if priv {
+		return fmt.Errorf("migrations: %s: role %s %s: it could switch off the database's own defenses; serve as a role that owns nothing in it", db, role, why)
+	}
+	return nil
+}
+
+// Privileged reports whether role (the URL's own user when role is "")
+// could switch off the database's own defenses: a superuser, or the owner
+// (or a member of the owner) of a table or sequence of its schema. why
+// says which.
+func Privileged(ctx context.Context, databaseURL, role string) (bool, string, error) {
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		return false, "", fmt.Errorf("migrations: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var (
+		name   string
+		super  bool
+		owners []string
+	)
+	err = conn.QueryRow(ctx, `
+		SELECT r.rolname, r.rolsuper,
+		       ARRAY(SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		              WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'S') AND pg_has_role(r.oid, c.relowner, 'USAGE')
+		              ORDER BY 1)
+		  FROM pg_roles r WHERE r.rolname = coalesce(nullif($1, ''), current_user)`, role).Scan(&name, &super, &owners)
+	if err != nil {
+		return false, "", fmt.Errorf("migrations: read the privileges of role %q: %w", role, err)
+	}
+	switch {
+	case super:
+		return true, "is a superuser", nil
+	case len(owners) > 0:
+		return true, fmt.Sprintf("owns the schema's tables, or is a member of their owner (%s)", strings.Join(owners, ", ")), nil
+	}
+	return false, "", nil
+}
