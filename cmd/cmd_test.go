@@ -409,3 +409,18 @@ func TestTableCellsShowControlCharactersEscaped(t *testing.T) {
 		t.Errorf("table %q kept a control or format character", got)
 	}
 }
+
+// TestDevUpChecksItsFlagsFirst: `dev up --settlement-window -1s` started
+// PostgreSQL and etcd and was refused only when the rail stub it was
+// passed to exited. A value a role would refuse is a usage error before
+// anything is started: nothing is created in --dir.
+func TestDevUpChecksItsFlagsFirst(t *testing.T) {
+	for _, window := range []string{"-1s", "0s"} {
+		dir := t.TempDir()
+		code, _, errOut := runCtx(t, testCtx(t), "dev", "up", "--dir", dir, "--port-base", "0", "--settlement-window", window)
+		entries, _ := os.ReadDir(dir)
+		if code != 2 || !strings.Contains(errOut, "--settlement-window must be") || len(entries) != 0 {
+			t.Errorf("dev up --settlement-window %s: exit %d, %q, %d entries in --dir; want exit 2 saying what --settlement-window must be, nothing started", window, code, errOut, len(entries))
+		}
+	}
+}
