@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -423,4 +424,38 @@ func TestDevUpChecksItsFlagsFirst(t *testing.T) {
 			t.Errorf("dev up --settlement-window %s: exit %d, %q, %d entries in --dir; want exit 2 saying what --settlement-window must be, nothing started", window, code, errOut, len(entries))
 		}
 	}
+}
+
+// TestDevUpRefusesADirWhoseStackRuns: a second `dev up --dir D` while D's
+// stack ran said "PostgreSQL did not start: ... Examine the log output".
+// It is a usage error saying that a stack runs in D, with its pids.
+func TestDevUpRefusesADirWhoseStackRuns(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "pg", "data")
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// This process stands in for D's PostgreSQL, its parent for D's dev up.
+	pg, dev := os.Getpid(), os.Getppid()
+	_ = writeFileAt(t, filepath.Join(data, "postmaster.pid"), strconv.Itoa(pg)+"\n"+data+"\n")
+	_ = writeFileAt(t, filepath.Join(dir, "run", "dev.pid"), strconv.Itoa(dev)+"\n")
+	code, _, errOut := runCtx(t, testCtx(t), "dev", "up", "--dir", dir, "--port-base", "0")
+	want := fmt.Sprintf("a stack already runs in %s (dev up pid %d, PostgreSQL pid %d)", dir, dev, pg)
+	if code != 2 || !strings.Contains(errOut, want) {
+		t.Fatalf("dev up --dir D while D's stack runs: exit %d, %q; want exit 2 and %q", code, errOut, want)
+	}
+	if _, err := os.Stat(filepath.Join(data, "PG_VERSION")); err == nil {
+		t.Fatal("dev up initialised a cluster in a running stack's directory")
+	}
+}
+
+func writeFileAt(t *testing.T, path, content string) string {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
