@@ -170,6 +170,32 @@ func TestClientNeedsToken(t *testing.T) {
 	}
 }
 
+// TestBothTokenVariablesNamed: PAYOUTS_TOKEN and PAYOUTS_TOKEN_FILE both
+// set were refused as "--token and --token-file are mutually exclusive",
+// naming flags nobody typed. The message names the variables too; so for
+// the other secrets given as a value or a file.
+func TestBothTokenVariablesNamed(t *testing.T) {
+	file := writeFile(t, "token", "token-from-the-file-0123456789\n")
+	t.Setenv("PAYOUTS_TOKEN", "token-from-the-environment-0123")
+	t.Setenv("PAYOUTS_TOKEN_FILE", file)
+	code, _, errOut := runArgs(t, "lock", "list", "--lock-url", "http://127.0.0.1:1")
+	if code != 2 || !strings.Contains(errOut, "--token (PAYOUTS_TOKEN) and --token-file (PAYOUTS_TOKEN_FILE) are mutually exclusive") {
+		t.Fatalf("lock list with PAYOUTS_TOKEN and PAYOUTS_TOKEN_FILE: exit %d, %q; want 2 naming both variables", code, errOut)
+	}
+	t.Setenv("PAYOUTS_DATABASE_URL", "postgres://payouts@127.0.0.1:1/paydb")
+	t.Setenv("PAYOUTS_DATABASE_URL_FILE", file)
+	code, _, errOut = runArgs(t, "migrate", "--db", "paydb")
+	if code != 2 || !strings.Contains(errOut, "--database-url (PAYOUTS_DATABASE_URL) and --database-url-file (PAYOUTS_DATABASE_URL_FILE)") {
+		t.Fatalf("migrate with PAYOUTS_DATABASE_URL and PAYOUTS_DATABASE_URL_FILE: exit %d, %q; want 2 naming both variables", code, errOut)
+	}
+	clearEnv(t, "PAYOUTS_DATABASE_URL", "PAYOUTS_DATABASE_URL_FILE")
+	t.Setenv("PAYOUTS_ETCD_EMBED_DIR", t.TempDir())
+	code, _, errOut = runCtx(t, testCtx(t), "serve", "lock", "--backend", "etcd", "--insecure-no-auth", "--listen", "127.0.0.1:0", "--etcd-endpoints", "http://127.0.0.1:1")
+	if code != 2 || !strings.Contains(errOut, "--etcd-endpoints and PAYOUTS_ETCD_EMBED_DIR are mutually exclusive") {
+		t.Fatalf("serve lock --etcd-endpoints with PAYOUTS_ETCD_EMBED_DIR: exit %d, %q; want 2 naming the variable", code, errOut)
+	}
+}
+
 // Flags that do nothing were removed: passing one is a usage error (exit 2).
 func TestRemovedFlagsAreUsageErrors(t *testing.T) {
 	code, _, errOut := runArgs(t, "lock", "list", "--proxy-url", "http://127.0.0.1:7103", "--token", "x")

@@ -37,7 +37,10 @@ func (d *databaseURL) value() (string, error) {
 func secret(name, value, file string) (string, error) {
 	switch {
 	case value != "" && file != "":
-		return "", fmt.Errorf("--%s and --%s-file are mutually exclusive", name, name)
+		// Either may come from its variable (PAYOUTS_TOKEN in a cron
+		// job's environment): name both, or the operator looks for a flag
+		// they never typed.
+		return "", fmt.Errorf("--%s (%s) and --%s-file (%s) are mutually exclusive: give one of them", name, EnvName(name), name, EnvName(name+"-file"))
 	case file == "":
 		return value, nil
 	}

@@ -45,6 +45,10 @@ func newServeLockCmd(a *app) *cobra.Command {
 				}
 			}
 			if backend == "etcd" {
+				if ep, dir := givenAs(cmd, "etcd-endpoints"), givenAs(cmd, "etcd-embed-dir"); len(eps) > 0 && embedDir != "" && ep != "" && dir != "" {
+					// Named as given: one may be a variable of the environment.
+					return &ExitError{Code: 2, Err: fmt.Errorf("%s and %s are mutually exclusive: give one of them", ep, dir)}
+				}
 				if err := lock.CheckEtcdStore(eps, embedDir); err != nil {
 					return &ExitError{Code: 2, Err: err}
 				}
