@@ -455,3 +455,17 @@ func TestServeLockRefusesTheOtherBackendsFlags(t *testing.T) {
 		t.Errorf("PAYOUTS_ETCD_EMBED_DIR with --backend postgres: exit %d, %q; want exit 2 naming the variable", code, errOut)
 	}
 }
+
+// TestPlainHTTPToAnHTTPSServerSaysSo: `payout show --payment-url http://...`
+// of a server that serves HTTPS printed "internal (HTTP 400): HTTP 400:
+// Client sent an HTTP request to an HTTPS server.". It says to use an
+// https:// URL.
+func TestPlainHTTPToAnHTTPSServerSaysSo(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer srv.Close()
+	plain := strings.Replace(srv.URL, "https://", "http://", 1)
+	code, _, errOut := runArgs(t, "payout", "show", "p-1", "--payment-url", plain, "--token", "operator-token-0123456789")
+	if code == 0 || !strings.Contains(errOut, "invalid_request (HTTP 400): the server speaks HTTPS: use an https:// URL") {
+		t.Fatalf("payout show over http:// to an HTTPS server: exit %d, %q; want it to say to use https://", code, errOut)
+	}
+}
