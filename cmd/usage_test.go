@@ -469,3 +469,52 @@ func TestPlainHTTPToAnHTTPSServerSaysSo(t *testing.T) {
 		t.Fatalf("payout show over http:// to an HTTPS server: exit %d, %q; want it to say to use https://", code, errOut)
 	}
 }
+
+// TestStoreAddressesCheckedFirst: `serve payment --database-url 'not a
+// url'` (and the other roles with a database, and migrate) exited 1 with
+// the driver's "cannot parse" from deep in the start; `serve lock
+// --etcd-endpoints bogus` was taken and waited for ever. Each is a usage
+// error naming where the value came from, before anything connects, and
+// the driver's message does not echo a password.
+func TestStoreAddressesCheckedFirst(t *testing.T) {
+	clearEnv(t, "PAYOUTS_DATABASE_URL", "PAYOUTS_DATABASE_URL_FILE", "PAYOUTS_ETCD_ENDPOINTS", "PAYOUTS_ETCD_EMBED_DIR")
+	server := []string{"--insecure-no-auth", "--listen", "127.0.0.1:0"}
+	withDB := [][]string{
+		append([]string{"serve", "payment"}, server...),
+		append([]string{"serve", "proxy", "--rail-token", "proxy-rail-token-0123456789"}, server...),
+		append([]string{"serve", "lock", "--backend", "postgres"}, server...),
+		{"migrate", "--db", "paydb"},
+		{"lock", "bump-tokens", "--to", "5"},
+	}
+	for _, base := range withDB {
+		for _, bad := range []string{"not a url", "postgres://payouts:s3cret@127.0.0.1:notaport/paydb"} {
+			args := append(append([]string{}, base...), "--database-url", bad)
+			code, _, errOut := runCtx(t, testCtx(t), args...)
+			if code != 2 || !strings.Contains(errOut, "--database-url must be a PostgreSQL URL") || strings.Contains(errOut, "s3cret") {
+				t.Errorf("payouts %s: exit %d, %q; want exit 2 saying what --database-url must be, no password", strings.Join(args, " "), code, errOut)
+			}
+		}
+	}
+	file := writeFile(t, "db.url", "not a url\n")
+	if code, _, errOut := runArgs(t, "migrate", "--db", "paydb", "--database-url-file", file); code != 2 || !strings.Contains(errOut, "the URL in --database-url-file "+file+" must be") {
+		t.Errorf("migrate with a --database-url-file holding no URL: exit %d, %q; want 2 naming the file", code, errOut)
+	}
+	t.Setenv("PAYOUTS_DATABASE_URL", "not a url")
+	if code, _, errOut := runArgs(t, "migrate", "--db", "paydb"); code != 2 || !strings.Contains(errOut, "PAYOUTS_DATABASE_URL must be") {
+		t.Errorf("migrate with PAYOUTS_DATABASE_URL=not a url: exit %d, %q; want 2 naming the variable", code, errOut)
+	}
+	_ = os.Unsetenv("PAYOUTS_DATABASE_URL")
+	for _, eps := range []string{"bogus", "127.0.0.1", "http://127.0.0.1", "ftp://127.0.0.1:2379", "127.0.0.1:2379,:2379", "http://127.0.0.1:2379/v3/x"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		code, _, errOut := runCtx(t, ctx, append(append([]string{"serve", "lock", "--backend", "etcd"}, server...), "--etcd-endpoints", eps)...)
+		cancel()
+		if code != 2 || !strings.Contains(errOut, "--etcd-endpoints: endpoint") || !strings.Contains(errOut, "must be host:port or http(s)://host:port") {
+			t.Errorf("serve lock --etcd-endpoints %s: exit %d, %q; want exit 2 saying what an endpoint must be", eps, code, errOut)
+		}
+	}
+	for _, ok := range []string{"127.0.0.1:2379", "etcd-1:2379", "http://etcd-1:2379", "https://[::1]:2379/", "localhost:2379"} {
+		if err := checkEtcdEndpoint(ok); err != nil {
+			t.Errorf("etcd endpoint %q refused: %v", ok, err)
+		}
+	}
+}
