@@ -518,3 +518,42 @@ func TestStoreAddressesCheckedFirst(t *testing.T) {
 		}
 	}
 }
+
+// TestReconcileChecksItsFilesFirst: `reconcile --once --state-file
+// /nonexistent/dir/x.json` (or --metrics-file there) made a whole pass
+// before exiting 2 because it could not write the file. The directory is
+// checked first: exit 2, naming the flag, nothing asked; the metrics file,
+// where it can be written, still says the run failed.
+func TestReconcileChecksItsFilesFirst(t *testing.T) {
+	clearEnv(t, "PAYOUTS_STATE_FILE", "PAYOUTS_METRICS_FILE")
+	srv, requests := requestCounter(t)
+	dir := t.TempDir()
+	notADir := writeFile(t, "plain", "")
+	metrics := filepath.Join(dir, "payouts_reconcile.prom")
+	base := []string{"reconcile", "--once", "--token", "reconciler-token-0123456789", "--rail-token", "rail-token-0123456789",
+		"--lock-url", srv, "--payment-url", srv, "--proxy-url", srv, "--rail-url", srv}
+	for _, c := range []struct {
+		flag string
+		args []string
+		want string
+	}{
+		{"--state-file", []string{"--state-file", "/nonexistent/dir/x.json", "--metrics-file", metrics}, "its directory /nonexistent/dir does not exist"},
+		{"--state-file", []string{"--state-file", filepath.Join(notADir, "x.json"), "--metrics-file", metrics}, notADir + " is not a directory"},
+		{"--metrics-file", []string{"--metrics-file", "/nonexistent/dir/x.prom"}, "its directory /nonexistent/dir does not exist"},
+	} {
+		_ = os.Remove(metrics)
+		args := append(append([]string{}, base...), c.args...)
+		code, _, errOut := runArgs(t, args...)
+		if code != 2 || !strings.Contains(errOut, "could not run: "+c.flag+" ") || !strings.Contains(errOut, c.want) {
+			t.Errorf("payouts %s: exit %d, %q; want exit 2 naming %s (%s)", strings.Join(args, " "), code, errOut, c.flag, c.want)
+		}
+		if reqs := requests(); len(reqs) != 0 {
+			t.Fatalf("payouts %s asked %v; want nothing asked", strings.Join(args, " "), reqs)
+		}
+		if c.flag == "--state-file" {
+			if b, err := os.ReadFile(metrics); err != nil || !strings.Contains(string(b), "payouts_reconcile_up 0") {
+				t.Errorf("payouts %s: metrics file %q (%v); want it written with up 0", strings.Join(args, " "), b, err)
+			}
+		}
+	}
+}
