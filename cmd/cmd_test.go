@@ -266,6 +266,13 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	if _, _, errOut := runArgs(t, "serve", "lock"); !strings.Contains(errOut, "--backend is required") {
 		t.Errorf("serve lock without --backend: %q, want it to say the flag is required", errOut)
 	}
+	// migrate said `unknown database ""` without --db.
+	if _, _, errOut := runArgs(t, "migrate"); !strings.Contains(errOut, "--db is required: paydb, proxydb or lockdb") {
+		t.Errorf("migrate without --db: %q, want it to say the flag is required and its values", errOut)
+	}
+	if code, _, errOut := runArgs(t, "migrate", "--db", "payments"); code != 2 || !strings.Contains(errOut, `--db must be paydb, proxydb or lockdb, got "payments"`) {
+		t.Errorf("migrate --db payments: exit %d, %q, want 2 saying what --db must be", code, errOut)
+	}
 	t.Setenv("PAYOUTS_AMBIGUITY_SLA", "not-a-duration")
 	code, _, errOut := runArgs(t, "reconcile", "--once")
 	if code != 2 || !strings.Contains(errOut, "PAYOUTS_AMBIGUITY_SLA") {
