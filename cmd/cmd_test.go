@@ -492,3 +492,34 @@ func writeFileAt(t *testing.T, path, content string) string {
 	}
 	return path
 }
+
+// TestBenchReconcileCountsCheckedFirst: `bench reconcile --per-grant 0`
+// ran with 50 payouts per grant without a word. A count below 1 is a
+// usage error naming the flag, before a stack is started (--dir, a plain
+// file here, is never used).
+func TestBenchReconcileCountsCheckedFirst(t *testing.T) {
+	notADir := filepath.Join(t.TempDir(), "plain")
+	if err := os.WriteFile(notADir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][]string{{"--per-grant", "0"}, {"--per-grant", "-3"}, {"--payouts", "0"}} {
+		args := append([]string{"bench", "reconcile", "--dir", notADir}, c...)
+		code, _, errOut := runCtx(t, testCtx(t), args...)
+		if code != 2 || !strings.Contains(errOut, c[0]+" must be at least 1") {
+			t.Errorf("payouts %s: exit %d, %q; want exit 2 saying what %s must be", strings.Join(args, " "), code, errOut, c[0])
+		}
+	}
+}
+
+// TestFlagHelpNamesNoQuotedText: pflag takes the first `quoted` text of a
+// flag's usage as the name of its value, so `bench reconcile --help` read
+// "--reconcile-arg payouts reconcile". A value's name is one word.
+func TestFlagHelpNamesNoQuotedText(t *testing.T) {
+	walk(NewRoot(), func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " \t") {
+				t.Errorf("%s --help shows --%s %s: quoted text of its usage taken for the value's name", c.CommandPath(), f.Name, name)
+			}
+		})
+	})
+}
