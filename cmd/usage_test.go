@@ -20,6 +20,7 @@ import (
 
 	"github.com/payouts/payouts/executor"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/lockclient"
 )
 
@@ -274,7 +275,8 @@ func newOperatorStub(t *testing.T, state string) *operatorStub {
 		s.mu.Lock()
 		s.waits = append(s.waits, req.WaitMS)
 		s.mu.Unlock()
-		problem.Write(w, problem.New(problem.LockHeld, "lock held by another session"))
+		problem.Write(w, backend.ErrHeld(r.PathValue("key"), backend.Lock{Held: true, Owner: "executor-7", SessionID: "s-9",
+			ServerExpiry: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}))
 	})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
@@ -325,6 +327,17 @@ func TestPayoutChangeWait(t *testing.T) {
 			if code != 1 || !strings.Contains(errOut, "lock_held") || len(waits) != 1 || waits[0] != wantMS {
 				t.Errorf("payout %s --wait %q: exit %d, %q, acquire waits %v (requests %v); want one acquire with wait_ms %d, and lock_held (exit 1)", verb, wait, code, errOut, waits, reqs, wantMS)
 			}
+		}
+	}
+	// A lock held names its holder, as the lock service sent it, and says
+	// the lock can be waited for; it printed only "held by another session".
+	s := newOperatorStub(t, "PENDING")
+	code, _, errOut := runArgs(t, "payout", "cancel", "p-1", "--reason", "test", "--token", "operator-token-0123456789",
+		"--lock-url", s.url, "--payment-url", s.url, "--proxy-url", s.url, "--wait", "0")
+	for _, want := range []string{"lock_held (HTTP 409): lock payout:acc-1 is held by another session (by executor-7, session s-9, lease until 2030-01-02T03:04:05Z)",
+		"waited 0s for it: run again with a longer --wait (at most 5m0s)", "--grant-linger"} {
+		if code != 1 || !strings.Contains(errOut, want) {
+			t.Errorf("payout cancel on a held lock: exit %d, %q; want exit 1 and %q", code, errOut, want)
 		}
 	}
 	// The library refuses a negative wait; 0 is no wait, not a default.
