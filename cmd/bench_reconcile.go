@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 
 	"github.com/spf13/cobra"
@@ -30,6 +31,10 @@ func newBenchReconcileCmd(a *app) *cobra.Command {
 		Short: "Load N terminal payouts in bulk into a throwaway stack and time one `payouts reconcile --once` pass",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// --per-grant 0 became 50 without a word.
+			if err := checkFlagRanges(cmd, []intRange{{"payouts", 1, math.MaxInt}, {"per-grant", 1, math.MaxInt}}); err != nil {
+				return err
+			}
 			opts.Logger = a.logger(cmd, "bench")
 			if err := wireBenchReconcile(&opts); err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -53,7 +58,7 @@ func newBenchReconcileCmd(a *app) *cobra.Command {
 	fl.IntVar(&opts.PerGrant, "per-grant", 50, "payouts per account (one grant each)")
 	fl.StringVar(&opts.Dir, "dir", "", "directory of the throwaway stack (default: a temporary one, removed afterwards)")
 	fl.BoolVar(&opts.RailPerPayout, "rail-per-payout", false, "run the pass with --rail-per-payout (flat memory; the rail is asked per payout)")
-	fl.StringArrayVar(&opts.ReconcileArgs, "reconcile-arg", nil, "extra flag for the measured `payouts reconcile` (repeatable)")
+	fl.StringArrayVar(&opts.ReconcileArgs, "reconcile-arg", nil, "extra flag for the measured reconcile pass, e.g. --reconcile-arg=--page-size=500 (repeatable)")
 	fl.StringVar(&opts.CPUProfile, "cpu-profile", "", "run the pass in this process and write its CPU profile (pprof) to this file")
 	out.register(c, true)
 	return c

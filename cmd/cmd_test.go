@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -169,6 +170,32 @@ func TestClientNeedsToken(t *testing.T) {
 	}
 }
 
+// TestBothTokenVariablesNamed: PAYOUTS_TOKEN and PAYOUTS_TOKEN_FILE both
+// set were refused as "--token and --token-file are mutually exclusive",
+// naming flags nobody typed. The message names the variables too; so for
+// the other secrets given as a value or a file.
+func TestBothTokenVariablesNamed(t *testing.T) {
+	file := writeFile(t, "token", "token-from-the-file-0123456789\n")
+	t.Setenv("PAYOUTS_TOKEN", "token-from-the-environment-0123")
+	t.Setenv("PAYOUTS_TOKEN_FILE", file)
+	code, _, errOut := runArgs(t, "lock", "list", "--lock-url", "http://127.0.0.1:1")
+	if code != 2 || !strings.Contains(errOut, "--token (PAYOUTS_TOKEN) and --token-file (PAYOUTS_TOKEN_FILE) are mutually exclusive") {
+		t.Fatalf("lock list with PAYOUTS_TOKEN and PAYOUTS_TOKEN_FILE: exit %d, %q; want 2 naming both variables", code, errOut)
+	}
+	t.Setenv("PAYOUTS_DATABASE_URL", "postgres://payouts@127.0.0.1:1/paydb")
+	t.Setenv("PAYOUTS_DATABASE_URL_FILE", file)
+	code, _, errOut = runArgs(t, "migrate", "--db", "paydb")
+	if code != 2 || !strings.Contains(errOut, "--database-url (PAYOUTS_DATABASE_URL) and --database-url-file (PAYOUTS_DATABASE_URL_FILE)") {
+		t.Fatalf("migrate with PAYOUTS_DATABASE_URL and PAYOUTS_DATABASE_URL_FILE: exit %d, %q; want 2 naming both variables", code, errOut)
+	}
+	clearEnv(t, "PAYOUTS_DATABASE_URL", "PAYOUTS_DATABASE_URL_FILE")
+	t.Setenv("PAYOUTS_ETCD_EMBED_DIR", t.TempDir())
+	code, _, errOut = runCtx(t, testCtx(t), "serve", "lock", "--backend", "etcd", "--insecure-no-auth", "--listen", "127.0.0.1:0", "--etcd-endpoints", "http://127.0.0.1:1")
+	if code != 2 || !strings.Contains(errOut, "--etcd-endpoints and PAYOUTS_ETCD_EMBED_DIR are mutually exclusive") {
+		t.Fatalf("serve lock --etcd-endpoints with PAYOUTS_ETCD_EMBED_DIR: exit %d, %q; want 2 naming the variable", code, errOut)
+	}
+}
+
 // Flags that do nothing were removed: passing one is a usage error (exit 2).
 func TestRemovedFlagsAreUsageErrors(t *testing.T) {
 	code, _, errOut := runArgs(t, "lock", "list", "--proxy-url", "http://127.0.0.1:7103", "--token", "x")
@@ -238,6 +265,13 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	}
 	if _, _, errOut := runArgs(t, "serve", "lock"); !strings.Contains(errOut, "--backend is required") {
 		t.Errorf("serve lock without --backend: %q, want it to say the flag is required", errOut)
+	}
+	// migrate said `unknown database ""` without --db.
+	if _, _, errOut := runArgs(t, "migrate"); !strings.Contains(errOut, "--db is required: paydb, proxydb or lockdb") {
+		t.Errorf("migrate without --db: %q, want it to say the flag is required and its values", errOut)
+	}
+	if code, _, errOut := runArgs(t, "migrate", "--db", "payments"); code != 2 || !strings.Contains(errOut, `--db must be paydb, proxydb or lockdb, got "payments"`) {
+		t.Errorf("migrate --db payments: exit %d, %q, want 2 saying what --db must be", code, errOut)
 	}
 	t.Setenv("PAYOUTS_AMBIGUITY_SLA", "not-a-duration")
 	code, _, errOut := runArgs(t, "reconcile", "--once")
@@ -408,4 +442,84 @@ func TestTableCellsShowControlCharactersEscaped(t *testing.T) {
 	if strings.ContainsAny(got, "\x1b\r\u202e") || strings.Count(got, "\n") != 3 {
 		t.Errorf("table %q kept a control or format character", got)
 	}
+}
+
+// TestDevUpChecksItsFlagsFirst: `dev up --settlement-window -1s` started
+// PostgreSQL and etcd and was refused only when the rail stub it was
+// passed to exited. A value a role would refuse is a usage error before
+// anything is started: nothing is created in --dir.
+func TestDevUpChecksItsFlagsFirst(t *testing.T) {
+	for _, window := range []string{"-1s", "0s"} {
+		dir := t.TempDir()
+		code, _, errOut := runCtx(t, testCtx(t), "dev", "up", "--dir", dir, "--port-base", "0", "--settlement-window", window)
+		entries, _ := os.ReadDir(dir)
+		if code != 2 || !strings.Contains(errOut, "--settlement-window must be") || len(entries) != 0 {
+			t.Errorf("dev up --settlement-window %s: exit %d, %q, %d entries in --dir; want exit 2 saying what --settlement-window must be, nothing started", window, code, errOut, len(entries))
+		}
+	}
+}
+
+// TestDevUpRefusesADirWhoseStackRuns: a second `dev up --dir D` while D's
+// stack ran said "PostgreSQL did not start: ... Examine the log output".
+// It is a usage error saying that a stack runs in D, with its pids.
+func TestDevUpRefusesADirWhoseStackRuns(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "pg", "data")
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// This process stands in for D's PostgreSQL, its parent for D's dev up.
+	pg, dev := os.Getpid(), os.Getppid()
+	_ = writeFileAt(t, filepath.Join(data, "postmaster.pid"), strconv.Itoa(pg)+"\n"+data+"\n")
+	_ = writeFileAt(t, filepath.Join(dir, "run", "dev.pid"), strconv.Itoa(dev)+"\n")
+	code, _, errOut := runCtx(t, testCtx(t), "dev", "up", "--dir", dir, "--port-base", "0")
+	want := fmt.Sprintf("a stack already runs in %s (dev up pid %d, PostgreSQL pid %d)", dir, dev, pg)
+	if code != 2 || !strings.Contains(errOut, want) {
+		t.Fatalf("dev up --dir D while D's stack runs: exit %d, %q; want exit 2 and %q", code, errOut, want)
+	}
+	if _, err := os.Stat(filepath.Join(data, "PG_VERSION")); err == nil {
+		t.Fatal("dev up initialised a cluster in a running stack's directory")
+	}
+}
+
+func writeFileAt(t *testing.T, path, content string) string {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestBenchReconcileCountsCheckedFirst: `bench reconcile --per-grant 0`
+// ran with 50 payouts per grant without a word. A count below 1 is a
+// usage error naming the flag, before a stack is started (--dir, a plain
+// file here, is never used).
+func TestBenchReconcileCountsCheckedFirst(t *testing.T) {
+	notADir := filepath.Join(t.TempDir(), "plain")
+	if err := os.WriteFile(notADir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range [][]string{{"--per-grant", "0"}, {"--per-grant", "-3"}, {"--payouts", "0"}} {
+		args := append([]string{"bench", "reconcile", "--dir", notADir}, c...)
+		code, _, errOut := runCtx(t, testCtx(t), args...)
+		if code != 2 || !strings.Contains(errOut, c[0]+" must be at least 1") {
+			t.Errorf("payouts %s: exit %d, %q; want exit 2 saying what %s must be", strings.Join(args, " "), code, errOut, c[0])
+		}
+	}
+}
+
+// TestFlagHelpNamesNoQuotedText: pflag takes the first `quoted` text of a
+// flag's usage as the name of its value, so `bench reconcile --help` read
+// "--reconcile-arg payouts reconcile". A value's name is one word.
+func TestFlagHelpNamesNoQuotedText(t *testing.T) {
+	walk(NewRoot(), func(c *cobra.Command) {
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " \t") {
+				t.Errorf("%s --help shows --%s %s: quoted text of its usage taken for the value's name", c.CommandPath(), f.Name, name)
+			}
+		})
+	})
 }

@@ -24,7 +24,10 @@ func newDevUpCmd(a *app) *cobra.Command {
 		Short: "Run every role locally on throwaway PostgreSQL and embedded etcd (foreground; Ctrl-C stops)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkFlagRanges(cmd, []intRange{{"port-base", 0, 65535 - stack.PortSpan}}); err != nil {
+			// Every flag a role is started with is checked here, before
+			// PostgreSQL and etcd are: the role's own refusal came only once
+			// they were up, as a child that exited.
+			if err := checkFlagRanges(cmd, []intRange{{"port-base", 0, 65535 - stack.PortSpan}}, "settlement-window"); err != nil {
 				return err
 			}
 			logger := a.logger(cmd, "dev")
@@ -60,7 +63,7 @@ func newDevUpCmd(a *app) *cobra.Command {
 	c.Flags().StringVar(&dir, "dir", ".dev/stack", "directory for the databases, etcd data, auth file and logs (reused on the next run)")
 	out.register(c, true)
 	c.Flags().IntVar(&portBase, "port-base", 7100, "ports: lock +1, payment +2, proxy +3, rail +4, etcd +6/+7, PostgreSQL +8 (+5 stays free for a reconciler's default --listen); 0 picks free ports")
-	c.Flags().DurationVar(&settlement, "settlement-window", 3*time.Second, "the rail stub's settlement window")
+	c.Flags().DurationVar(&settlement, "settlement-window", 3*time.Second, "the rail stub's settlement window (positive)")
 	c.Flags().BoolVar(&useTLS, "tls", false, "run every role over HTTPS with a throwaway CA made for this run (DIR/tls/ca.pem: pass it as --ca-file)")
 	return c
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,7 +28,15 @@ func newMigrateCmd(a *app) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			kind, err := migrations.Parse(db)
 			if err != nil {
-				return &ExitError{Code: 2, Err: err}
+				var names []string
+				for _, d := range migrations.All() {
+					names = append(names, string(d))
+				}
+				valid := strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+				if db == "" {
+					return &ExitError{Code: 2, Err: fmt.Errorf("--db is required: %s", valid)}
+				}
+				return &ExitError{Code: 2, Err: fmt.Errorf("--db must be %s, got %q", valid, db)}
 			}
 			url, err := dbURL.value()
 			if err != nil {
@@ -69,7 +78,7 @@ func newMigrateCmd(a *app) *cobra.Command {
 			return out.print(cmd.OutOrStdout(), res, t)
 		},
 	}
-	c.Flags().StringVar(&db, "db", "", "which database: paydb, proxydb or lockdb")
+	c.Flags().StringVar(&db, "db", "", "which database: paydb, proxydb or lockdb (required)")
 	c.Flags().DurationVar(&timeout, "timeout", 0, "give up (exit 1) after this long, rolling back the migration in progress; 0: no limit (an index build on a large table takes minutes)")
 	c.Flags().DurationVar(&lockTimeout, "lock-timeout", migrations.DefaultLockTimeout,
 		"longest a migration waits for a table lock before it is rolled back and tried again, so the table's traffic never queues behind it for longer; 0: the database's own lock_timeout")

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/payouts/payouts/executor"
+	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
 )
 
@@ -63,6 +64,9 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 				do = op.Abandon
 			}
 			p, err := do(cmd.Context(), args[0], reason)
+			if problem.Has(err, problem.LockHeld) {
+				return lockHeldError(err, wait)
+			}
 			if err != nil {
 				return cliError(err)
 			}
@@ -79,4 +83,32 @@ func newPayoutChangeCmd(a *app, verb, short string) *cobra.Command {
 		fl.BoolVar(&despite, "despite-rail-answer", false, "abandon even though the rail proxy recorded an ACKED or REJECTED answer, which the rail's own lookup contradicts (the reconciler left the payout for a human); say why in --reason")
 	}
 	return c
+}
+
+// lockHeldError is a lock_held answer to the account's lock as the
+// operator can act on it: who holds the lock (the problem's holder, its
+// session and when its lease ends, when the lock service sent them), and
+// that the lock may be waited for. It was "lock_held ... held by another
+// session", the holder dropped.
+func lockHeldError(err error, waited time.Duration) error {
+	pe := problem.From(err)
+	msg := fmt.Sprintf("%s (HTTP %d): %s", pe.Code, pe.Status(), pe.Message)
+	var holder, session string
+	var expiry time.Time
+	var held []string
+	if pe.Extension("holder", &holder) && holder != "" {
+		held = append(held, "by "+holder)
+	}
+	if pe.Extension("holder_session_id", &session) && session != "" {
+		held = append(held, "session "+session)
+	}
+	if pe.Extension("server_expiry", &expiry) && !expiry.IsZero() {
+		held = append(held, "lease until "+expiry.UTC().Format(time.RFC3339))
+	}
+	if len(held) > 0 {
+		msg += " (" + strings.Join(held, ", ") + ")"
+	}
+	msg += fmt.Sprintf("; waited %s for it: run again with a longer --wait (at most %s) — an executor keeps an account's lock for its --grant-linger (default %s) after the account's work runs out",
+		waited, backend.MaxWait, executor.DefaultGrantLinger)
+	return &ExitError{Code: 1, Err: errors.New(msg)}
 }

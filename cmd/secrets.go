@@ -6,6 +6,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 )
 
@@ -14,9 +16,11 @@ import (
 // than the command line, where ps shows it.
 type databaseURL struct {
 	url, file string
+	c         *cobra.Command
 }
 
 func (d *databaseURL) register(c *cobra.Command, what string) {
+	d.c = c
 	c.Flags().StringVar(&d.url, "database-url", "", "PostgreSQL URL of "+what+" (visible in ps: prefer --database-url-file or "+EnvName("database-url")+")")
 	c.Flags().StringVar(&d.file, "database-url-file", "", "file holding the PostgreSQL URL of "+what)
 }
@@ -26,10 +30,41 @@ func (d *databaseURL) value() (string, error) {
 	if err == nil && v == "" {
 		err = fmt.Errorf("--database-url-file or --database-url (or %s) is required", EnvName("database-url"))
 	}
+	if err == nil {
+		err = d.check(v)
+	}
 	if err != nil {
 		return "", &ExitError{Code: 2, Err: err}
 	}
 	return v, nil
+}
+
+// check refuses a URL PostgreSQL's driver cannot parse, naming where it
+// came from: it was refused only deep in the role's start, as "cannot
+// parse", exit 1. The driver's message is shown without the URL it
+// quotes, which may hold a password.
+func (d *databaseURL) check(v string) error {
+	_, err := pgx.ParseConfig(v)
+	if err == nil {
+		return nil
+	}
+	where := "--database-url"
+	if d.c != nil {
+		if as := givenAs(d.c, "database-url"); as != "" {
+			where = as
+		}
+		if as := givenAs(d.c, "database-url-file"); as != "" {
+			where = "the URL in " + as + " " + d.file
+		}
+	}
+	why := err.Error()
+	var pce *pgconn.ParseConfigError
+	if errors.As(err, &pce) {
+		if _, after, ok := strings.Cut(why, "`: "); ok {
+			why = after
+		}
+	}
+	return fmt.Errorf("%s must be a PostgreSQL URL (postgres://USER@HOST:PORT/DBNAME?sslmode=...) or keyword/value string: %s", where, why)
 }
 
 // secret is the value of --NAME or the contents of --NAME-file (at most one
@@ -37,7 +72,10 @@ func (d *databaseURL) value() (string, error) {
 func secret(name, value, file string) (string, error) {
 	switch {
 	case value != "" && file != "":
-		return "", fmt.Errorf("--%s and --%s-file are mutually exclusive", name, name)
+		// Either may come from its variable (PAYOUTS_TOKEN in a cron
+		// job's environment): name both, or the operator looks for a flag
+		// they never typed.
+		return "", fmt.Errorf("--%s (%s) and --%s-file (%s) are mutually exclusive: give one of them", name, EnvName(name), name, EnvName(name+"-file"))
 	case file == "":
 		return value, nil
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,8 +48,17 @@ func newServeLockCmd(a *app) *cobra.Command {
 				}
 			}
 			if backend == "etcd" {
+				if ep, dir := givenAs(cmd, "etcd-endpoints"), givenAs(cmd, "etcd-embed-dir"); len(eps) > 0 && embedDir != "" && ep != "" && dir != "" {
+					// Named as given: one may be a variable of the environment.
+					return &ExitError{Code: 2, Err: fmt.Errorf("%s and %s are mutually exclusive: give one of them", ep, dir)}
+				}
 				if err := lock.CheckEtcdStore(eps, embedDir); err != nil {
 					return &ExitError{Code: 2, Err: err}
+				}
+				for _, e := range eps {
+					if err := checkEtcdEndpoint(e); err != nil {
+						return &ExitError{Code: 2, Err: fmt.Errorf("%s: %w", givenAs(cmd, "etcd-endpoints"), err)}
+					}
 				}
 			}
 			f.db = "" // etcd: no database, --database-url is not read
@@ -108,4 +120,23 @@ func checkLockBackend(v string) error {
 		return &ExitError{Code: 2, Err: errors.New("--backend is required: etcd or postgres")}
 	}
 	return &ExitError{Code: 2, Err: fmt.Errorf("--backend must be etcd or postgres, got %q", v)}
+}
+
+// checkEtcdEndpoint refuses an endpoint the etcd client cannot dial: it
+// took `bogus` and the lock service waited for it for ever. An endpoint is
+// host:port or http(s)://host:port.
+func checkEtcdEndpoint(e string) error {
+	hostPort := e
+	if scheme, rest, ok := strings.Cut(e, "://"); ok {
+		u, err := url.Parse(e)
+		if err != nil || (scheme != "http" && scheme != "https") || u.User != nil || u.RawQuery != "" || (u.Path != "" && u.Path != "/") || !strings.HasPrefix(rest, u.Host) {
+			return fmt.Errorf("endpoint %q must be host:port or http(s)://host:port", e)
+		}
+		hostPort = u.Host
+	}
+	host, port, err := net.SplitHostPort(hostPort)
+	if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("endpoint %q must be host:port or http(s)://host:port", e)
+	}
+	return nil
 }

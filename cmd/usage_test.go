@@ -20,6 +20,7 @@ import (
 
 	"github.com/payouts/payouts/executor"
 	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/lockclient"
 )
 
@@ -274,7 +275,8 @@ func newOperatorStub(t *testing.T, state string) *operatorStub {
 		s.mu.Lock()
 		s.waits = append(s.waits, req.WaitMS)
 		s.mu.Unlock()
-		problem.Write(w, problem.New(problem.LockHeld, "lock held by another session"))
+		problem.Write(w, backend.ErrHeld(r.PathValue("key"), backend.Lock{Held: true, Owner: "executor-7", SessionID: "s-9",
+			ServerExpiry: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}))
 	})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
@@ -325,6 +327,17 @@ func TestPayoutChangeWait(t *testing.T) {
 			if code != 1 || !strings.Contains(errOut, "lock_held") || len(waits) != 1 || waits[0] != wantMS {
 				t.Errorf("payout %s --wait %q: exit %d, %q, acquire waits %v (requests %v); want one acquire with wait_ms %d, and lock_held (exit 1)", verb, wait, code, errOut, waits, reqs, wantMS)
 			}
+		}
+	}
+	// A lock held names its holder, as the lock service sent it, and says
+	// the lock can be waited for; it printed only "held by another session".
+	s := newOperatorStub(t, "PENDING")
+	code, _, errOut := runArgs(t, "payout", "cancel", "p-1", "--reason", "test", "--token", "operator-token-0123456789",
+		"--lock-url", s.url, "--payment-url", s.url, "--proxy-url", s.url, "--wait", "0")
+	for _, want := range []string{"lock_held (HTTP 409): lock payout:acc-1 is held by another session (by executor-7, session s-9, lease until 2030-01-02T03:04:05Z)",
+		"waited 0s for it: run again with a longer --wait (at most 5m0s)", "--grant-linger"} {
+		if code != 1 || !strings.Contains(errOut, want) {
+			t.Errorf("payout cancel on a held lock: exit %d, %q; want exit 1 and %q", code, errOut, want)
 		}
 	}
 	// The library refuses a negative wait; 0 is no wait, not a default.
@@ -453,5 +466,107 @@ func TestServeLockRefusesTheOtherBackendsFlags(t *testing.T) {
 	args := append(append([]string{}, base...), "--backend", "postgres", "--database-url", dbURL)
 	if code, _, errOut := runCtx(t, testCtx(t), args...); code != 2 || !strings.Contains(errOut, "PAYOUTS_ETCD_EMBED_DIR") || conns() != 0 {
 		t.Errorf("PAYOUTS_ETCD_EMBED_DIR with --backend postgres: exit %d, %q; want exit 2 naming the variable", code, errOut)
+	}
+}
+
+// TestPlainHTTPToAnHTTPSServerSaysSo: `payout show --payment-url http://...`
+// of a server that serves HTTPS printed "internal (HTTP 400): HTTP 400:
+// Client sent an HTTP request to an HTTPS server.". It says to use an
+// https:// URL.
+func TestPlainHTTPToAnHTTPSServerSaysSo(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer srv.Close()
+	plain := strings.Replace(srv.URL, "https://", "http://", 1)
+	code, _, errOut := runArgs(t, "payout", "show", "p-1", "--payment-url", plain, "--token", "operator-token-0123456789")
+	if code == 0 || !strings.Contains(errOut, "invalid_request (HTTP 400): the server speaks HTTPS: use an https:// URL") {
+		t.Fatalf("payout show over http:// to an HTTPS server: exit %d, %q; want it to say to use https://", code, errOut)
+	}
+}
+
+// TestStoreAddressesCheckedFirst: `serve payment --database-url 'not a
+// url'` (and the other roles with a database, and migrate) exited 1 with
+// the driver's "cannot parse" from deep in the start; `serve lock
+// --etcd-endpoints bogus` was taken and waited for ever. Each is a usage
+// error naming where the value came from, before anything connects, and
+// the driver's message does not echo a password.
+func TestStoreAddressesCheckedFirst(t *testing.T) {
+	clearEnv(t, "PAYOUTS_DATABASE_URL", "PAYOUTS_DATABASE_URL_FILE", "PAYOUTS_ETCD_ENDPOINTS", "PAYOUTS_ETCD_EMBED_DIR")
+	server := []string{"--insecure-no-auth", "--listen", "127.0.0.1:0"}
+	withDB := [][]string{
+		append([]string{"serve", "payment"}, server...),
+		append([]string{"serve", "proxy", "--rail-token", "proxy-rail-token-0123456789"}, server...),
+		append([]string{"serve", "lock", "--backend", "postgres"}, server...),
+		{"migrate", "--db", "paydb"},
+		{"lock", "bump-tokens", "--to", "5"},
+	}
+	for _, base := range withDB {
+		for _, bad := range []string{"not a url", "postgres://payouts:s3cret@127.0.0.1:notaport/paydb"} {
+			args := append(append([]string{}, base...), "--database-url", bad)
+			code, _, errOut := runCtx(t, testCtx(t), args...)
+			if code != 2 || !strings.Contains(errOut, "--database-url must be a PostgreSQL URL") || strings.Contains(errOut, "s3cret") {
+				t.Errorf("payouts %s: exit %d, %q; want exit 2 saying what --database-url must be, no password", strings.Join(args, " "), code, errOut)
+			}
+		}
+	}
+	file := writeFile(t, "db.url", "not a url\n")
+	if code, _, errOut := runArgs(t, "migrate", "--db", "paydb", "--database-url-file", file); code != 2 || !strings.Contains(errOut, "the URL in --database-url-file "+file+" must be") {
+		t.Errorf("migrate with a --database-url-file holding no URL: exit %d, %q; want 2 naming the file", code, errOut)
+	}
+	t.Setenv("PAYOUTS_DATABASE_URL", "not a url")
+	if code, _, errOut := runArgs(t, "migrate", "--db", "paydb"); code != 2 || !strings.Contains(errOut, "PAYOUTS_DATABASE_URL must be") {
+		t.Errorf("migrate with PAYOUTS_DATABASE_URL=not a url: exit %d, %q; want 2 naming the variable", code, errOut)
+	}
+	_ = os.Unsetenv("PAYOUTS_DATABASE_URL")
+	for _, eps := range []string{"bogus", "127.0.0.1", "http://127.0.0.1", "ftp://127.0.0.1:2379", "127.0.0.1:2379,:2379", "http://127.0.0.1:2379/v3/x"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		code, _, errOut := runCtx(t, ctx, append(append([]string{"serve", "lock", "--backend", "etcd"}, server...), "--etcd-endpoints", eps)...)
+		cancel()
+		if code != 2 || !strings.Contains(errOut, "--etcd-endpoints: endpoint") || !strings.Contains(errOut, "must be host:port or http(s)://host:port") {
+			t.Errorf("serve lock --etcd-endpoints %s: exit %d, %q; want exit 2 saying what an endpoint must be", eps, code, errOut)
+		}
+	}
+	for _, ok := range []string{"127.0.0.1:2379", "etcd-1:2379", "http://etcd-1:2379", "https://[::1]:2379/", "localhost:2379"} {
+		if err := checkEtcdEndpoint(ok); err != nil {
+			t.Errorf("etcd endpoint %q refused: %v", ok, err)
+		}
+	}
+}
+
+// TestReconcileChecksItsFilesFirst: `reconcile --once --state-file
+// /nonexistent/dir/x.json` (or --metrics-file there) made a whole pass
+// before exiting 2 because it could not write the file. The directory is
+// checked first: exit 2, naming the flag, nothing asked; the metrics file,
+// where it can be written, still says the run failed.
+func TestReconcileChecksItsFilesFirst(t *testing.T) {
+	clearEnv(t, "PAYOUTS_STATE_FILE", "PAYOUTS_METRICS_FILE")
+	srv, requests := requestCounter(t)
+	dir := t.TempDir()
+	notADir := writeFile(t, "plain", "")
+	metrics := filepath.Join(dir, "payouts_reconcile.prom")
+	base := []string{"reconcile", "--once", "--token", "reconciler-token-0123456789", "--rail-token", "rail-token-0123456789",
+		"--lock-url", srv, "--payment-url", srv, "--proxy-url", srv, "--rail-url", srv}
+	for _, c := range []struct {
+		flag string
+		args []string
+		want string
+	}{
+		{"--state-file", []string{"--state-file", "/nonexistent/dir/x.json", "--metrics-file", metrics}, "its directory /nonexistent/dir does not exist"},
+		{"--state-file", []string{"--state-file", filepath.Join(notADir, "x.json"), "--metrics-file", metrics}, notADir + " is not a directory"},
+		{"--metrics-file", []string{"--metrics-file", "/nonexistent/dir/x.prom"}, "its directory /nonexistent/dir does not exist"},
+	} {
+		_ = os.Remove(metrics)
+		args := append(append([]string{}, base...), c.args...)
+		code, _, errOut := runArgs(t, args...)
+		if code != 2 || !strings.Contains(errOut, "could not run: "+c.flag+" ") || !strings.Contains(errOut, c.want) {
+			t.Errorf("payouts %s: exit %d, %q; want exit 2 naming %s (%s)", strings.Join(args, " "), code, errOut, c.flag, c.want)
+		}
+		if reqs := requests(); len(reqs) != 0 {
+			t.Fatalf("payouts %s asked %v; want nothing asked", strings.Join(args, " "), reqs)
+		}
+		if c.flag == "--state-file" {
+			if b, err := os.ReadFile(metrics); err != nil || !strings.Contains(string(b), "payouts_reconcile_up 0") {
+				t.Errorf("payouts %s: metrics file %q (%v); want it written with up 0", strings.Join(args, " "), b, err)
+			}
+		}
 	}
 }

@@ -35,9 +35,10 @@ func gaugeIn(t *testing.T, path, name string) float64 {
 
 // TestMetricsFileSaysWhatTheExitCodeSays: a --once run that exits 2 leaves
 // payouts_reconcile_up at 0 in --metrics-file, whether it failed before
-// its pass (a refused token: the file used to keep the previous run's 1)
-// or after it (a state file that could not be saved: the file used to be
-// written before, saying 1 with a fresh success time). The last success
+// its pass (a refused token: the file used to keep the previous run's 1;
+// a state file in no directory) or after it (a state file that could not
+// be saved: the file used to be written before, saying 1 with a fresh
+// success time). The last success
 // stays the last run that succeeded.
 func TestMetricsFileSaysWhatTheExitCodeSays(t *testing.T) {
 	e := setup(t)
@@ -69,7 +70,8 @@ func TestMetricsFileSaysWhatTheExitCodeSays(t *testing.T) {
 		t.Errorf("up = %v after a run refused before its pass (exit 2), want 0", up)
 	}
 
-	// The pass completes; its state cannot be saved (no such directory).
+	// Its state could not be saved (no such directory): refused before
+	// its pass now, which it used to complete first.
 	if code := run(r.Tokens.Reconciler, filepath.Join(dir, "gone", "state.json")); code != reconcile.ExitCannotRun {
 		t.Fatalf("a state file that cannot be saved: exit %d, want 2", code)
 	}

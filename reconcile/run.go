@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -90,6 +92,13 @@ func Run(ctx context.Context, cfg Config) (code int, err error) {
 		}()
 	}
 	cfg.Options.Logger = cfg.Logger
+	// A file the run could not write at its end fails it before its pass:
+	// a whole pass was made, and only then exit 2.
+	for _, f := range []struct{ flag, path string }{{"--state-file", cfg.StateFile}, {"--metrics-file", cfg.MetricsFile}} {
+		if err := checkDir(f.flag, f.path); err != nil {
+			return ExitCannotRun, fmt.Errorf("%w: %w", ErrCannotRun, err)
+		}
+	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 30 * time.Second
 	}
@@ -137,6 +146,26 @@ func Run(ctx context.Context, cfg Config) (code int, err error) {
 		return rec.once(ctx, cfg)
 	}
 	return rec.continuous(ctx, cfg)
+}
+
+// checkDir refuses a file path (of flag) whose directory does not exist or
+// is no directory: the file is written there by atomic rename. "" is no
+// file.
+func checkDir(flag, path string) error {
+	if path == "" {
+		return nil
+	}
+	dir := filepath.Dir(path)
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("%s %s: its directory %s does not exist", flag, path, dir)
+	case err != nil:
+		return fmt.Errorf("%s %s: %w", flag, path, err)
+	case !fi.IsDir():
+		return fmt.Errorf("%s %s: %s is not a directory", flag, path, dir)
+	}
+	return nil
 }
 
 // failMetricsFile records in --metrics-file a run that could not start

@@ -67,3 +67,21 @@ func TestPostgresStartsAgainWhenAPickedPortIsTaken(t *testing.T) {
 		t.Fatalf("server on port %d after %d picks (taken: %d)", c.Port, *picks, port)
 	}
 }
+
+// Each server setting goes on pg_ctl's command line once: a setting of
+// ExtraConf replaces infra's own (the stack's shared_buffers=256MB was
+// passed after infra's 32MB).
+func TestPostgresSettingsGivenOnce(t *testing.T) {
+	c := &PGCluster{opts: PGOptions{Dir: "/tmp/pg", ExtraConf: []string{"autovacuum_naptime=5s", "shared_buffers=256MB", "fsync=on"}}, Port: 5432}
+	got := c.serverOptions()
+	for _, want := range []string{"-c shared_buffers=256MB", "-c fsync=on", "-c max_connections=300", "-c synchronous_commit=off", "-c autovacuum_naptime=5s", "-p 5432"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("server options %q lack %q", got, want)
+		}
+	}
+	for _, name := range []string{"shared_buffers=", "fsync=", "max_connections="} {
+		if n := strings.Count(got, "-c "+name); n != 1 {
+			t.Errorf("server options %q give %s %d times, want once", got, strings.TrimSuffix(name, "="), n)
+		}
+	}
+}

@@ -214,20 +214,41 @@ func (c *PGCluster) bindFailed(from int64) bool {
 	return bytes.Contains(b, []byte("could not bind")) && bytes.Contains(b, []byte("already in use"))
 }
 
-func (c *PGCluster) start(ctx context.Context) error {
-	conf := []string{
-		"-p " + strconv.Itoa(c.Port),
-		"-k " + c.opts.Dir,
-		"-c listen_addresses=127.0.0.1",
-		"-c max_connections=300",
-		"-c shared_buffers=32MB",
+// serverOptions is the server's command line (pg_ctl -o): the port, the
+// socket directory and the settings, each given once. A setting of
+// ExtraConf replaces infra's own of the same name (the stack's
+// shared_buffers=256MB went on the line after infra's 32MB).
+func (c *PGCluster) serverOptions() string {
+	settings := []string{
+		"listen_addresses=127.0.0.1",
+		"max_connections=300",
+		"shared_buffers=32MB",
 	}
 	if !c.opts.Fsync {
-		conf = append(conf, "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off")
+		settings = append(settings, "fsync=off", "synchronous_commit=off", "full_page_writes=off")
+	}
+	name := func(setting string) string {
+		n, _, _ := strings.Cut(setting, "=")
+		return strings.ToLower(strings.TrimSpace(n))
+	}
+	extra := map[string]bool{}
+	for _, e := range c.opts.ExtraConf {
+		extra[name(e)] = true
+	}
+	conf := []string{"-p " + strconv.Itoa(c.Port), "-k " + c.opts.Dir}
+	for _, e := range settings {
+		if !extra[name(e)] {
+			conf = append(conf, "-c "+e)
+		}
 	}
 	for _, e := range c.opts.ExtraConf {
 		conf = append(conf, "-c "+e)
 	}
+	return strings.Join(conf, " ")
+}
+
+func (c *PGCluster) start(ctx context.Context) error {
+	conf := c.serverOptions()
 	logFile := c.logPath()
 	// pg_ctl starts the server in a session of its own: killed midway (ctx
 	// cancelled) it would leave the server running, unknown to Stop. So it
@@ -236,7 +257,7 @@ func (c *PGCluster) start(ctx context.Context) error {
 	// (never one that held the directory before: its postmaster.pid names
 	// another process).
 	before := c.postmasterPID()
-	err := c.run(context.WithoutCancel(ctx), "pg_ctl", "-D", c.DataDir(), "-l", logFile, "-o", strings.Join(conf, " "), "-w", "-t", "60", "start")
+	err := c.run(context.WithoutCancel(ctx), "pg_ctl", "-D", c.DataDir(), "-l", logFile, "-o", conf, "-w", "-t", "60", "start")
 	if err == nil {
 		err = ctx.Err()
 	}

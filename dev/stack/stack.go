@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/payouts/payouts/dev/infra"
@@ -199,6 +200,9 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 		return nil, err
 	}
 	dir := opts.Dir
+	if err := checkNotRunning(dir); err != nil {
+		return nil, err
+	}
 	for _, d := range []string{"logs", "run"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, err
@@ -215,6 +219,9 @@ func Start(ctx context.Context, opts Options) (*Stack, error) {
 			_ = s.Stop()
 		}
 	}()
+	if err := os.WriteFile(s.pidFile(), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644); err != nil {
+		return nil, err
+	}
 	s.authFile = filepath.Join(dir, "auth.json")
 	tokens, tokenFiles, err := loadOrCreateAuth(dir)
 	if err != nil {
@@ -379,6 +386,7 @@ func (s *Stack) postmasterPID() (int, error) {
 // Stop stops every child, then etcd, then PostgreSQL. It reports a child
 // that did not exit 0 when asked to stop, naming its log.
 func (s *Stack) Stop() error {
+	defer s.removePIDFile()
 	var errs []string
 	if failed := s.stopChildren(); len(failed) > 0 {
 		errs = append(errs, "not stopped cleanly: "+strings.Join(failed, ", "))
@@ -395,6 +403,54 @@ func (s *Stack) Stop() error {
 		return errors.New(strings.Join(errs, "; ")) // one line on a console
 	}
 	return nil
+}
+
+// pidFile is DIR/run/dev.pid: the process that runs the stack in DIR.
+func (s *Stack) pidFile() string { return pidFile(s.opts.Dir) }
+
+func pidFile(dir string) string { return filepath.Join(dir, "run", "dev.pid") }
+
+// removePIDFile removes DIR/run/dev.pid if it still names this process.
+func (s *Stack) removePIDFile() {
+	if pid, _ := readPID(s.pidFile()); pid == os.Getpid() {
+		_ = os.Remove(s.pidFile())
+	}
+}
+
+// checkNotRunning refuses a DIR whose stack is running: its PostgreSQL
+// (DIR/pg/data/postmaster.pid names a live process) would otherwise be
+// started a second time and fail with pg_ctl's "Examine the log output".
+func checkNotRunning(dir string) error {
+	pg, _ := readPID(filepath.Join(dir, "pg", "data", "postmaster.pid"))
+	if !alive(pg) {
+		return nil
+	}
+	pids := fmt.Sprintf("PostgreSQL pid %d", pg)
+	if dev, _ := readPID(pidFile(dir)); alive(dev) && dev != os.Getpid() {
+		pids = fmt.Sprintf("dev up pid %d, %s", dev, pids)
+	}
+	return fmt.Errorf("a stack already runs in %s (%s): use it, stop it first (Ctrl-C where it runs), or give another --dir", dir, pids)
+}
+
+// readPID is the process id on the first line of a pid file; 0 when there
+// is none.
+func readPID(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	return strconv.Atoi(strings.TrimSpace(first))
+}
+
+// alive reports whether process pid exists (one of another user, as
+// PostgreSQL run as the postgres user is to root's dev up, answers EPERM).
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }
 
 // PG is the stack's PostgreSQL cluster.

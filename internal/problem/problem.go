@@ -5,6 +5,7 @@
 package problem
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -351,7 +352,9 @@ func Write(w http.ResponseWriter, err error) {
 // Decode turns a non-2xx response back into an *Error so errors.As works
 // across the process boundary. A body that is not a problem document
 // becomes unauthorized, forbidden or unavailable by its status, and
-// internal (an answer of no known kind) otherwise.
+// internal (an answer of no known kind) otherwise; the 400 an HTTPS
+// server answers a plain-HTTP request with is invalid_request, saying to
+// use https://.
 func Decode(resp *http.Response) error {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	return DecodeBody(resp.StatusCode, raw)
@@ -359,6 +362,12 @@ func Decode(resp *http.Response) error {
 
 // DecodeBody is Decode for an already-read body.
 func DecodeBody(statusCode int, raw []byte) error {
+	if statusCode == http.StatusBadRequest && bytes.Contains(raw, plainHTTPToHTTPS) {
+		// Go's HTTPS server answering a plain-HTTP request: the URL is
+		// wrong, not the request, and asking again will not help.
+		return &Error{Code: InvalidRequest, HTTPStatus: statusCode,
+			Message: "the server speaks HTTPS: use an https:// URL (and --ca-file if its certificate is not from a CA the system trusts)"}
+	}
 	var b body
 	if err := json.Unmarshal(raw, &b); err != nil || b.Code == "" {
 		// Not a problem document: not the service's answer but something's
@@ -396,6 +405,10 @@ func DecodeBody(statusCode int, raw []byte) error {
 	}
 	return e
 }
+
+// plainHTTPToHTTPS is the body of the 400 Go's net/http server answers a
+// plain-HTTP request on a TLS listener with.
+var plainHTTPToHTTPS = []byte("Client sent an HTTP request to an HTTPS server")
 
 func codeForStatus(s int) Code {
 	switch {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -115,6 +116,29 @@ func TestAnAnswerThatIsNoProblemDocumentSaysNothingOfTheRequest(t *testing.T) {
 	// The role's own problem document keeps its code.
 	if err := DecodeBody(404, []byte(`{"type":"about:blank","title":"not found","status":404,"code":"not_found","detail":"no submission"}`)); !Has(err, NotFound) {
 		t.Errorf("a not_found problem document decoded as %v", err)
+	}
+}
+
+// TestPlainHTTPToAnHTTPSServer: a client given an http:// URL of a server
+// that serves HTTPS got "internal (HTTP 400): HTTP 400: Client sent an
+// HTTP request to an HTTPS server.". It is invalid_request (the URL is
+// wrong; asking again will not help), saying to use https://.
+func TestPlainHTTPToAnHTTPSServer(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer srv.Close()
+	resp, err := http.Get(strings.Replace(srv.URL, "https://", "http://", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	err = Decode(resp)
+	var pe *Error
+	if !errors.As(err, &pe) || pe.Code != InvalidRequest || !strings.Contains(pe.Message, "the server speaks HTTPS: use an https:// URL") {
+		t.Fatalf("plain HTTP to an HTTPS server decoded as %v; want invalid_request saying to use https://", err)
+	}
+	// Any other 400 that is no problem document still says nothing.
+	if err := DecodeBody(400, []byte("Bad Request")); !Has(err, Internal) {
+		t.Errorf("a plain 400 decoded as %v; want internal", err)
 	}
 }
 
