@@ -87,12 +87,14 @@ func TestMigrateCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer proxy.Close(ctx)
-	// proxydb back at version 2: 00004 and 00003 undone, newest first.
-	if _, err := proxy.Exec(ctx, `CREATE INDEX rail_submission_payout_bytes_idx ON rail_submission (payout_id COLLATE "C", id)
+	// proxydb back at version 2: 00005, 00004 and 00003 undone, newest first.
+	if _, err := proxy.Exec(ctx, `DROP TRIGGER rail_submission_resolvable_after_fixed ON rail_submission;
+		DROP FUNCTION rail_submission_resolvable_after_fixed();
+		CREATE INDEX rail_submission_payout_bytes_idx ON rail_submission (payout_id COLLATE "C", id)
 			INCLUDE (account_id, fence_token, holder, outcome, resolution);
 		DROP INDEX rail_submission_digest_idx;
 		ALTER TABLE rail_submission DROP COLUMN resolvable_after;
-		DELETE FROM goose_db_version WHERE version_id IN (3, 4)`); err != nil {
+		DELETE FROM goose_db_version WHERE version_id IN (3, 4, 5)`); err != nil {
 		t.Fatal(err)
 	}
 	readTx, err := proxy.Begin(ctx)

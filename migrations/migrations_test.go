@@ -788,7 +788,7 @@ func TestProxyDBOutcomeWriteOnce(t *testing.T) {
 		for _, set := range []string{
 			"payout_id = 'p-9'", "account_id = 'acc-9'", "fence_token = 99", "holder = 's-9'",
 			"client_ref = 'ref-9'", "amount = 1", "currency = 'USD'", "beneficiary_ref = 'B-9'",
-			"created_at = now() - interval '1 day'", "id = 999",
+			"created_at = now() - interval '1 day'", "id = 999", "resolvable_after = interval '0'",
 		} {
 			execErr(t, pool, sqlstateRestrict, "rail_submission_identity_immutable",
 				`UPDATE rail_submission SET `+set+` WHERE id = $1`, id2)
