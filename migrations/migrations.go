@@ -167,6 +167,9 @@ func Apply(ctx context.Context, db DB, databaseURL string, opts ...Option) error
 	if err := checkNotOther(ctx, sqlDB, db); err != nil {
 		return err
 	}
+	if err := checkIndexesValid(ctx, sqlDB, db, "before migrating"); err != nil {
+		return err
+	}
 	// Retry the advisory lock every second; ctx bounds the wait (the
 	// locker gives up after 10 minutes on its own).
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 600))
@@ -182,7 +185,7 @@ func Apply(ctx context.Context, db DB, databaseURL string, opts ...Option) error
 	for attempt := 1; ; attempt++ {
 		_, err := p.Up(ctx)
 		if err == nil {
-			return nil
+			return checkIndexesValid(ctx, sqlDB, db, "after migrating")
 		}
 		var partial *goose.PartialError
 		if !isLockTimeout(err) || !errors.As(err, &partial) || ctx.Err() != nil {
@@ -205,6 +208,39 @@ func Apply(ctx context.Context, db DB, databaseURL string, opts ...Option) error
 		}
 		pause = min(2*pause, 30*time.Second)
 	}
+}
+
+// checkIndexesValid refuses a schema holding an invalid index: what a
+// CREATE INDEX CONCURRENTLY that failed or was cancelled leaves behind
+// (docs/operations.md, building an index by hand first). The migrations
+// create their indexes IF NOT EXISTS, so one would take such an index for
+// built, and the queries it serves would scan their tables; proxydb's
+// 00004 would then drop the valid index it replaces.
+func checkIndexesValid(ctx context.Context, sqlDB *sql.DB, db DB, when string) error {
+	rows, err := sqlDB.QueryContext(ctx, `SELECT c.relname FROM pg_index i
+		JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = current_schema() AND NOT i.indisvalid ORDER BY 1`)
+	if err != nil {
+		return fmt.Errorf("migrations: %s: read the indexes' validity: %w", db, err)
+	}
+	defer rows.Close()
+	var invalid []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return fmt.Errorf("migrations: %s: read the indexes' validity: %w", db, err)
+		}
+		invalid = append(invalid, name)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("migrations: %s: read the indexes' validity: %w", db, err)
+	}
+	if len(invalid) > 0 {
+		return fmt.Errorf("migrations: %s: %s: invalid index(es) %s, left by a CREATE INDEX CONCURRENTLY that failed or was cancelled; "+
+			"the migrations would take them for built: DROP INDEX CONCURRENTLY each, then build it again by hand or migrate again",
+			db, when, strings.Join(invalid, ", "))
+	}
+	return nil
 }
 
 // lockWaits says that attempts tries gave up waiting for a table lock, the

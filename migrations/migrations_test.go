@@ -1015,3 +1015,37 @@ func TestLockDBGrantsAndEntries(t *testing.T) {
 		execErr(t, pool, sqlstateCheck, "lock_session_state_check", `UPDATE lock_session SET state = 'SUSPECT' WHERE owner = 'x'`)
 	})
 }
+
+// An index a CREATE INDEX CONCURRENTLY left invalid (it failed or was
+// cancelled: docs/operations.md has operators build large indexes by hand
+// first) is not taken for built: Apply refuses the schema, naming it,
+// until it is dropped. The migrations create their indexes IF NOT EXISTS
+// and would otherwise skip an invalid one of the same name.
+func TestApplyRefusesAnInvalidIndex(t *testing.T) {
+	t.Parallel()
+	ctx := ctxFor(t)
+	url := pgtest.EmptyDB(t)
+	if err := migrations.Apply(ctx, migrations.PayDB, url); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// A unique index over duplicate values fails, and concurrently built
+	// it stays behind, invalid.
+	if _, err := conn.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY zz_half_built ON goose_db_version (is_applied)`); err == nil {
+		t.Fatal("the unique index over duplicates was built")
+	}
+	err = migrations.Apply(ctx, migrations.PayDB, url)
+	if err == nil || !strings.Contains(err.Error(), "zz_half_built") || !strings.Contains(err.Error(), "invalid") {
+		t.Fatalf("Apply with an invalid index: %v; want it refused, naming zz_half_built", err)
+	}
+	if _, err := conn.Exec(ctx, `DROP INDEX CONCURRENTLY zz_half_built`); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Apply(ctx, migrations.PayDB, url); err != nil {
+		t.Fatalf("Apply once the invalid index is dropped: %v", err)
+	}
+}
