@@ -82,3 +82,70 @@ func TestMetricsFileSaysWhatTheExitCodeSays(t *testing.T) {
 		t.Errorf("last success %v after two failed runs, want the first run's %v", got, success)
 	}
 }
+
+// sampleIn reads the sample of family name whose labels include want from
+// a Prometheus text file (-1 when there is none).
+func sampleIn(t *testing.T, path, name string, want map[string]string) float64 {
+	t.Helper()
+	fh, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(fh)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	for _, m := range fams[name].GetMetric() {
+		match := 0
+		for _, l := range m.GetLabel() {
+			if want[l.GetName()] == l.GetValue() {
+				match++
+			}
+		}
+		if match == len(want) {
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+// TestSafetyEventsReachTheMetricsFileBeforeTheStateMovesOn: a --once run
+// whose metrics file cannot be written (its path is a directory) exits 2
+// and leaves its state file as it was, so the next run reports the same
+// fenced_out event again, this time in its metrics file, which the alerts
+// read. Before, the state moved on first: the event was never reported
+// again, and no metrics file ever held it.
+func TestSafetyEventsReachTheMetricsFileBeforeTheStateMovesOn(t *testing.T) {
+	e := setup(t)
+	_, fencedOut := e.staleClaimer(t)
+	fencedOut("stale-metrics")
+	r := e.st.Ready
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state.json")
+	blocked := filepath.Join(dir, "blocked.prom")
+	if err := os.Mkdir(blocked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	good := filepath.Join(dir, "payouts_reconcile.prom")
+	run := func(metrics string) int {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		code, err := reconcile.Run(ctx, reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: r.RailURL,
+			Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, Once: true, MetricsFile: metrics, StateFile: state,
+			Logger: testLogger(t), Options: reconcile.Options{Owner: "metrics-order"}})
+		t.Logf("exit %d: %v", code, err)
+		return code
+	}
+	if code := run(blocked); code != reconcile.ExitCannotRun {
+		t.Fatalf("a metrics file that cannot be written: exit %d, want 2", code)
+	}
+	if code := run(good); code != reconcile.ExitFindings {
+		t.Fatalf("the next run: exit %d, want 1 (the fenced_out event reported again)", code)
+	}
+	if v := sampleIn(t, good, "payouts_reconcile_findings", map[string]string{"check": reconcile.CheckFencedOut}); v < 1 {
+		t.Fatalf("payouts_reconcile_findings{check=fenced_out} = %v in the metrics file; want the event reported", v)
+	}
+}

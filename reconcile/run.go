@@ -265,41 +265,62 @@ func (r *Reconciler) once(ctx context.Context, cfg Config) (int, error) {
 		}
 	}
 	r.logFindings(rep, err)
-	code, err := r.finish(cfg, rep, err)
-	// Written last, so that it says what the run's exit code says: a
-	// report that could not be printed or a state file that could not be
-	// saved is a failed run there too.
+	code, commit, err := r.finish(cfg, rep, err)
+	// The metrics file is written after everything that decides the exit
+	// code, so that it says what the code says (a report that could not be
+	// printed, a state that could not be written: a failed run there
+	// too), and before the state file moves on: the safety events this
+	// pass reported are then in the metrics file (the alerts read them
+	// there) before a later run stops reporting them. A run that cannot
+	// write its metrics file leaves the state as it was, and the next run
+	// reports the same events again.
 	if werr := fm.write(rep, err, took, end); werr != nil {
+		_ = commit(false)
 		if code != ExitCannotRun {
 			return ExitCannotRun, cannotRun("write the metrics file", werr)
 		}
 		r.log.Error("could not write the metrics file", obs.KeyError, werr.Error())
+		return code, err
+	}
+	if cerr := commit(true); cerr != nil {
+		// Only the rename of a file already written beside it failed:
+		// the metrics file says the pass completed; the log and the exit
+		// code say the state did not move on.
+		r.log.Error("could not save the state file after the metrics file was written; the next run reports this pass's safety events again", obs.KeyError, cerr.Error())
+		return ExitCannotRun, cannotRun("save the state file", cerr)
 	}
 	return code, err
 }
 
-// finish prints a --once pass's report, saves its state and returns its
-// exit code.
-func (r *Reconciler) finish(cfg Config, rep *Report, err error) (int, error) {
+// finish prints a --once pass's report, prepares its state and returns its
+// exit code; commit(true) then saves the state, commit(false) drops it.
+func (r *Reconciler) finish(cfg Config, rep *Report, err error) (int, func(keep bool) error, error) {
+	none := func(bool) error { return nil }
 	if !rep.Complete() {
-		return ExitCannotRun, err
+		return ExitCannotRun, none, err
 	}
 	// Every check ran: the report is printed, and the safety events it
 	// reported are not reported again, also when some ambiguous payouts
 	// could not be resolved (still exit 2).
 	if perr := r.print(cfg, rep); perr != nil {
-		return ExitCannotRun, perr
+		return ExitCannotRun, none, perr
 	}
-	if serr := r.saveState(cfg, rep); serr != nil {
-		return ExitCannotRun, serr
+	commit := none
+	if cfg.StateFile != "" {
+		c, serr := prepareState(cfg.StateFile, State{SafetyEventsAfter: rep.SafetyEventsSeen})
+		if serr != nil {
+			return ExitCannotRun, none, cannotRun("save the state file", serr)
+		}
+		commit = c
 	}
+	r.opts.SafetyEventsAfter = rep.SafetyEventsSeen
 	switch {
 	case err != nil:
-		return ExitCannotRun, err
+		return ExitCannotRun, commit, err
 	case !rep.Clean():
-		return ExitFindings, nil
+		return ExitFindings, commit, nil
 	}
-	return ExitClean, nil
+	return ExitClean, commit, nil
 }
 
 func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {

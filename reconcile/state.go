@@ -37,30 +37,59 @@ func LoadState(path string) (State, error) {
 	return st, nil
 }
 
-// SaveState writes the state file atomically (temp file, fsync, rename).
+// SaveState writes the state file atomically (temp file, fsync, rename,
+// fsync of the directory).
 func SaveState(path string, st State) error {
-	b, err := json.MarshalIndent(st, "", "  ")
+	commit, err := prepareState(path, st)
 	if err != nil {
 		return err
 	}
+	return commit(true)
+}
+
+// prepareState writes st to a temporary file beside path and syncs it;
+// commit(true) renames it over path and syncs the directory, commit(false)
+// removes it. Between the two a run can do what must happen before the
+// state moves on (the metrics file that carries the safety events the
+// state will no longer report).
+func prepareState(path string, st State) (commit func(keep bool) error, err error) {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return nil, err
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".reconcile-state-*")
 	if err != nil {
-		return fmt.Errorf("write --state-file: %w", err)
+		return nil, fmt.Errorf("write --state-file: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write --state-file: %w", err)
+	name := tmp.Name()
+	_, err = tmp.Write(append(b, '\n'))
+	if err == nil {
+		err = tmp.Sync()
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write --state-file: %w", err)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
 	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write --state-file: %w", err)
+	if err != nil {
+		os.Remove(name)
+		return nil, fmt.Errorf("write --state-file: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write --state-file: %w", err)
-	}
-	return nil
+	return func(keep bool) error {
+		if !keep {
+			return os.Remove(name)
+		}
+		if err := os.Rename(name, path); err != nil {
+			os.Remove(name)
+			return fmt.Errorf("write --state-file: %w", err)
+		}
+		// The rename itself survives a crash of the host only once the
+		// directory is synced.
+		if d, err := os.Open(filepath.Dir(path)); err == nil {
+			err = d.Sync()
+			d.Close()
+			if err != nil {
+				return fmt.Errorf("write --state-file: sync its directory: %w", err)
+			}
+		}
+		return nil
+	}, nil
 }
