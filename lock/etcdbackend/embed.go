@@ -102,7 +102,12 @@ func StartMember(m Member) (*Embedded, error) {
 	if m.MaxTxnOps > 0 {
 		cfg.MaxTxnOps = m.MaxTxnOps
 	}
-	if _, err := os.Stat(filepath.Join(m.Dir, "member")); err == nil {
+	// A member that has written its log rejoins its cluster; etcd itself
+	// tells them apart by the log, which it writes after member/ and its
+	// snapshot directory. A member killed in between, during its first
+	// start, starts as new again: taken for an existing one, it would ask
+	// peers that never knew it, and never start.
+	if hasWAL(filepath.Join(m.Dir, "member", "wal")) {
 		cfg.ClusterState = embed.ClusterStateFlagExisting
 	}
 	e, err := embed.StartEtcd(cfg)
@@ -233,6 +238,20 @@ func closedListener(err error) bool {
 }
 
 func missingTerm(err error) bool { return strings.Contains(err.Error(), "missing term information") }
+
+// hasWAL reports whether dir holds a segment of etcd's write-ahead log.
+func hasWAL(dir string) bool {
+	names, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, n := range names {
+		if strings.HasSuffix(n.Name(), ".wal") {
+			return true
+		}
+	}
+	return false
+}
 
 // StartEmbedded runs the single-node etcd of `serve lock --etcd-embed-dir`:
 // data in dir/etcd0, its log in dir/etcd.log at the process's level. Its
