@@ -69,7 +69,7 @@ func TestMigrateCLI(t *testing.T) {
 	} else if errOut == "" {
 		t.Fatal("refusal printed no reason")
 	}
-	if _, errOut, code := runCLI(t, nil, "migrate", "--db", "ledger", "--database-url", pg.URL("paydb")); code != 2 || !strings.Contains(errOut, "paydb, proxydb, lockdb") {
+	if _, errOut, code := runCLI(t, nil, "migrate", "--db", "ledger", "--database-url", pg.URL("paydb")); code != 2 || !strings.Contains(errOut, "paydb, proxydb or lockdb") {
 		t.Fatalf("unknown --db: exit %d, stderr %q", code, errOut)
 	}
 	if _, errOut, code := runCLI(t, []string{"PAYOUTS_DATABASE_URL="}, "migrate", "--db", "paydb"); code != 2 || !strings.Contains(errOut, "--database-url") {
