@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -15,6 +16,16 @@ import (
 
 // gaugeIn reads an unlabelled gauge of a metrics file.
 func gaugeIn(t *testing.T, path, name string) float64 {
+	t.Helper()
+	fam := families(t, path)[name]
+	if fam == nil || len(fam.GetMetric()) != 1 {
+		t.Fatalf("%s: %s missing", path, name)
+	}
+	return fam.GetMetric()[0].GetGauge().GetValue()
+}
+
+// families parses a Prometheus text file.
+func families(t *testing.T, path string) map[string]*dto.MetricFamily {
 	t.Helper()
 	fh, err := os.Open(path)
 	if err != nil {
@@ -26,11 +37,7 @@ func gaugeIn(t *testing.T, path, name string) float64 {
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	fam := fams[name]
-	if fam == nil || len(fam.GetMetric()) != 1 {
-		t.Fatalf("%s: %s missing", path, name)
-	}
-	return fam.GetMetric()[0].GetGauge().GetValue()
+	return fams
 }
 
 // TestMetricsFileSaysWhatTheExitCodeSays: a --once run that exits 2 leaves
@@ -87,17 +94,7 @@ func TestMetricsFileSaysWhatTheExitCodeSays(t *testing.T) {
 // a Prometheus text file (-1 when there is none).
 func sampleIn(t *testing.T, path, name string, want map[string]string) float64 {
 	t.Helper()
-	fh, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fh.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(fh)
-	if err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	for _, m := range fams[name].GetMetric() {
+	for _, m := range families(t, path)[name].GetMetric() {
 		match := 0
 		for _, l := range m.GetLabel() {
 			if want[l.GetName()] == l.GetValue() {
