@@ -127,6 +127,9 @@ func (s store) open(t testing.TB) backend.Backend {
 type service struct {
 	URL  string
 	stop func()
+	// terminate (a process started by startProcess) sends SIGTERM and
+	// returns how the process exited.
+	terminate func() error
 }
 
 // startService runs one lock service instance on s, stopped at test end.

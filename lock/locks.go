@@ -166,6 +166,9 @@ func (s *Service) acquireWaiting(ctx context.Context, key, sid string, wait time
 		case <-ctx.Done():
 			t.Stop()
 			return g, err
+		case <-s.stopping:
+			t.Stop()
+			return g, err
 		}
 		t.Stop()
 	}

@@ -1,6 +1,7 @@
 package lock_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -13,6 +14,10 @@ import (
 	"time"
 
 	"github.com/payouts/payouts/dev/infra"
+	"github.com/payouts/payouts/dev/proctest"
+	"github.com/payouts/payouts/internal/problem"
+	"github.com/payouts/payouts/lock/fencing"
+	"github.com/payouts/payouts/lock/lockclient"
 )
 
 var (
@@ -73,15 +78,21 @@ func startProcess(t *testing.T, s store) *service {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	var (
+		stopOnce sync.Once
+		exit     error
+	)
 	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		logf.Close()
+		stopOnce.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case exit = <-done:
+			case <-time.After(30 * time.Second):
+				_ = cmd.Process.Kill()
+				exit = fmt.Errorf("no exit within 30s of SIGTERM (killed): %v", <-done)
+			}
+			logf.Close()
+		})
 	}
 	t.Cleanup(stop)
 	url := fmt.Sprintf("http://127.0.0.1:%d", port)
@@ -105,7 +116,7 @@ func startProcess(t *testing.T, s store) *service {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return &service{URL: url, stop: stop}
+	return &service{URL: url, stop: stop, terminate: func() error { stop(); return exit }}
 }
 
 // TestTwoProcesses runs two `payouts serve lock` processes on one backend,
@@ -141,4 +152,61 @@ func TestTwoProcesses(t *testing.T) {
 		checkHistory(t, "two-processes-"+kind, rec)
 		checkGrantLog(t, kind, svcs[1].URL, countGrants(rec))
 	})
+}
+
+// TestATermEndsWaitingAcquires: an acquire waiting for a held key (up to
+// its wait_ms, here a minute) does not hold a draining lock service past
+// its shutdown grace (15 s): on SIGTERM it answers lock_held at once, as if
+// its wait had run out, and the process exits 0. Before, the shutdown
+// waited for it, ran out of its grace and the process exited 1.
+func TestATermEndsWaitingAcquires(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the payouts binary")
+	}
+	payoutsBinary(t)
+	svc := startProcess(t, newStore(t, "postgres"))
+	ctx := testCtx(t)
+	a, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := lockclient.Open(ctx, svc.URL, "waiter", lockclient.WithToken(executorToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*lockclient.Session{a, b} {
+		defer func() { // the service is gone by then: this only stops the session's keepalives
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = s.Close(cctx)
+		}()
+	}
+	key := fencing.Key("term")
+	if _, err := a.TryAcquire(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := b.Acquire(ctx, key, time.Minute)
+		waited <- err
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for proctest.Metric(t, svc.URL+"/metrics", `payouts_lock_waiters{backend="postgres"}`) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the acquire never waited")
+		}
+		time.Sleep(20 * time.Millisecond) // polling the metric, not synchronisation
+	}
+	start := time.Now()
+	if err := svc.terminate(); err != nil {
+		t.Fatalf("after SIGTERM with an acquire waiting: %v (after %s)", err, time.Since(start).Round(time.Millisecond))
+	}
+	select {
+	case err := <-waited:
+		if !problem.Has(err, problem.LockHeld) {
+			t.Fatalf("the waiting acquire: %v, want lock_held", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting acquire got no answer once the lock service stopped")
+	}
 }

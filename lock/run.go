@@ -114,7 +114,8 @@ func Run(ctx context.Context, cfg Config) error {
 		Ready:          []httpx.Check{b.Ping},
 		TLS:            cfg.TLS,
 	})
-	NewService(b, cfg.Registry, cfg.Logger).Mount(srv.Router())
+	svc := NewService(b, cfg.Registry, cfg.Logger)
+	svc.Mount(srv.Router())
 	addr, err := srv.Listen()
 	if err != nil {
 		return err
@@ -126,5 +127,10 @@ func Run(ctx context.Context, cfg Config) error {
 	var g httpx.Group
 	g.Add(srv.Serve)
 	g.Add(b.Run)
+	g.Add(func(ctx context.Context) error {
+		<-ctx.Done() // draining: waiting acquires answer now
+		svc.StopWaiting()
+		return nil
+	})
 	return g.Run(ctx)
 }

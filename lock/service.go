@@ -45,7 +45,19 @@ type Service struct {
 	waiters map[string]*keyWaiters
 	owners  owners
 	expired recentSet // sessions already counted in expiredSessions
+
+	// stopping is closed when the service drains (StopWaiting): a waiting
+	// acquire then answers at once, as if its wait had run out, instead
+	// of holding the server's shutdown past its grace.
+	stopping chan struct{}
+	stopOnce sync.Once
 }
+
+// StopWaiting ends every waiting acquire, now and later, with the answer
+// its last try got (lock_held): the server is draining, and a wait of up
+// to backend.MaxWait would outlast its shutdown grace. Callers try again,
+// on another replica.
+func (s *Service) StopWaiting() { s.stopOnce.Do(func() { close(s.stopping) }) }
 
 // recentSet remembers the last recentSetSize ids added: a backend reports
 // an expired session's grants one by one or together, and the session is
@@ -134,7 +146,7 @@ func NewService(b backend.Backend, reg prometheus.Registerer, log *slog.Logger) 
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Service{b: b, log: log, m: newMetrics(reg, b.Name()), waiters: map[string]*keyWaiters{}}
+	s := &Service{b: b, log: log, m: newMetrics(reg, b.Name()), waiters: map[string]*keyWaiters{}, stopping: make(chan struct{})}
 	b.SetObserver(observer{s})
 	return s
 }
