@@ -2,6 +2,7 @@ package migrations
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -49,16 +50,15 @@ func GrantServing(ctx context.Context, db DB, databaseURL, role string) error {
 		return fmt.Errorf("migrations: %s: connect: %w", db, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var exists, super bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1),
-		coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = $1), false)`, role).Scan(&exists, &super); err != nil {
-		return fmt.Errorf("migrations: %s: read role %s: %w", db, role, err)
-	}
-	switch {
-	case !exists:
+	// Grants change no ownership: a role that could switch the defenses
+	// off is refused before anything is granted.
+	switch priv, why, err := privileged(ctx, conn, role); {
+	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("migrations: %s: role %s does not exist: create it first (CREATE ROLE %s LOGIN PASSWORD '...')", db, role, role)
-	case super:
-		return fmt.Errorf("migrations: %s: role %s is a superuser: serve as a role without superuser", db, role)
+	case err != nil:
+		return fmt.Errorf("migrations: %s: %w", db, err)
+	case priv:
+		return fmt.Errorf("migrations: %s: role %s %s: it could switch off the database's own defenses; serve as a role that is no superuser and owns nothing in it", db, role, why)
 	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -77,11 +77,6 @@ func GrantServing(ctx context.Context, db DB, databaseURL, role string) error {
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("migrations: %s: grant to %s: %w", db, role, err)
 	}
-	if priv, why, err := Privileged(ctx, databaseURL, role); err != nil {
-		return err
-	} else if priv {
-		return fmt.Errorf("migrations: %s: role %s %s: it could switch off the database's own defenses; serve as a role that owns nothing in it", db, role, why)
-	}
 	return nil
 }
 
@@ -95,19 +90,27 @@ func Privileged(ctx context.Context, databaseURL, role string) (bool, string, er
 		return false, "", fmt.Errorf("migrations: connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	priv, why, err := privileged(ctx, conn, role)
+	if err != nil {
+		return false, "", fmt.Errorf("migrations: %w", err)
+	}
+	return priv, why, nil
+}
+
+// privileged is Privileged on conn; pgx.ErrNoRows when role does not exist.
+func privileged(ctx context.Context, conn *pgx.Conn, role string) (bool, string, error) {
 	var (
-		name   string
 		super  bool
 		owners []string
 	)
-	err = conn.QueryRow(ctx, `
-		SELECT r.rolname, r.rolsuper,
+	err := conn.QueryRow(ctx, `
+		SELECT r.rolsuper,
 		       ARRAY(SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		              WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'S') AND pg_has_role(r.oid, c.relowner, 'USAGE')
 		              ORDER BY 1)
-		  FROM pg_roles r WHERE r.rolname = coalesce(nullif($1, ''), current_user)`, role).Scan(&name, &super, &owners)
+		  FROM pg_roles r WHERE r.rolname = coalesce(nullif($1, ''), current_user)`, role).Scan(&super, &owners)
 	if err != nil {
-		return false, "", fmt.Errorf("migrations: read the privileges of role %q: %w", role, err)
+		return false, "", fmt.Errorf("read the privileges of role %q: %w", role, err)
 	}
 	switch {
 	case super:
