@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/payouts/payouts/internal/problem"
@@ -298,4 +300,51 @@ func TestRefusableTransitionsExportedAtZero(t *testing.T) {
 	if _, ok := got["PENDING/claim"]; ok {
 		t.Error("an accepted transition (PENDING/claim) is exported as refusable")
 	}
+}
+
+// Replays of one account's creation that run at once (a lost answer sent
+// again while the first is still running, two loaders overlapping) are
+// idempotent: one creates it, the others answer the account, none fails on
+// the account's second unique index.
+func TestConcurrentReplaysOfAnAccountCreateItOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := tctx(t)
+	const ids, callers, opening = 60, 6, 100
+	for i := range ids {
+		id := fmt.Sprintf("acc-%d", i)
+		var wg sync.WaitGroup
+		var created atomic.Int32
+		errs := make(chan error, callers)
+		for range callers {
+			wg.Go(func() {
+				a, c, err := e.svc.CreateAccount(ctx, pc.CreateAccountRequest{ID: id, Currency: "EUR", OpeningBalance: opening})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if a.ID != id || a.Balance != opening {
+					errs <- fmt.Errorf("answered %+v", a)
+				}
+				if c {
+					created.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("%s: %v", id, err)
+		}
+		if n := created.Load(); n != 1 {
+			t.Errorf("%s: created by %d calls, want 1", id, n)
+		}
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	if f, err := e.exec.Account(bg, pc.FundingAccount); err != nil || f.Balance != -ids*opening {
+		t.Fatalf("funding %+v %v, want balance %d", f, err, -ids*opening)
+	}
+	e.assertLedger(t)
 }

@@ -171,7 +171,7 @@ func (s *Service) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 
 func (s *Service) ensureSystemAccounts(ctx context.Context) error {
 	for _, id := range []string{pc.FundingAccount, pc.ClearingAccount} {
-		if _, err := s.pool.Exec(ctx, `INSERT INTO account (id, currency, balance) VALUES ($1, $2, 0) ON CONFLICT (id) DO NOTHING`, id, s.currency); err != nil {
+		if _, err := s.pool.Exec(ctx, insertAccountSQL, id, s.currency, 0); err != nil {
 			return fmt.Errorf("payment: create system account %s: %w", id, err)
 		}
 		var cur string

@@ -400,6 +400,14 @@ func (s *Service) HighFence(ctx context.Context) (fencing.Token, error) {
 	return fencing.Token(t), err
 }
 
+// insertAccountSQL inserts account $1 in currency $2 with balance $3 unless
+// an account of that id exists or is being inserted by a transaction that
+// commits. The ON CONFLICT has no target on purpose: account has a second
+// unique index, (id, currency), the payouts' foreign key's target, and a
+// conflict target of (id) alone would let two concurrent inserts of one id
+// fail on that index (23505) instead of one of them doing nothing.
+const insertAccountSQL = `INSERT INTO account (id, currency, balance) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`
+
 // CreateAccount creates a customer account with its opening ledger group
 // (credit the account, debit funding), so balance equals the sum of its
 // entries from the first moment. Idempotent on id; created reports whether
@@ -410,8 +418,7 @@ func (s *Service) CreateAccount(ctx context.Context, req pc.CreateAccountRequest
 		return acct, false, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	tag, err := tx.Exec(ctx, `INSERT INTO account (id, currency, balance) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING`,
-		req.ID, req.Currency, req.OpeningBalance)
+	tag, err := tx.Exec(ctx, insertAccountSQL, req.ID, req.Currency, req.OpeningBalance)
 	if err != nil {
 		return acct, false, err
 	}
