@@ -17,7 +17,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/etcdbackend"
 	"github.com/payouts/payouts/lock/fencing"
@@ -32,7 +35,14 @@ type rpcCounter struct {
 	// two calls of one operation.
 	thenIf func(method string, req any) bool
 	thenDo func()
+	// The first call failIf accepts is not sent: it fails with
+	// errInjected.
+	failIf func(method string, req any) bool
 }
+
+// errInjected is the failure of a call failIf accepted: a code the etcd
+// client does not retry.
+var errInjected = status.Error(codes.Internal, "injected failure")
 
 // rpcCall is one unary call: its method, request and reply (filled in
 // once the call has returned).
@@ -47,7 +57,14 @@ type rpcCall struct {
 func (c *rpcCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	c.mu.Lock()
 	c.calls = append(c.calls, rpcCall{method: method, req: req, reply: reply})
+	fail := c.failIf != nil && c.failIf(method, req)
+	if fail {
+		c.failIf = nil
+	}
 	c.mu.Unlock()
+	if fail {
+		return errInjected
+	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	c.mu.Lock()
 	var do func()
@@ -776,5 +793,50 @@ func TestSweepRecordsAGrantWhoseKeyANewerGrantHolds(t *testing.T) {
 	recs, err := sweeper.Grants(ctx, again.Token-1, 1)
 	if err != nil || len(recs) != 1 || recs[0].Token != again.Token || recs[0].EndedAt != nil {
 		t.Fatalf("the newer grant of the key after the sweep: %+v %v; want %d open", recs, err, again.Token)
+	}
+}
+
+// TestACloseThatFailsHalfWayEndsTheSession: a close that fails after the
+// session's alive key is deleted (here: reading its lock keys) answers the
+// failure, and the session is ended, not left renewable while unable to
+// acquire, holding its keys.
+func TestACloseThatFailsHalfWayEndsTheSession(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rc, _, b := countedBackend(t, ctx)
+	running(t, ctx, b)
+	s, err := b.CreateSession(ctx, "closing", "p", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := b.Acquire(ctx, "half-closed", s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.mu.Lock()
+	rc.failIf = func(method string, req any) bool {
+		r, ok := req.(*etcdserverpb.RangeRequest)
+		return ok && method == "/etcdserverpb.KV/Range" && strings.HasSuffix(string(r.Key), "/locks/") && len(r.RangeEnd) > 0
+	}
+	rc.mu.Unlock()
+	if _, err := b.CloseSession(ctx, s.ID); err == nil {
+		t.Fatal("the close answered success past a failed read of its keys")
+	}
+	rc.mu.Lock()
+	armed := rc.failIf != nil
+	rc.mu.Unlock()
+	if armed {
+		t.Fatal("the close never read its lock keys: the test no longer fails it half way")
+	}
+	if _, err := b.KeepAlive(ctx, s.ID); !problem.Has(err, problem.SessionExpired) {
+		t.Errorf("keepalive of the half-closed session: %v; want session_expired", err)
+	}
+	if l, err := b.Lock(ctx, "half-closed"); err != nil || l.Held {
+		t.Errorf("the half-closed session's key: %+v %v; want free", l, err)
+	}
+	waitExpired(t, ctx, b, g.Token)
+	if _, err := b.CloseSession(ctx, s.ID); !problem.Has(err, problem.SessionExpired) {
+		t.Errorf("the close again: %v; want session_expired", err)
 	}
 }

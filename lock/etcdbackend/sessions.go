@@ -148,13 +148,17 @@ func (b *Backend) Session(ctx context.Context, id string) (backend.Session, erro
 
 // CloseSession implements backend.Backend: end the session's alive key (no
 // acquire succeeds after that), release every lock of the session (grants
-// end as released), mark the record closed, revoke the lease.
-func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session, error) {
+// end as released), mark the record closed, revoke the lease. A close that
+// fails after the alive key is gone revokes the lease before it answers
+// the failure: the session ends (its keys go with the lease, recorded as
+// expired by the watch) instead of staying half closed, renewable but
+// unable to acquire, its keys held for as long as something renews it.
+func (b *Backend) CloseSession(ctx context.Context, id string) (s backend.Session, err error) {
 	lease, ok := parseSessionID(id)
 	if !ok {
 		return backend.Session{}, backend.ErrSessionGone(id)
 	}
-	s, err := b.Session(ctx, id)
+	s, err = b.Session(ctx, id)
 	if problem.Has(err, problem.NotFound) {
 		return s, backend.ErrSessionGone(id)
 	}
@@ -172,6 +176,11 @@ func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session,
 	if _, err := b.cli.Delete(ctx, b.alivePath(id)); err != nil {
 		return s, classify("close session", err)
 	}
+	defer func() {
+		if err != nil {
+			b.revokeAfterFailedClose(ctx, id, lease, err)
+		}
+	}()
 	resp, err := b.cli.Get(ctx, b.prefix+"/locks/", clientv3.WithPrefix())
 	if err != nil {
 		return s, classify("close session", err)
@@ -203,6 +212,25 @@ func (b *Backend) CloseSession(ctx context.Context, id string) (backend.Session,
 	s.State = backend.StateClosed
 	return s, nil
 }
+
+// revokeAfterFailedClose ends the lease of session id, whose close failed
+// (cause) after its alive key was deleted. It has a deadline of its own: the
+// close's may be what ended it.
+func (b *Backend) revokeAfterFailedClose(ctx context.Context, id string, lease clientv3.LeaseID, cause error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failedCloseRevokeTimeout)
+	defer cancel()
+	_, err := b.cli.Revoke(rctx, lease)
+	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		b.log.Error("a session's close failed after its alive key was deleted, and revoking its lease failed too: "+
+			"it holds its keys until its lease lapses or its close is retried", "session_id", id, "close_error", cause, "err", err)
+		return
+	}
+	b.log.Warn("a session's close failed after its alive key was deleted: its lease was revoked, its keys end as expired",
+		"session_id", id, "close_error", cause)
+}
+
+// failedCloseRevokeTimeout bounds revokeAfterFailedClose.
+const failedCloseRevokeTimeout = 5 * time.Second
 
 // heartbeat is a session's last renewal as best known. etcd answers the
 // remaining TTL in whole seconds, rounded down, so the renewal it implies
