@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -128,6 +129,15 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 		t.Errorf("settled payments at the rail through Prometheus: %+v, %v; want 1", res, err)
 	}
 
+	// Every series an alert counts the increase of is there, at 0, before
+	// its first increase: a series born at its first event has no
+	// increase to count, and the alert misses that event.
+	for _, sel := range alertCounterSelectors(t) {
+		if res, err := promQuery(api, sel); err != nil || len(res) == 0 {
+			t.Errorf("%s, counted by an alert: %d series, %v; want it exported before its first increase", sel, len(res), err)
+		}
+	}
+
 	// Every dashboard query runs against the real series.
 	for _, q := range dashboardQueries(t) {
 		if _, err := promQuery(api, q); err != nil {
@@ -164,6 +174,28 @@ func TestPrometheusScrapesEveryRole(t *testing.T) {
 		}
 		return true, nil
 	})
+}
+
+// alertCounterSelectors are the series selectors the alert rules take the
+// increase (or rate) of.
+func alertCounterSelectors(t *testing.T) []string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "deploy", "prometheus", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, m := range regexp.MustCompile(`(?:increase|rate)\((payouts_[a-z_]+(?:\{[^}]*\})?)\[`).FindAllStringSubmatch(string(raw), -1) {
+		if !seen[m[1]] {
+			seen[m[1]] = true
+			out = append(out, m[1])
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("no increase() or rate() of a payouts_ series in alerts.yml: the pattern no longer reads it")
+	}
+	return out
 }
 
 // dashboardQueries reads every query of deploy/grafana/payouts.json, with

@@ -91,5 +91,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			}
 		}
 	}
+	for _, r := range []string{"clean", "drift", "error"} {
+		m.driftChecks.WithLabelValues(r) // PayoutsLedgerCheckFailing counts the first error
+	}
 	return m
 }
