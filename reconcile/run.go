@@ -354,8 +354,9 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 				return nil
 			}
 			metrics.Observe(rep, err, took, end)
-			if werr := fm.write(rep, err, took, end); werr != nil {
-				r.log.Error("could not write the metrics file", obs.KeyError, werr.Error())
+			werr := fm.write(rep, err, took, end)
+			if werr != nil {
+				r.log.Error("could not write the metrics file: this pass's safety events are reported again by the next", obs.KeyError, werr.Error())
 			}
 			r.logFindings(rep, err)
 			if refusedToken(err) {
@@ -369,6 +370,10 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 				if cfg.JSON {
 					_ = r.print(cfg, rep)
 				}
+			}
+			// As --once: the state moves on only once the metrics file
+			// carries the safety events it will no longer report.
+			if rep.Complete() && werr == nil {
 				if err := r.saveState(cfg, rep); err != nil {
 					r.log.Error("could not write the state file", obs.KeyError, err.Error())
 				}

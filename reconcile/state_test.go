@@ -102,6 +102,60 @@ func TestContinuousReportsEachSafetyEventOnce(t *testing.T) {
 	}
 }
 
+// TestContinuousHoldsTheStateWhileItsMetricsFileCannotBeWritten: a
+// continuous reconciler whose --metrics-file cannot be written does not
+// move its state on (file or memory): the safety events of a pass whose
+// metrics did not reach the file are reported again by the next pass, as
+// --once does, instead of never reaching the file the alerts read.
+func TestContinuousHoldsTheStateWhileItsMetricsFileCannotBeWritten(t *testing.T) {
+	e := setup(t)
+	_, fencedOut := e.staleClaimer(t)
+	stale := uniq("stale")
+	fencedOut(stale)
+	ctx := ctxT(t)
+	dir := t.TempDir()
+	blocked := filepath.Join(dir, "blocked.prom")
+	if err := os.Mkdir(blocked, 0o755); err != nil { // a directory: every write of the file fails
+		t.Fatal(err)
+	}
+	state := filepath.Join(dir, "state.json")
+
+	logs := &lockedBuffer{}
+	r := e.st.Ready
+	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: r.RailURL,
+		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, Interval: 50 * time.Millisecond, Listen: "127.0.0.1:0",
+		MetricsFile: blocked, StateFile: state,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	exited := make(chan error, 1)
+	go func() {
+		_, err := reconcile.Run(runCtx, cfg)
+		exited <- err
+	}()
+	const passes = 3
+	for logs.lines("reconciliation pass done") < passes {
+		select {
+		case err := <-exited:
+			t.Fatalf("the reconciler stopped: %v\n%s", err, logs.String())
+		case <-ctx.Done():
+			t.Fatalf("fewer than %d passes in time:\n%s", passes, logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	stop()
+	if err := <-exited; err != nil {
+		t.Fatalf("the reconciler: %v", err)
+	}
+	if n := logs.lines("reconcile finding", stale); n < passes {
+		t.Errorf("the fenced_out event of %s was reported by %d passes of at least %d whose metrics file could not be written; want every one", stale, n, passes)
+	}
+	if _, err := os.Stat(state); !os.IsNotExist(err) {
+		b, _ := os.ReadFile(state)
+		t.Errorf("the state file was written although no metrics file was: %v %s", err, b)
+	}
+}
+
 // lockedBuffer collects log output written from another goroutine.
 type lockedBuffer struct {
 	mu  sync.Mutex
