@@ -21,6 +21,7 @@ func TestMalformedPathAndQueryAre4xx(t *testing.T) {
 		{http.MethodGet, "/v1/payouts/%FF/events", http.StatusNotFound},
 		{http.MethodPost, "/v1/payouts/%FF/claim", http.StatusNotFound},
 		{http.MethodGet, "/v1/accounts/a%00b", http.StatusNotFound},
+		{http.MethodGet, "/v1/accounts/%FF/ledger-sum", http.StatusNotFound},
 		{http.MethodGet, "/v1/accounts?after=%00", http.StatusBadRequest},
 		{http.MethodGet, "/v1/payouts?after=%FF", http.StatusBadRequest},
 		{http.MethodGet, "/v1/payouts?account_id=%00", http.StatusBadRequest},

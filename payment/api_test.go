@@ -39,6 +39,18 @@ func TestAccountsAndOpeningLedger(t *testing.T) {
 	if f.Balance != -5_000 {
 		t.Fatalf("funding balance %d", f.Balance)
 	}
+	// The balance beside its ledger entries, read together.
+	for id, want := range map[string]pc.LedgerSum{
+		"acc-1":           {AccountID: "acc-1", Balance: 5_000, LedgerSum: 5_000, Entries: 1},
+		"acc-0":           {AccountID: "acc-0", Balance: 0, LedgerSum: 0, Entries: 0},
+		pc.FundingAccount: {AccountID: pc.FundingAccount, Balance: -5_000, LedgerSum: -5_000, Entries: 1},
+	} {
+		if l, err := e.recon.LedgerSum(bg, id); err != nil || l != want {
+			t.Fatalf("ledger sum of %s: %+v %v, want %+v", id, l, err, want)
+		}
+	}
+	_, err = e.recon.LedgerSum(bg, "acc-none")
+	wantCode(t, err, problem.NotFound)
 	list, err := e.exec.Accounts(bg, "", 2)
 	if err != nil || len(list.Items) != 2 || list.Next == "" {
 		t.Fatalf("accounts page 1: %+v %v", list, err)

@@ -45,6 +45,7 @@ func (s *Service) Mount(r chi.Router) {
 			r.Use(auth.Require(auth.Callers...))
 			r.Get("/accounts", httpx.Handler(s.handleListAccounts))
 			r.Get("/accounts/{id}", httpx.Handler(s.handleGetAccount))
+			r.Get("/accounts/{id}/ledger-sum", httpx.Handler(s.handleLedgerSum))
 			r.Get("/payouts", httpx.Handler(s.handleListPayouts))
 			r.Get("/payouts/{id}", httpx.Handler(s.handleGetPayout))
 			r.Get("/payouts/{id}/events", httpx.Handler(s.handlePayoutEvents))
@@ -134,6 +135,22 @@ func (s *Service) handleListAccounts(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	writeList(w, items, limit, func(a pc.Account) string { return a.ID })
+	return nil
+}
+
+func (s *Service) handleLedgerSum(w http.ResponseWriter, r *http.Request) error {
+	if _, err := wire.Query(r.URL.RawQuery); err != nil {
+		return err
+	}
+	id, err := pathID(r, "account")
+	if err != nil {
+		return err
+	}
+	l, err := s.LedgerSum(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusOK, l)
 	return nil
 }
 

@@ -24,6 +24,7 @@ func TestReadsRefuseUnknownAndRepeatedQueryParameters(t *testing.T) {
 	querytest.Check(t, e.url, operatorBearer, []querytest.Read{
 		{Path: "/v1/accounts", Params: []querytest.Param{afterKey, limit}},
 		{Path: "/v1/accounts/acc-1"},
+		{Path: "/v1/accounts/acc-1/ledger-sum"},
 		{Path: "/v1/payouts", Params: []querytest.Param{afterKey, limit,
 			{Name: "state", A: "PENDING", B: "POSTED,FAILED"}, {Name: "account_id", A: "acc-1", B: "acc-2"}}},
 		{Path: "/v1/payouts/po-1"},

@@ -112,6 +112,20 @@ func collect[T any](rows pgx.Rows, err error, scan func(pgx.Row) (T, error)) ([]
 	return out, rows.Err()
 }
 
+// LedgerSum returns account id's balance beside the sum and count of its
+// ledger entries, in one statement: one snapshot, so a posting is in both
+// or in neither (the reconciler's check of a busy account, INV-03).
+func (s *Service) LedgerSum(ctx context.Context, id string) (pc.LedgerSum, error) {
+	l := pc.LedgerSum{AccountID: id}
+	err := s.pool.QueryRow(ctx, `SELECT b.balance, COALESCE(sum(e.amount), 0)::bigint, count(e.id)
+		FROM `+accountFrom+` LEFT JOIN ledger_entry e ON e.account_id = a.id
+		WHERE a.id = $1 GROUP BY b.balance`, id).Scan(&l.Balance, &l.LedgerSum, &l.Entries)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, problem.New(problem.NotFound, "no account %q", id)
+	}
+	return l, err
+}
+
 // Account returns one account with its available funds.
 func (s *Service) Account(ctx context.Context, id string) (pc.Account, error) {
 	return getAccount(ctx, s.pool, id)

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/payouts/payouts/lock/fencing"
-	pc "github.com/payouts/payouts/payment/paymentclient"
 )
 
 // ---- accounts: balance == sum of entries (INV-03) ----
@@ -13,7 +12,7 @@ import (
 // returns each account's fence for the high-water check.
 func (r *Reconciler) checkAccounts(ctx context.Context, rep *Report, ls *ledgerScan) (map[string]fencing.Token, error) {
 	fences := map[string]fencing.Token{}
-	drift := map[string]int64{} // account -> balance seen
+	var suspects []string // accounts whose balance differed from the ledger read before it
 	after := ""
 	for {
 		page, err := r.c.Payment.Accounts(ctx, after, r.opts.PageSize)
@@ -24,7 +23,7 @@ func (r *Reconciler) checkAccounts(ctx context.Context, rep *Report, ls *ledgerS
 			rep.Scanned.Accounts++
 			fences[a.ID] = a.FenceToken
 			if a.Balance != ls.sums[a.ID] {
-				drift[a.ID] = a.Balance
+				suspects = append(suspects, a.ID)
 			}
 		}
 		if page.Next == "" || len(page.Items) == 0 {
@@ -32,43 +31,22 @@ func (r *Reconciler) checkAccounts(ctx context.Context, rep *Report, ls *ledgerS
 		}
 		after = page.Next
 	}
-	if len(drift) == 0 {
+	if len(suspects) == 0 {
 		return fences, nil
 	}
 	// A posting may have landed between the ledger read and the account
-	// read. Read each suspect's balance, the whole ledger, and the balance
-	// again: when the balance did not move meanwhile, the sum is exact.
-	before := map[string]int64{}
-	for id := range drift {
-		a, err := r.c.Payment.Account(ctx, id)
+	// read. Each suspect is checked again with its balance and the sum of
+	// its entries read in one statement (one snapshot): exact however
+	// busy the account, payout-clearing included, which a posting moves
+	// every time.
+	for _, id := range suspects {
+		l, err := r.c.Payment.LedgerSum(ctx, id)
 		if err != nil {
-			return nil, cannotRun("read account "+id, err)
+			return nil, cannotRun("read the ledger sum of account "+id, err)
 		}
-		before[id] = a.Balance
-	}
-	sums := map[string]int64{}
-	counts := map[string]int{}
-	err := r.eachLedgerEntry(ctx, func(e pc.LedgerEntry) {
-		if _, ok := drift[e.AccountID]; ok {
-			sums[e.AccountID] += e.Amount
-			counts[e.AccountID]++
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
-	for id := range drift {
-		a, err := r.c.Payment.Account(ctx, id)
-		if err != nil {
-			return nil, cannotRun("read account "+id, err)
-		}
-		if a.Balance != before[id] {
-			rep.note("account %s moved while its balance was being checked; checked again next pass", id)
-			continue
-		}
-		if a.Balance != sums[id] {
-			rep.add(CheckBalanceDrift, map[string]any{"account_id": id, "balance": a.Balance, "ledger_sum": sums[id], "entries": counts[id], "drift": a.Balance - sums[id]},
-				"account %s has balance %d but its %d ledger entries sum to %d (drift %d)", id, a.Balance, counts[id], sums[id], a.Balance-sums[id])
+		if l.Balance != l.LedgerSum {
+			rep.add(CheckBalanceDrift, map[string]any{"account_id": id, "balance": l.Balance, "ledger_sum": l.LedgerSum, "entries": l.Entries, "drift": l.Balance - l.LedgerSum},
+				"account %s has balance %d but its %d ledger entries sum to %d (drift %d)", id, l.Balance, l.Entries, l.LedgerSum, l.Balance-l.LedgerSum)
 		}
 	}
 	return fences, nil

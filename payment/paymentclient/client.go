@@ -57,6 +57,14 @@ func (c *Client) Account(ctx context.Context, id string) (Account, error) {
 	return out, err
 }
 
+// LedgerSum returns account id's balance and the sum of its ledger
+// entries, read together.
+func (c *Client) LedgerSum(ctx context.Context, id string) (LedgerSum, error) {
+	var out LedgerSum
+	err := c.c.Get(ctx, "/v1/accounts/"+httpx.PathEscape(id)+"/ledger-sum", nil, &out)
+	return out, err
+}
+
 // Accounts returns a page of accounts ordered by id, after the cursor.
 func (c *Client) Accounts(ctx context.Context, after string, limit int) (List[Account], error) {
 	var out List[Account]

@@ -103,6 +103,17 @@ type Account struct {
 	FenceHolder fencing.Holder `json:"fence_holder"`
 }
 
+// LedgerSum is GET /accounts/{id}/ledger-sum: an account's balance beside
+// the sum and count of its ledger entries, read in one statement, so the
+// two are of the same moment however busy the account (INV-03: they are
+// equal).
+type LedgerSum struct {
+	AccountID string `json:"account_id"`
+	Balance   int64  `json:"balance"`
+	LedgerSum int64  `json:"ledger_sum"`
+	Entries   int64  `json:"entries"`
+}
+
 // CreateAccountRequest is the body of POST /accounts (fixture loading).
 type CreateAccountRequest struct {
 	ID             string `json:"id"`
