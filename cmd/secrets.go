@@ -77,7 +77,11 @@ func secret(name, value, file string) (string, error) {
 		// they never typed.
 		return "", fmt.Errorf("--%s (%s) and --%s-file (%s) are mutually exclusive: give one of them", name, EnvName(name), name, EnvName(name+"-file"))
 	case file == "":
-		return value, nil
+		// A variable made from a file (a Kubernetes secret, $(cat f))
+		// often ends in a newline: kept, it made every request's
+		// Authorization header invalid, refused by the HTTP client before
+		// anything was sent.
+		return strings.TrimSpace(value), nil
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {

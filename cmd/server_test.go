@@ -107,6 +107,11 @@ func TestSecretFiles(t *testing.T) {
 	if _, err := secret("token", "x", file); err == nil {
 		t.Fatal("--token with --token-file was accepted")
 	}
+	// A flag or variable is trimmed the same way: a token that ends in a
+	// newline is not a valid Authorization header.
+	if v, err := secret("rail-token", "s3cret-token\n", ""); err != nil || v != "s3cret-token" {
+		t.Fatalf("secret from a flag or variable ending in a newline: %q %v", v, err)
+	}
 	empty := filepath.Join(dir, "empty")
 	_ = os.WriteFile(empty, []byte("\n"), 0o600)
 	if _, err := secret("token", "", empty); err == nil || !strings.Contains(err.Error(), "is empty") {
