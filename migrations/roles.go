@@ -66,6 +66,11 @@ func GrantServing(ctx context.Context, db DB, databaseURL, role string) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
 	for _, stmt := range []string{
+		// One grant at a time: migrators started together (an init
+		// container per replica) grant the same catalog rows, and
+		// concurrent GRANTs of one row fail ("tuple concurrently
+		// updated").
+		`SELECT pg_advisory_xact_lock(hashtext('payouts migrate --grant-to'))`,
 		`GRANT USAGE ON SCHEMA public TO ` + role,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO ` + role,
 		`GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO ` + role,

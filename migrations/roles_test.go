@@ -3,8 +3,10 @@ package migrations_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -101,6 +103,35 @@ func TestGrantServingRefusesPrivilegedOrUnknownRoles(t *testing.T) {
 	} {
 		if err := migrations.GrantServing(ctx, migrations.PayDB, owner, role); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("GrantServing to %q: %v; want an error saying %q", role, err, want)
+		}
+	}
+}
+
+// TestGrantServingConcurrently: migrators started together (an init
+// container per replica, each with --grant-to) all succeed.
+func TestGrantServingConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := pgtest.Cluster(t)
+	for round := range 5 {
+		owner := pgtest.NewDB(t, migrations.PayDB)
+		role := fmt.Sprintf("serve_concurrent_%d", round)
+		if err := c.CreateRole(ctx, role); err != nil {
+			t.Fatal(err)
+		}
+		const migrators = 8
+		errs := make(chan error, migrators)
+		var wg sync.WaitGroup
+		for range migrators {
+			wg.Go(func() { errs <- migrations.GrantServing(ctx, migrations.PayDB, owner, role) })
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
 		}
 	}
 }
