@@ -1,9 +1,16 @@
 package cmd
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -31,7 +38,11 @@ func newDevUpCmd(a *app) *cobra.Command {
 				return err
 			}
 			logger := a.logger(cmd, "dev")
-			ctx := cmd.Context()
+			if dropped := dropRoleEnv(); len(dropped) > 0 {
+				logger.Info("not passed to the stack's roles, which dev up configures itself", "variables", dropped)
+			}
+			ctx, stopOnHangup := hangupStops(cmd.Context(), logger)
+			defer stopOnHangup()
 			st, err := stack.Start(ctx, stack.Options{Dir: dir, PortBase: portBase, Logger: logger, SettlementWindow: settlement, TLS: useTLS, KeepRailPayments: true})
 			if err != nil {
 				return &ExitError{Code: 2, Err: err}
@@ -66,6 +77,67 @@ func newDevUpCmd(a *app) *cobra.Command {
 	c.Flags().DurationVar(&settlement, "settlement-window", 3*time.Second, "the rail stub's settlement window (positive)")
 	c.Flags().BoolVar(&useTLS, "tls", false, "run every role over HTTPS with a throwaway CA made for this run (DIR/tls/ca.pem: pass it as --ca-file)")
 	return c
+}
+
+// dropRoleEnv removes from this process's environment, which the stack's
+// roles inherit, the PAYOUTS_<FLAG> variables of what dev up wires itself
+// (addresses, URLs, credentials and files, the backend, migrations,
+// authentication), and returns their names: one exported for the caller's
+// own commands (PAYOUTS_DATABASE_URL for migrate, PAYOUTS_LISTEN, a token)
+// would reach every role, and a role that does not take it (the etcd lock
+// service and a database URL) refuses to start. Tuning variables
+// (PAYOUTS_RESOLUTION_SLA, PAYOUTS_LOG_LEVEL, ...) still reach the roles.
+func dropRoleEnv() []string {
+	var dropped []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		flag, ok := strings.CutPrefix(name, "PAYOUTS_")
+		if !ok || !wiredByDevUp(flag) {
+			continue
+		}
+		os.Unsetenv(name)
+		dropped = append(dropped, name)
+	}
+	slices.Sort(dropped)
+	return dropped
+}
+
+// wiredByDevUp reports whether the flag of variable PAYOUTS_<flag> is one
+// dev up sets for its roles, or would clash with what it sets.
+func wiredByDevUp(flag string) bool {
+	switch flag {
+	case "LISTEN", "MIGRATE", "BACKEND", "INSECURE_NO_AUTH", "ETCD_PREFIX", "TOKEN", "RAIL_TOKEN", "DATABASE_URL":
+		return true
+	}
+	for _, suffix := range []string{"_URL", "_URLS", "_FILE", "_ENDPOINTS", "_LISTEN", "_DIR"} {
+		if strings.HasSuffix(flag, suffix) {
+			return true
+		}
+	}
+	return false
+}
+
+// hangupStops is ctx, also ended by SIGHUP (a closed terminal): dev up then
+// stops the stack as on Ctrl-C. Left to its default the signal ended dev up
+// alone: its children went with it, but PostgreSQL, which runs in a
+// session of its own, kept running, and the next dev up on the directory
+// refused to start beside it.
+func hangupStops(parent context.Context, log *slog.Logger) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(parent)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		select {
+		case <-hup:
+			log.Info("stop requested: stopping the stack", "signal", syscall.SIGHUP.String())
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(hup)
+		cancel()
+	}
 }
 
 func printReady(w io.Writer, r stack.Ready) {

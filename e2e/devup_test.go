@@ -155,15 +155,7 @@ func TestDevUpReadyStopRestart(t *testing.T) {
 	if data, _ := os.ReadFile(etcdLog); !strings.Contains(string(data), `"level":"info"`) {
 		t.Errorf("etcd.log has no info line although dev up ran at level info:\n%s", tailLines(string(data), 10))
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for role, pid := range ready.PIDs {
-		for alive(pid) && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
-		}
-		if alive(pid) {
-			t.Fatalf("%s (pid %d) still running after dev up stopped", role, pid)
-		}
-	}
+	waitGone(t, ready.PIDs, "dev up")
 
 	// A second run on the same directory reuses its data and tokens.
 	c2, ready2 := b.devUp(nil, 0)
@@ -182,6 +174,31 @@ func TestDevUpReadyStopRestart(t *testing.T) {
 		t.Errorf("the second run's rail does not have the first run's payment %s: %+v %v", paid.RailRef, look, err)
 	}
 	stopClean(t, c2, syscall.SIGTERM, "dev up (second run)")
+	waitGone(t, ready2.PIDs, "dev up (second run)")
+
+	// A third run, from a shell that exported variables for its own
+	// commands (which the roles would otherwise inherit: the etcd lock
+	// service refuses a database URL), stopped by a closed terminal
+	// (SIGHUP): PostgreSQL goes too.
+	c3, ready3 := b.devUp([]string{"PAYOUTS_DATABASE_URL=postgres://someone@127.0.0.1:1/paydb", "PAYOUTS_LISTEN=127.0.0.1:1",
+		"PAYOUTS_MIGRATE=not-a-bool"}, 0)
+	stopClean(t, c3, syscall.SIGHUP, "dev up (third run)")
+	waitGone(t, ready3.PIDs, "dev up (third run)")
+}
+
+// waitGone fails unless every process of pids (a ready line's) has exited
+// within 30 s of a stop.
+func waitGone(t *testing.T, pids map[string]int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for role, pid := range pids {
+		for alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if alive(pid) {
+			t.Fatalf("%s (pid %d) still running after %s stopped", role, pid, what)
+		}
+	}
 }
 
 func TestDevUpPortTakenIsAClearError(t *testing.T) {
@@ -211,25 +228,40 @@ func TestDevUpPortTakenIsAClearError(t *testing.T) {
 // nothing is left running.
 func TestDevUpRoleFailingToStartIsOneLine(t *testing.T) {
 	b := setup(t)
-	// The lock service (not dev up, which has no such flag) refuses it.
-	c := b.start([]string{"PAYOUTS_MIGRATE=not-a-bool"}, "dev", "up", "--dir", b.dir, "--json", "--port-base", "0")
+	// An auth file others can read, reused from an earlier run: the lock
+	// service, the first role started, refuses it.
+	if err := os.MkdirAll(b.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	authFile := filepath.Join(b.dir, "auth.json")
+	var tokens []string
+	for _, role := range []string{"executor", "reconciler", "operator", "proxy"} {
+		tokens = append(tokens, fmt.Sprintf(`{"token":"%s-token-0123456789abcdef","role":"%s","name":"dev-%s"}`, role, role, role))
+	}
+	if err := os.WriteFile(authFile, []byte(`{"tokens":[`+strings.Join(tokens, ",")+`]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(authFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := b.start(nil, "dev", "up", "--dir", b.dir, "--json", "--port-base", "0")
 	if code := c.wait(t, 4*time.Minute); code == 0 {
 		t.Fatalf("dev up succeeded with a role that cannot start:\n%s", c.output())
 	}
 	out := c.output()
-	lockLog := filepath.Join(b.dir, "logs", "lock.log")
 	var failure []string
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		if strings.Contains(line, lockLog) {
+		if strings.Contains(line, " exited ") {
 			failure = append(failure, line)
 		}
 	}
-	if len(failure) != 1 || !strings.Contains(failure[0], "lock exited") {
-		t.Fatalf("want one line naming the lock service and %s, got:\n%s", lockLog, out)
+	if len(failure) != 1 || !strings.Contains(failure[0], "see "+filepath.Join(b.dir, "logs")) {
+		t.Fatalf("want one line naming the role that exited and its log, got:\n%s", out)
 	}
 	checkCleanConsole(t, "dev up with a failing role", out)
-	if data, _ := os.ReadFile(lockLog); !strings.Contains(string(data), "PAYOUTS_MIGRATE") {
-		t.Fatalf("the lock service's log does not say what it refused:\n%s", data)
+	_, logPath, _ := strings.Cut(failure[0], "see ")
+	if data, _ := os.ReadFile(strings.TrimSpace(logPath)); !strings.Contains(string(data), "chmod 600") {
+		t.Fatalf("the failing role's log (%s) does not say what it refused:\n%s", logPath, data)
 	}
 }
 
