@@ -31,11 +31,16 @@ func CheckRoleName(role string) error {
 	return nil
 }
 
+// gooseTable is where goose records the migrations applied (its default
+// table name).
+const gooseTable = "goose_db_version"
+
 // GrantServing gives role what serving db needs and nothing more: to read
 // and write rows (SELECT, INSERT, UPDATE, DELETE on every table of the
-// schema; the triggers still refuse what the schema forbids) and to draw
-// from its sequences. Not TRUNCATE, REFERENCES or TRIGGER, and no
-// ownership: the role cannot alter, drop or disable what guards the data.
+// schema but the migrations' record; the triggers still refuse what the
+// schema forbids) and to draw from its sequences (not to set them). Not
+// TRUNCATE, REFERENCES or TRIGGER, and no ownership: the role cannot
+// alter, drop or disable what guards the data.
 // Run it as the schema's owner after every migration (`payouts migrate
 // --grant-to ROLE`): a table a migration adds is granted only then.
 func GrantServing(ctx context.Context, db DB, databaseURL, role string) error {
@@ -73,7 +78,16 @@ func GrantServing(ctx context.Context, db DB, databaseURL, role string) error {
 		`SELECT pg_advisory_xact_lock(hashtext('payouts migrate --grant-to'))`,
 		`GRANT USAGE ON SCHEMA public TO ` + role,
 		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO ` + role,
-		`GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO ` + role,
+		// The migrations' own record is the owner's to write: a row
+		// deleted or added there makes the next migrate re-run or skip
+		// a migration.
+		`REVOKE INSERT, UPDATE, DELETE ON ` + gooseTable + ` FROM ` + role,
+		// Drawing from a sequence (nextval) and reading it; not setval
+		// (UPDATE), which moves it down: lockdb's fencing tokens issued
+		// again (INV-04), the other tables' ids colliding. Revoked too
+		// from a role granted it by an earlier version.
+		`REVOKE UPDATE ON ALL SEQUENCES IN SCHEMA public FROM ` + role,
+		`GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO ` + role,
 	} {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("migrations: %s: %s: %w", db, stmt, err)

@@ -77,6 +77,27 @@ func TestServingRoleCannotSwitchTheDefensesOff(t *testing.T) {
 			if db == migrations.ProxyDB {
 				refused = append(refused, `DROP INDEX rail_submission_one_forwarded_per_payout`)
 			}
+			// A sequence moved down re-issues its numbers: lockdb's fencing
+			// tokens (INV-04), the others' row ids. Drawing is all serving
+			// needs.
+			rows, err := conn.Query(ctx, `SELECT sequencename FROM pg_sequences WHERE schemaname = 'public' ORDER BY 1`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seqs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil || len(seqs) == 0 {
+				t.Fatalf("the schema's sequences: %v %v", seqs, err)
+			}
+			refused = append(refused, `DELETE FROM goose_db_version`, `INSERT INTO goose_db_version (version_id, is_applied) VALUES (999999, true)`)
+			for _, seq := range seqs {
+				refused = append(refused, `SELECT setval('`+seq+`', 1)`)
+				if _, err := conn.Exec(ctx, `SELECT nextval('`+seq+`')`); err != nil {
+					t.Errorf("the serving role cannot draw from %s: %v", seq, err)
+				}
+				if _, err := conn.Exec(ctx, `SELECT last_value, is_called FROM `+seq); err != nil {
+					t.Errorf("the serving role cannot read %s (the lock service reads its token sequence so): %v", seq, err)
+				}
+			}
 			for _, stmt := range refused {
 				_, err := conn.Exec(ctx, stmt)
 				var pe *pgconn.PgError
