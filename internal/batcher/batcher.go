@@ -46,7 +46,11 @@ type Batcher[Req, Res any] struct {
 	mu      sync.Mutex
 	waiting []*call[Req, Res]
 	writing int // batches being written (at most opts.Parallel)
-	wg      sync.WaitGroup
+	// idle is signalled (under mu) when writing falls to 0. Not a
+	// WaitGroup: Wait may run while a call starts a writer (a server's
+	// shutdown while a handler still writes), and a WaitGroup's Add from
+	// zero concurrent with its Wait is a misuse that may panic.
+	idle *sync.Cond
 }
 
 type call[Req, Res any] struct {
@@ -67,7 +71,9 @@ func New[Req, Res any](write Func[Req, Res], opts Options) *Batcher[Req, Res] {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 30 * time.Second
 	}
-	return &Batcher[Req, Res]{write: write, opts: opts}
+	b := &Batcher[Req, Res]{write: write, opts: opts}
+	b.idle = sync.NewCond(&b.mu)
+	return b
 }
 
 // ErrShortAnswer is a batch's error when its Func answered a different
@@ -84,7 +90,6 @@ func (b *Batcher[Req, Res]) Do(ctx context.Context, req Req) (Res, error) {
 	start := b.writing < b.opts.Parallel
 	if start {
 		b.writing++
-		b.wg.Add(1)
 	}
 	b.mu.Unlock()
 	if start {
@@ -177,16 +182,24 @@ func InRounds[Req, Res any, K comparable](reqs []Req, key func(Req) K, failed fu
 
 // Wait returns when no batch is being written. Requests queued meanwhile
 // are written before it returns.
-func (b *Batcher[Req, Res]) Wait() { b.wg.Wait() }
+func (b *Batcher[Req, Res]) Wait() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.writing > 0 {
+		b.idle.Wait()
+	}
+}
 
 // drain writes batches until nothing waits.
 func (b *Batcher[Req, Res]) drain(ctx context.Context) {
-	defer b.wg.Done()
 	for {
 		b.mu.Lock()
 		n := min(len(b.waiting), b.opts.MaxBatch)
 		if n == 0 {
 			b.writing--
+			if b.writing == 0 {
+				b.idle.Broadcast()
+			}
 			b.mu.Unlock()
 			return
 		}

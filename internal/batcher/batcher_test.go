@@ -343,3 +343,26 @@ func TestInRoundsAnswersEachRequestFromItsRound(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitWhileCallsArrive: Wait may run while calls arrive, as at a
+// server's shutdown while a handler still writes (a WaitGroup's Wait with a
+// concurrent Add from zero is a misuse that may panic).
+func TestWaitWhileCallsArrive(t *testing.T) {
+	b := New(func(_ context.Context, reqs []int) ([]int, error) { return reqs, nil }, Options{})
+	ctx := context.Background()
+	for range 2000 {
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if _, err := b.Do(ctx, 1); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Go(b.Wait)
+		wg.Go(b.Wait)
+		wg.Wait()
+	}
+	b.Wait()
+	if n := b.Writing(); n != 0 {
+		t.Fatalf("%d batches writing after Wait", n)
+	}
+}
