@@ -612,3 +612,31 @@ func metricValue(t *testing.T, url, sample string) float64 {
 	t.Helper()
 	return proctest.Metric(t, url, sample)
 }
+
+// TestExecutorWithAnotherRolesTokenClaimsNothing: an executor given an
+// operator's token (which the payment resource lets claim, and the proxy
+// does not let submit) stops at its start, exit 2 naming the proxy, before
+// it claims anything; the payout waiting stays PENDING for a correctly
+// configured executor.
+func TestExecutorWithAnotherRolesTokenClaimsNothing(t *testing.T) {
+	s := startSystem(t, stack.Options{})
+	r := s.st.Ready
+	s.createAccount(t, "wrong-tok-acc", 10_000)
+	s.createPayout(t, "wrong-tok-1", "wrong-tok-acc", 100, "ben-1")
+	p := proctest.Start(t, "executor-operator-token", []string{"PAYOUTS_TOKEN=" + r.Tokens.Operator},
+		"run", "executor", "--owner", "wrong-token", "--lock-url", r.LockURL, "--payment-url", r.PaymentURL,
+		"--proxy-url", r.ProxyURL, "--poll-interval", "100ms")
+	code, err := p.Wait(2 * time.Minute)
+	if err != nil || code != 2 {
+		t.Fatalf("executor with an operator token: exit %d, %v; want 2\n%s", code, err, tailLines(p.Log(), 20))
+	}
+	if !strings.Contains(p.Log(), "rail proxy") || !strings.Contains(p.Log(), "refused the token") || !strings.Contains(p.Log(), "role operator") {
+		t.Errorf("the executor's log does not say the proxy refused its operator token:\n%s", tailLines(p.Log(), 20))
+	}
+	if got := s.payout(t, "wrong-tok-1"); got.State != pc.Pending || got.Token != 0 {
+		t.Fatalf("payout after the executor with the wrong token: %s (token %d), want PENDING, never claimed", got.State, got.Token)
+	}
+	ex := s.startExecutor(t, "executor-right-token", nil)
+	s.waitPayoutState(t, "wrong-tok-1", 2*time.Minute, pc.Posted)
+	stopExecutor(t, ex)
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
@@ -292,6 +293,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	// No session yet: nothing is done until one opens (a lock service that
 	// hangs keeps Open waiting for --call-timeout).
 	e.m.lockDown.Set(1)
+	e.checkProxyRole()
 	for !e.stopRequested() {
 		cctx, cancel := e.callCtx()
 		sess, err := e.lock.Open(cctx, e.cfg.Owner)
@@ -351,6 +353,33 @@ func (e *Executor) Run(ctx context.Context) error {
 	e.log.Info("executor stopped")
 	return nil
 }
+
+// checkProxyRole asks the proxy, before anything is claimed, whether the
+// executor's token may submit there. The payment resource lets an
+// operator's token claim and mark payouts too, and only the proxy refuses
+// it: with the wrong token the executor stopped only at its first
+// submission, its payouts left RAIL_SUBMITTED for another executor to
+// recover. A refusal stops it (exit 2) before it starts; a proxy that does
+// not answer is logged and the executor goes on (it cannot pay until the
+// proxy answers anyway).
+func (e *Executor) checkProxyRole() {
+	ctx, cancel := context.WithTimeout(e.base, min(e.cfg.CallTimeout, roleCheckTimeout))
+	id, err := e.proxy.WhoAmI(ctx)
+	cancel()
+	switch {
+	case refusedToken(err):
+		e.refuse("rail proxy", e.cfg.ProxyURL, err)
+	case err != nil:
+		e.log.Warn("could not ask the rail proxy which role this token has; going on (a token of another role stops the executor at its first submission)", obs.KeyError, err.Error())
+	case !id.Allows(auth.Executor):
+		e.refuse("rail proxy", e.cfg.ProxyURL, problem.New(problem.Forbidden,
+			"the token is %s's, of role %s, which may not submit there", id.Name, id.Role))
+	}
+}
+
+// roleCheckTimeout bounds checkProxyRole: a proxy that hangs does not hold
+// the executor's start for a whole --call-timeout.
+const roleCheckTimeout = 5 * time.Second
 
 // refusedToken reports a 401 or 403 answer: the service does not accept
 // this executor's credential, and asking again will not change that.

@@ -48,6 +48,18 @@ type Principal struct {
 	AnyRole bool
 }
 
+// Identity is what GET /v1/whoami answers: the caller's role and name on
+// that server, and whether it may call what any role may (insecure mode).
+type Identity struct {
+	Role    Role   `json:"role"`
+	Name    string `json:"name"`
+	AnyRole bool   `json:"any_role"`
+}
+
+// Allows reports whether a caller of this identity may call a route of
+// role.
+func (i Identity) Allows(role Role) bool { return i.Role == role || i.AnyRole }
+
 // File is the auth file format (DESIGN §4b).
 type File struct {
 	Tokens []FileToken `json:"tokens"`

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/problem"
 )
 
@@ -67,6 +68,14 @@ func NewClient(baseURL, token string, opts ...ClientOption) (*Client, error) {
 
 // BaseURL is the server's base URL.
 func (c *Client) BaseURL() string { return c.base.String() }
+
+// WhoAmI asks the server which identity the client's token has there
+// (GET /v1/whoami).
+func (c *Client) WhoAmI(ctx context.Context) (auth.Identity, error) {
+	var id auth.Identity
+	err := c.Get(ctx, WhoAmIPath, nil, &id)
+	return id, err
+}
 
 // Get does a GET of path (with query) into out.
 func (c *Client) Get(ctx context.Context, path string, query url.Values, out any) error {

@@ -110,7 +110,27 @@ func NewServer(cfg Config) *Server {
 	r.Method(http.MethodGet, "/metrics", promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry}))
 	s.root = r
 	s.api = r.With(s.deadline, s.authenticate, queryOnlyOnReads)
+	s.api.Get(WhoAmIPath, whoAmI)
 	return s
+}
+
+// WhoAmIPath answers, to a caller of any role, the identity its token
+// has on this server (auth.Identity): a client checks at start that it was
+// given the credential of the role it needs, before doing anything a later
+// refusal would leave half done.
+const WhoAmIPath = "/v1/whoami"
+
+func whoAmI(w http.ResponseWriter, r *http.Request) {
+	if _, err := wire.Query(r.URL.RawQuery); err != nil {
+		problem.Write(w, err)
+		return
+	}
+	p, ok := auth.FromContext(r.Context())
+	if !ok {
+		problem.Write(w, problem.New(problem.Unauthorized, "not authenticated"))
+		return
+	}
+	WriteJSON(w, http.StatusOK, auth.Identity{Role: p.Role, Name: p.Name, AnyRole: p.AnyRole})
 }
 
 // queryOnlyOnReads refuses a query string on a request that is not a read

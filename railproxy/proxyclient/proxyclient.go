@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/wire"
@@ -358,6 +359,9 @@ func (c *Client) Submit(ctx context.Context, sub Submission, token fencing.Token
 	err := c.c.Post(ctx, "/v1/submissions", req, &r)
 	return r, err
 }
+
+// WhoAmI is the identity the client's token has at the proxy.
+func (c *Client) WhoAmI(ctx context.Context) (auth.Identity, error) { return c.c.WhoAmI(ctx) }
 
 // ExistingRecord returns the existing forwarded record carried by a
 // submission_exists error.
