@@ -13,9 +13,10 @@ import (
 
 // runInit runs deploy/postgres/init.sh as the compose PostgreSQL does on its
 // first start, with the secrets in dir and a psql that records its
-// arguments instead of connecting. It answers the script's error (nil when
-// it exited 0), its output, and psql's arguments ("" when psql never ran).
-func runInit(t *testing.T, dir string, cred *syscall.Credential) (error, string, string) {
+// arguments instead of connecting. It answers the script's output, psql's
+// arguments ("" when psql never ran) and the script's error (nil when it
+// exited 0).
+func runInit(t *testing.T, dir string, cred *syscall.Credential) (output, args string, err error) {
 	t.Helper()
 	bin := t.TempDir()
 	out := filepath.Join(bin, "psql.args")
@@ -41,12 +42,12 @@ func runInit(t *testing.T, dir string, cred *syscall.Credential) (error, string,
 			t.Fatal(err)
 		}
 	}
-	output, runErr := cmd.CombinedOutput()
-	args, err := os.ReadFile(out)
+	b, runErr := cmd.CombinedOutput()
+	a, err := os.ReadFile(out)
 	if err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
-	return runErr, string(output), string(args)
+	return string(b), string(a), runErr
 }
 
 // secretsDir writes the two serving roles' password files (mode 0644,
@@ -73,7 +74,7 @@ func secretsDir(t *testing.T, payment, proxy string) string {
 func TestPostgresInitCreatesTheServingRolesWithTheirPasswords(t *testing.T) {
 	t.Parallel()
 	dir := secretsDir(t, "pay-secret-1", "proxy-secret-2")
-	err, output, args := runInit(t, dir, nil)
+	output, args, err := runInit(t, dir, nil)
 	if err != nil {
 		t.Fatalf("init.sh: %v\n%s", err, output)
 	}
@@ -88,13 +89,13 @@ func TestPostgresInitCreatesTheServingRolesWithTheirPasswords(t *testing.T) {
 		if err := os.Remove(filepath.Join(dir, "proxy_db_password")); err != nil {
 			t.Fatal(err)
 		}
-		err, output, args := runInit(t, dir, nil)
+		output, args, err := runInit(t, dir, nil)
 		if err == nil || args != "" || !strings.Contains(output, "proxy_db_password") {
 			t.Errorf("init.sh without proxy_db_password: %v, psql args %q, output %q; want a failure naming the file before psql", err, args, output)
 		}
 	})
 	t.Run("empty", func(t *testing.T) {
-		err, output, args := runInit(t, secretsDir(t, "", "proxy-secret-2"), nil)
+		output, args, err := runInit(t, secretsDir(t, "", "proxy-secret-2"), nil)
 		if err == nil || args != "" || !strings.Contains(output, "payment_db_password is empty") {
 			t.Errorf("init.sh with an empty payment_db_password: %v, psql args %q, output %q; want a failure before psql", err, args, output)
 		}
@@ -120,7 +121,7 @@ func TestPostgresInitCreatesTheServingRolesWithTheirPasswords(t *testing.T) {
 			t.Fatal(err)
 		}
 		cred := &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		err, output, args := runInit(t, dir, cred)
+		output, args, err := runInit(t, dir, cred)
 		if err == nil || args != "" || !strings.Contains(output, "cannot read") {
 			t.Errorf("init.sh as postgres with payment_db_password unreadable to it: %v, psql args %q, output %q; want a failure before psql", err, args, output)
 		}
@@ -129,7 +130,7 @@ func TestPostgresInitCreatesTheServingRolesWithTheirPasswords(t *testing.T) {
 		if err := os.Chown(f, uid, gid); err != nil {
 			t.Fatal(err)
 		}
-		err, output, args = runInit(t, dir, cred)
+		output, args, err = runInit(t, dir, cred)
 		if err != nil || !strings.Contains(args, "payment_pw=pay-secret-1") {
 			t.Errorf("init.sh as postgres with payment_db_password its own: %v, psql args %q, output %q", err, args, output)
 		}
