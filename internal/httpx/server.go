@@ -114,10 +114,10 @@ func NewServer(cfg Config) *Server {
 	return s
 }
 
-// WhoAmIPath answers, to a caller of any role, the identity its token
-// has on this server (auth.Identity): a client checks at start that it was
-// given the credential of the role it needs, before doing anything a later
-// refusal would leave half done.
+// WhoAmIPath is the route every server has that answers a caller of any
+// role with the identity its token has on that server (auth.Identity): a
+// client checks at start that it was given the credential of the role it
+// needs, before doing anything a later refusal would leave half done.
 const WhoAmIPath = "/v1/whoami"
 
 func whoAmI(w http.ResponseWriter, r *http.Request) {
