@@ -71,32 +71,8 @@ func TestContinuousReportsEachSafetyEventOnce(t *testing.T) {
 	fencedOut(stale)
 	ctx := ctxT(t)
 
-	logs := &lockedBuffer{}
-	r := e.st.Ready
-	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: r.RailURL,
-		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, Interval: 50 * time.Millisecond, Listen: "127.0.0.1:0",
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	exited := make(chan error, 1)
-	go func() {
-		_, err := reconcile.Run(runCtx, cfg)
-		exited <- err
-	}()
 	const passes = 3
-	for logs.lines("reconciliation pass done") < passes {
-		select {
-		case err := <-exited:
-			t.Fatalf("the reconciler stopped: %v\n%s", err, logs.String())
-		case <-ctx.Done():
-			t.Fatalf("fewer than %d passes in time:\n%s", passes, logs.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	stop()
-	if err := <-exited; err != nil {
-		t.Fatalf("the reconciler: %v", err)
-	}
+	logs := e.runContinuous(t, ctx, passes, func(*reconcile.Config) {})
 	if n := logs.lines("reconcile finding", stale); n != 1 {
 		t.Fatalf("the fenced_out event of %s was reported by %d of at least %d passes, want 1:\n%s", stale, n, passes, logs.String())
 	}
@@ -120,12 +96,28 @@ func TestContinuousHoldsTheStateWhileItsMetricsFileCannotBeWritten(t *testing.T)
 	}
 	state := filepath.Join(dir, "state.json")
 
+	const passes = 3
+	logs := e.runContinuous(t, ctx, passes, func(c *reconcile.Config) { c.MetricsFile, c.StateFile = blocked, state })
+	if n := logs.lines("reconcile finding", stale); n < passes {
+		t.Errorf("the fenced_out event of %s was reported by %d passes of at least %d whose metrics file could not be written; want every one", stale, n, passes)
+	}
+	if _, err := os.Stat(state); !os.IsNotExist(err) {
+		b, _ := os.ReadFile(state)
+		t.Errorf("the state file was written although no metrics file was: %v %s", err, b)
+	}
+}
+
+// runContinuous runs a continuous reconciler (a pass every 50 ms; set
+// adjusts its configuration) until it has logged passes passes, stops it
+// and returns its log.
+func (e *testBundle) runContinuous(t *testing.T, ctx context.Context, passes int, set func(*reconcile.Config)) *lockedBuffer {
+	t.Helper()
 	logs := &lockedBuffer{}
 	r := e.st.Ready
 	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: r.RailURL,
 		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, Interval: 50 * time.Millisecond, Listen: "127.0.0.1:0",
-		MetricsFile: blocked, StateFile: state,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	set(&cfg)
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	exited := make(chan error, 1)
@@ -133,7 +125,6 @@ func TestContinuousHoldsTheStateWhileItsMetricsFileCannotBeWritten(t *testing.T)
 		_, err := reconcile.Run(runCtx, cfg)
 		exited <- err
 	}()
-	const passes = 3
 	for logs.lines("reconciliation pass done") < passes {
 		select {
 		case err := <-exited:
@@ -147,13 +138,7 @@ func TestContinuousHoldsTheStateWhileItsMetricsFileCannotBeWritten(t *testing.T)
 	if err := <-exited; err != nil {
 		t.Fatalf("the reconciler: %v", err)
 	}
-	if n := logs.lines("reconcile finding", stale); n < passes {
-		t.Errorf("the fenced_out event of %s was reported by %d passes of at least %d whose metrics file could not be written; want every one", stale, n, passes)
-	}
-	if _, err := os.Stat(state); !os.IsNotExist(err) {
-		b, _ := os.ReadFile(state)
-		t.Errorf("the state file was written although no metrics file was: %v %s", err, b)
-	}
+	return logs
 }
 
 // lockedBuffer collects log output written from another goroutine.
