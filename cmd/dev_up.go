@@ -106,7 +106,7 @@ func dropRoleEnv() []string {
 // dev up sets for its roles, or would clash with what it sets.
 func wiredByDevUp(flag string) bool {
 	switch flag {
-	case "LISTEN", "MIGRATE", "BACKEND", "INSECURE_NO_AUTH", "ETCD_PREFIX", "TOKEN", "RAIL_TOKEN", "DATABASE_URL":
+	case "LISTEN", "MIGRATE", "BACKEND", "INSECURE_NO_AUTH", "ETCD_PREFIX", "TOKEN", "RAIL_TOKEN":
 		return true
 	}
 	for _, suffix := range []string{"_URL", "_URLS", "_FILE", "_ENDPOINTS", "_LISTEN", "_DIR"} {

@@ -1,6 +1,7 @@
 package payment
 
 import (
+	"context"
 	"net/http"
 	"slices"
 	"strconv"
@@ -44,10 +45,10 @@ func (s *Service) Mount(r chi.Router) {
 			// rail only.
 			r.Use(auth.Require(auth.Callers...))
 			r.Get("/accounts", httpx.Handler(s.handleListAccounts))
-			r.Get("/accounts/{id}", httpx.Handler(s.handleGetAccount))
-			r.Get("/accounts/{id}/ledger-sum", httpx.Handler(s.handleLedgerSum))
+			r.Get("/accounts/{id}", httpx.Handler(readByID("account", s.Account)))
+			r.Get("/accounts/{id}/ledger-sum", httpx.Handler(readByID("account", s.LedgerSum)))
 			r.Get("/payouts", httpx.Handler(s.handleListPayouts))
-			r.Get("/payouts/{id}", httpx.Handler(s.handleGetPayout))
+			r.Get("/payouts/{id}", httpx.Handler(readByID("payout", s.Payout)))
 			r.Get("/payouts/{id}/events", httpx.Handler(s.handlePayoutEvents))
 			r.Get("/payout-digests", httpx.Handler(s.handlePayoutDigests))
 			r.Get("/work", httpx.Handler(s.handleWork))
@@ -64,6 +65,26 @@ func actor(r *http.Request) string {
 		return "unknown"
 	}
 	return string(p.Role) + ":" + p.Name
+}
+
+// readByID is a read of one object by the {id} of its path (what: its
+// kind), which takes no query parameter, answered as JSON.
+func readByID[T any](what string, read func(context.Context, string) (T, error)) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if _, err := wire.Query(r.URL.RawQuery); err != nil {
+			return err
+		}
+		id, err := pathID(r, what)
+		if err != nil {
+			return err
+		}
+		v, err := read(r.Context(), id)
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, v)
+		return nil
+	}
 }
 
 // pathID reads an id from the path; an id that cannot exist is not found.
@@ -138,38 +159,6 @@ func (s *Service) handleListAccounts(w http.ResponseWriter, r *http.Request) err
 	return nil
 }
 
-func (s *Service) handleLedgerSum(w http.ResponseWriter, r *http.Request) error {
-	if _, err := wire.Query(r.URL.RawQuery); err != nil {
-		return err
-	}
-	id, err := pathID(r, "account")
-	if err != nil {
-		return err
-	}
-	l, err := s.LedgerSum(r.Context(), id)
-	if err != nil {
-		return err
-	}
-	httpx.WriteJSON(w, http.StatusOK, l)
-	return nil
-}
-
-func (s *Service) handleGetAccount(w http.ResponseWriter, r *http.Request) error {
-	if _, err := wire.Query(r.URL.RawQuery); err != nil {
-		return err
-	}
-	id, err := pathID(r, "account")
-	if err != nil {
-		return err
-	}
-	a, err := s.Account(r.Context(), id)
-	if err != nil {
-		return err
-	}
-	httpx.WriteJSON(w, http.StatusOK, a)
-	return nil
-}
-
 func (s *Service) handleCreatePayout(w http.ResponseWriter, r *http.Request) error {
 	req, err := decodeCreatePayout(r, s.currency)
 	if err != nil {
@@ -213,22 +202,6 @@ func (s *Service) handleListPayouts(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	writeList(w, items, limit, func(p pc.Payout) string { return p.ID })
-	return nil
-}
-
-func (s *Service) handleGetPayout(w http.ResponseWriter, r *http.Request) error {
-	if _, err := wire.Query(r.URL.RawQuery); err != nil {
-		return err
-	}
-	id, err := pathID(r, "payout")
-	if err != nil {
-		return err
-	}
-	p, err := s.Payout(r.Context(), id)
-	if err != nil {
-		return err
-	}
-	httpx.WriteJSON(w, http.StatusOK, p)
 	return nil
 }
 

@@ -370,12 +370,12 @@ func (r *Reconciler) continuous(ctx context.Context, cfg Config) (int, error) {
 				if cfg.JSON {
 					_ = r.print(cfg, rep)
 				}
-			}
-			// As --once: the state moves on only once the metrics file
-			// carries the safety events it will no longer report.
-			if rep.Complete() && werr == nil {
-				if err := r.saveState(cfg, rep); err != nil {
-					r.log.Error("could not write the state file", obs.KeyError, err.Error())
+				// As --once: the state moves on only once the metrics
+				// file carries the safety events it will no longer report.
+				if werr == nil {
+					if err := r.saveState(cfg, rep); err != nil {
+						r.log.Error("could not write the state file", obs.KeyError, err.Error())
+					}
 				}
 			}
 			t.Reset(cfg.Interval)

@@ -85,6 +85,16 @@ func (c *rpcCounter) between(after func(method string, req any) bool, do func())
 	c.thenIf, c.thenDo = after, do
 }
 
+// failFirst arms failIf; it reports whether the last one armed is still
+// waiting for its call.
+func (c *rpcCounter) failFirst(accept func(method string, req any) bool) (stillArmed bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	stillArmed = c.failIf != nil
+	c.failIf = accept
+	return stillArmed
+}
+
 // duringCalls returns the calls made while fn ran (by any goroutine).
 func (c *rpcCounter) duringCalls(fn func()) []rpcCall {
 	c.mu.Lock()
@@ -814,19 +824,14 @@ func TestACloseThatFailsHalfWayEndsTheSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc.mu.Lock()
-	rc.failIf = func(method string, req any) bool {
+	rc.failFirst(func(method string, req any) bool {
 		r, ok := req.(*etcdserverpb.RangeRequest)
 		return ok && method == "/etcdserverpb.KV/Range" && strings.HasSuffix(string(r.Key), "/locks/") && len(r.RangeEnd) > 0
-	}
-	rc.mu.Unlock()
+	})
 	if _, err := b.CloseSession(ctx, s.ID); err == nil {
 		t.Fatal("the close answered success past a failed read of its keys")
 	}
-	rc.mu.Lock()
-	armed := rc.failIf != nil
-	rc.mu.Unlock()
-	if armed {
+	if rc.failFirst(nil) {
 		t.Fatal("the close never read its lock keys: the test no longer fails it half way")
 	}
 	if _, err := b.KeepAlive(ctx, s.ID); !problem.Has(err, problem.SessionExpired) {
