@@ -172,7 +172,7 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string, s
 			waiting, err = r.driveBatch(ps)
 			n -= waiting // back in r.pending, not driven
 		} else {
-			err = r.drive(ps[0])
+			err = r.drive(ps[0], false)
 		}
 		if errors.Is(err, errFenced) {
 			r.log.Warn("stopping work on the account", obs.KeyPayoutID, ps[0].ID, "reason", err.Error())
@@ -311,13 +311,41 @@ func (r *run) check() error {
 
 // drive moves one payout as far as this grant can take it: to POSTED,
 // FAILED or RAIL_AMBIGUOUS, or until the grant or the guards say stop.
-func (r *run) drive(p pc.Payout) error {
+// unsure says p may be behind the payment resource (a step whose answer
+// was lost may have landed): p is then read back before anything is done
+// with it.
+func (r *run) drive(p pc.Payout, unsure bool) error {
 	bo := backoff{min: 100 * time.Millisecond, max: 3 * time.Second}
 	// marked is true right after this grant recorded RAIL_SUBMITTED itself:
 	// nobody can have forwarded the payout, so it is submitted at once. A
 	// RAIL_SUBMITTED payout found any other way asks the proxy first (D-4).
 	marked := false
 	for steps := 0; ; steps++ {
+		if unsure {
+			// Never a step from a state that may be stale: a step that
+			// already landed, sent again, is refused as an invalid
+			// transition and recorded as a rejected_transition, evidence
+			// of a replay that never was. Until the payout can be read,
+			// nothing is done with it.
+			fresh, err := r.reread(p)
+			if err != nil {
+				if !errors.Is(err, errTransient) {
+					return err
+				}
+				if err := r.check(); err != nil {
+					return err
+				}
+				if steps >= maxStepsPerPayout {
+					r.log.Error("payout could not be read back within the step budget; leaving it", obs.KeyPayoutID, p.ID, "state", string(p.State))
+					return errStepBudget
+				}
+				if !r.e.sleep(bo.next()) {
+					return errStop
+				}
+				continue
+			}
+			p, unsure = fresh, false
+		}
 		if p.State.Terminal() || p.State == pc.RailAmbiguous {
 			return nil
 		}
@@ -352,7 +380,7 @@ func (r *run) drive(p pc.Payout) error {
 		if !r.e.sleep(bo.next()) {
 			return errStop
 		}
-		p = r.reread(p)
+		unsure = true
 	}
 }
 

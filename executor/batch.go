@@ -62,7 +62,7 @@ func (b *batch) finish(submitting []pc.Payout) error {
 		return b.fatal
 	}
 	for _, p := range b.loose {
-		if err := b.r.drive(b.r.reread(p)); err != nil {
+		if err := b.r.drive(p, true); err != nil {
 			return err
 		}
 	}
@@ -379,15 +379,14 @@ func (b *batch) sendEach(ps []pc.Payout) []submitAnswer {
 	return answers
 }
 
-// reread is the payout as the payment resource now holds it (p itself when
-// it cannot be read: drive's own retries re-read it).
-func (r *run) reread(p pc.Payout) pc.Payout {
+// reread is the payout as the payment resource now holds it; its error
+// is classified as a step's (errTransient: try again later).
+func (r *run) reread(p pc.Payout) (pc.Payout, error) {
 	ctx, cancel := r.e.callCtx()
 	defer cancel()
 	fresh, err := r.e.pay.Payout(ctx, p.ID)
 	if err != nil {
-		r.log.Warn("could not re-read the payout; acting on the state last seen", obs.KeyPayoutID, p.ID, obs.KeyError, err.Error())
-		return p
+		return p, r.failed("reread", "payment", p, err)
 	}
 	if fresh.State != p.State {
 		// A step of this grant whose answer was lost landed after all:
@@ -396,5 +395,5 @@ func (r *run) reread(p pc.Payout) pc.Payout {
 		r.moved = true
 		r.transition("reread", p, fresh)
 	}
-	return fresh
+	return fresh, nil
 }
