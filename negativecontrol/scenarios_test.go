@@ -244,31 +244,47 @@ func inv07(t *testing.T, s *sys) {
 
 // INV-08, terminal states are terminal. Primary: the transition table
 // (negativecontrol: its refusal compiled out). A cleanup job cancels a
-// payout that was paid and POSTED. Without the table it lands (ABANDONED
-// with money at the rail) and the reconciler's settled_not_posted fires;
-// with it, invalid_transition and the rejected_transition detective.
+// payout that was paid and POSTED, and a replay job claims again a payout
+// an operator had cancelled (ABANDONED, nothing paid). Without the table
+// both land: the first becomes ABANDONED with money at the rail
+// (settled_not_posted), and each leaves a change out of a final state in
+// its history (terminal_state_left), the only evidence of the second; with
+// it, invalid_transition and the rejected_transition detective, and no
+// such change.
 func inv08(t *testing.T, s *sys) {
 	acc := s.account(t, 10_000)
 	p := s.payout(t, acc, 100)
+	cancelled := s.payout(t, acc, 100)
 	g := s.grant(t, s.a, acc)
 	defer s.release(t, s.a, g)
 	s.payOut(t, p, g.Token, g.Holder())
+	if _, err := s.pay.Cancel(ctxT(t), cancelled.ID, g.Token, g.Holder(), "customer asked"); err != nil {
+		t.Fatalf("cancel a PENDING payout: %v", err)
+	}
 	_, err := s.pay.Cancel(ctxT(t), p.ID, g.Token, g.Holder(), "cleanup job")
+	_, replayErr := s.pay.Claim(ctxT(t), cancelled.ID, g.Token, g.Holder())
 	rep := s.reconcile(t)
-	got := s.get(t, p.ID)
+	got, again := s.get(t, p.ID), s.get(t, cancelled.ID)
 	if primariesRemoved {
-		if err != nil || got.State != pc.Abandoned {
-			t.Fatalf("table removed: the re-execution should land; err %v, payout %s", err, got.State)
+		if err != nil || got.State != pc.Abandoned || replayErr != nil || again.State != pc.Claimed {
+			t.Fatalf("table removed: the re-executions should land; cancel: err %v, payout %s; claim: err %v, payout %s", err, got.State, replayErr, again.State)
 		}
 		fired(t, rep, "INV-03", "settled_not_posted", map[string]any{"payout_id": p.ID, "state": string(pc.Abandoned)})
+		fired(t, rep, "INV-08", "terminal_state_left", map[string]any{"payout_id": p.ID, "from_state": string(pc.Posted), "to_state": string(pc.Abandoned)})
+		fired(t, rep, "INV-08", "terminal_state_left", map[string]any{"payout_id": cancelled.ID, "from_state": string(pc.Abandoned), "to_state": string(pc.Claimed)})
 		silent(t, rep, "rejected_transition", map[string]any{"payout_id": p.ID})
+		silent(t, rep, "rejected_transition", map[string]any{"payout_id": cancelled.ID})
 		return
 	}
-	if !problem.Has(err, problem.InvalidTransition) || got.State != pc.Posted {
-		t.Fatalf("table in place: want invalid_transition and POSTED; err %v, payout %s", err, got.State)
+	if !problem.Has(err, problem.InvalidTransition) || got.State != pc.Posted ||
+		!problem.Has(replayErr, problem.InvalidTransition) || again.State != pc.Abandoned {
+		t.Fatalf("table in place: want invalid_transition, POSTED and ABANDONED; cancel: err %v, payout %s; claim: err %v, payout %s", err, got.State, replayErr, again.State)
 	}
 	fired(t, rep, "INV-08", "rejected_transition", map[string]any{"payout_id": p.ID})
+	fired(t, rep, "INV-08", "rejected_transition", map[string]any{"payout_id": cancelled.ID})
 	silent(t, rep, "settled_not_posted", map[string]any{"payout_id": p.ID})
+	silent(t, rep, "terminal_state_left", map[string]any{"payout_id": p.ID})
+	silent(t, rep, "terminal_state_left", map[string]any{"payout_id": cancelled.ID})
 }
 
 // INV-02, at most one rail submission ever succeeds. Primary: the partial

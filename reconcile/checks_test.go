@@ -386,6 +386,24 @@ func TestRejectedTransitionEvent(t *testing.T) {
 	mustFind(t, rep, reconcile.INV08, reconcile.CheckRejectedTransition, map[string]any{"payout_id": p.ID})
 }
 
+// TestTerminalStateLeft: a change out of a final state in a payout's
+// history is finished work executed again that the transition table let
+// through (INV-08; forged here as a table without its refusal would have
+// written it). It is reported, with the change as evidence; a payout
+// whose history only ever went forward is not.
+func TestTerminalStateLeft(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	p := e.payOut(t, e.newPayout(t, acc, 10))
+	clean := e.payOut(t, e.newPayout(t, acc, 10))
+	e.exec(t, "paydb", true, `INSERT INTO payout_event (payout_id, from_state, to_state, token, holder, actor, reason)
+		VALUES ($1, 'POSTED', 'ABANDONED', $2, 'replayer', 'cleanup-job', 'nightly cleanup')`, p.ID, int64(p.Token))
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV08, reconcile.CheckTerminalLeft, map[string]any{"payout_id": p.ID, "account_id": acc,
+		"from_state": "POSTED", "to_state": "ABANDONED", "actor": "cleanup-job", "reason": "nightly cleanup"})
+	mustNotFind(t, rep, reconcile.CheckTerminalLeft, map[string]any{"payout_id": clean.ID})
+}
+
 func TestWritesWithoutGrant(t *testing.T) {
 	e := setup(t)
 	acc := e.newAccount(t, 10_000)

@@ -50,6 +50,7 @@ const (
 	CheckSubmissionWithoutGrant  = "submission_without_grant"        // INV-07
 	CheckLedgerWithoutGrant      = "ledger_without_grant"            // INV-07
 	CheckRejectedTransition      = "rejected_transition"             // INV-08
+	CheckTerminalLeft            = "terminal_state_left"             // INV-08
 )
 
 // checkInvariant maps every check to its invariant (also the metric's
@@ -79,6 +80,7 @@ var checkInvariant = map[string]string{
 	CheckSubmissionWithoutGrant:  INV07,
 	CheckLedgerWithoutGrant:      INV07,
 	CheckRejectedTransition:      INV08,
+	CheckTerminalLeft:            INV08,
 }
 
 // Checks lists every check name, sorted.
