@@ -108,3 +108,32 @@ func TestRefusedReportCredentialExitsTwo(t *testing.T) {
 		t.Fatalf("exit %d, %v; want exit 2 naming --rail-report-token-file", code, err)
 	}
 }
+
+// TestAnotherRolesTokenExitsTwoBeforeAPass: an executor's token may read
+// everything a pass reads, but not resolve or look up an ambiguous
+// payout. The reconciler asks the guards which role they know its token
+// as and stops at once: exit 2 naming the payment resource and the role,
+// no pass run (nothing reported); a reconciler's token passes the same
+// question.
+func TestAnotherRolesTokenExitsTwoBeforeAPass(t *testing.T) {
+	e := setup(t)
+	r := e.st.Ready
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: r.RailURL,
+		Token: r.Tokens.Executor, RailToken: r.Tokens.Reconciler, Once: true, JSON: true, Out: &out, Logger: testLogger(t),
+		Options: reconcile.Options{Owner: "executor-token"}}
+	code, err := reconcile.Run(ctx, cfg)
+	if code != reconcile.ExitCannotRun || err == nil || !strings.Contains(err.Error(), "payment resource") ||
+		!strings.Contains(err.Error(), "refused the token") || !strings.Contains(err.Error(), "role executor") {
+		t.Fatalf("exit %d, %v; want exit 2 saying the payment resource refuses a token of role executor", code, err)
+	}
+	if out.Len() != 0 {
+		t.Fatalf("a pass ran with another role's token: %s", out.String())
+	}
+	cfg.Token, cfg.Out = r.Tokens.Reconciler, &out
+	if code, err := reconcile.Run(ctx, cfg); code == reconcile.ExitCannotRun || err != nil {
+		t.Fatalf("with a reconciler's token: exit %d, %v", code, err)
+	}
+}

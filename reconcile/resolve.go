@@ -191,7 +191,7 @@ func (r *Reconciler) resolveOne(ctx context.Context, rep *Report, p pc.Payout) e
 		r.leave(rep, p, "the proxy has no forwarded submission for it; see %s", CheckAmbiguousNoSubmission)
 		return nil
 	case err != nil:
-		r.leave(rep, p, "the rail could not be asked: %v", err)
+		r.leave(rep, p, "the rail could not be asked through the proxy: %v", err)
 		return err
 	case !lk.Final || lk.Resolution == proxyclient.ResolutionNone:
 		detail := lk.Detail

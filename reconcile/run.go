@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/internal/problem"
@@ -203,20 +204,31 @@ func refusedToken(err error) bool {
 }
 
 // refusal names the service that refuses the reconciler's token, asking
-// each one a cheap question; nil when none does. passErr is the error of a
-// pass that failed on a refused token: when no other service refuses, it
-// was the rail.
+// each one a cheap question; nil when none does. The guards are also asked
+// which role they know the token as: the reconciler writes there
+// (resolutions at the payment resource, lookups at the proxy), which only
+// a reconciler's or an operator's token may, and a token of another role
+// that every read accepts would otherwise run whole passes and be refused
+// only on its first ambiguous payout. passErr is the error of a pass that
+// failed on a refused token: when no other service refuses, it was the
+// rail.
 func (r *Reconciler) refusal(ctx context.Context, cfg Config, passErr error) error {
+	type whoami func(context.Context) (auth.Identity, error)
 	probes := []struct {
 		service, url string
 		ask          func(context.Context) error
+		who          whoami
 	}{
-		{"lock service", cfg.LockURL, func(ctx context.Context) error { _, err := r.c.Lock.HighToken(ctx); return err }},
-		{"payment resource", cfg.PaymentURL, func(ctx context.Context) error { _, err := r.c.Payment.HighFence(ctx); return err }},
-		{"rail proxy", cfg.ProxyURL, func(ctx context.Context) error { _, err := r.c.Proxy.HighFence(ctx); return err }},
+		{"lock service", cfg.LockURL, func(ctx context.Context) error { _, err := r.c.Lock.HighToken(ctx); return err }, nil},
+		{"payment resource", cfg.PaymentURL, func(ctx context.Context) error { _, err := r.c.Payment.HighFence(ctx); return err }, r.c.Payment.WhoAmI},
+		{"rail proxy", cfg.ProxyURL, func(ctx context.Context) error { _, err := r.c.Proxy.HighFence(ctx); return err }, r.c.Proxy.WhoAmI},
 	}
 	for _, p := range probes {
-		if err := p.ask(ctx); refusedToken(err) {
+		err := p.ask(ctx)
+		if err == nil && p.who != nil {
+			err = roleRefusal(ctx, p.who)
+		}
+		if refusedToken(err) {
 			return fmt.Errorf("%w: the %s at %s refused the token (%w): the reconciler needs a bearer token of role %q there (--token or --token-file)",
 				ErrCannotRun, p.service, p.url, err, Role)
 		}
@@ -227,6 +239,29 @@ func (r *Reconciler) refusal(ctx context.Context, cfg Config, passErr error) err
 	}
 	return nil
 }
+
+// roleRefusal is a forbidden problem when the service knows the token as
+// a role that may not write what the reconciler writes there (a
+// reconciler's or an operator's may); nil when it may, or when the
+// service cannot say (an older one without GET /v1/whoami: its first
+// refused write stops the reconciler then).
+func roleRefusal(ctx context.Context, who func(context.Context) (auth.Identity, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, roleCheckTimeout)
+	defer cancel()
+	id, err := who(ctx)
+	switch {
+	case refusedToken(err):
+		return err
+	case err != nil:
+		return nil
+	case id.Allows(auth.Reconciler) || id.Role == auth.Operator:
+		return nil
+	}
+	return problem.New(problem.Forbidden, "the token is %s's, of role %s, which may not resolve or look up ambiguous payouts there", id.Name, id.Role)
+}
+
+// roleCheckTimeout bounds the question roleRefusal asks.
+const roleCheckTimeout = 5 * time.Second
 
 func (r *Reconciler) timedPass(ctx context.Context) (*Report, time.Duration, time.Time, error) {
 	start := time.Now()

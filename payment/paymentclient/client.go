@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/lock/fencing"
@@ -259,6 +260,9 @@ func (c *Client) SafetyEvents(ctx context.Context, after int64, limit int) (List
 	err := c.c.Get(ctx, "/v1/safety-events", wire.PageQuery(wire.IDCursor(after), limit), &out)
 	return out, err
 }
+
+// WhoAmI is the identity the client's token has at the payment resource.
+func (c *Client) WhoAmI(ctx context.Context) (auth.Identity, error) { return c.c.WhoAmI(ctx) }
 
 // HighFence returns the highest fence any account stores (compare with the
 // lock service's highest issued token: above it means a token regression).
