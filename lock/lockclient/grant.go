@@ -132,7 +132,10 @@ func (s *Session) Release(ctx context.Context, g *Grant) error {
 	}
 	s.mu.Lock()
 	if cur := s.grants[g.Key]; cur != nil && cur.Token == g.Token {
+		// The same lock, perhaps through a Grant a later acquire made
+		// (after a release of g that got no verdict): the release ends it.
 		delete(s.grants, g.Key)
+		cur.cancel()
 	}
 	s.mu.Unlock()
 	g.cancel()

@@ -91,3 +91,38 @@ func TestReacquireIsTrackedOnce(t *testing.T) {
 		t.Fatalf("the session tracks %d grants after releasing both keys, want 0", n)
 	}
 }
+
+// TestReleaseRetriedAfterAReacquireEndsTheLiveGrant: a release that got no
+// verdict, then an acquire that answers the same token (the lock was still
+// held: a new Grant of the same lock), then the release sent again, as a
+// caller retries it. The retry frees the lock at the service, so the live
+// Grant must end with it: not Valid, its context cancelled. (It stayed
+// valid, untracked, its context never cancelled, not even when the
+// session was lost.)
+func TestReleaseRetriedAfterAReacquireEndsTheLiveGrant(t *testing.T) {
+	var releases atomic.Int32
+	s := openTest(t, sameTokenService(t, &releases), WithToken("x"), WithTTL(time.Minute))
+	ctx := context.Background()
+	old, err := s.TryAcquire(ctx, "payout:a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	noVerdict, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := s.Release(noVerdict, old); err == nil {
+		t.Fatal("a release with a cancelled context reported success")
+	}
+	live, err := s.TryAcquire(ctx, "payout:a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !live.Valid() || live.Token != old.Token {
+		t.Fatalf("re-acquire: valid %t, token %d (want the held lock's %d)", live.Valid(), live.Token, old.Token)
+	}
+	if err := s.Release(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if live.Valid() || live.Context().Err() == nil || s.tracked() != 0 {
+		t.Fatalf("after the lock was released: live Grant valid %t, context %v, %d Grants tracked; want it ended", live.Valid(), live.Context().Err(), s.tracked())
+	}
+}
