@@ -27,6 +27,7 @@ func TestNegativeControls(t *testing.T) {
 		{"INV-01", inv01},
 		{"INV-03", inv03},
 		{"INV-05", inv05},
+		{"INV-05-proxy", inv05Proxy},
 		{"INV-07", inv07},
 		{"INV-08", inv08},
 		{"INV-02", inv02},
@@ -190,7 +191,10 @@ func inv05(t *testing.T, s *sys) {
 		// It lands below the fence, and the ledger keeps the order of the
 		// two postings once both payouts have left flight.
 		s.payOut(t, byA, ga.Token, ga.Holder())
-		fired(t, s.reconcile(t), "INV-05", "ledger_token_order", map[string]any{"payout_id": byA.ID, "token": ga.Token,
+		rep := s.reconcile(t)
+		fired(t, rep, "INV-05", "ledger_token_order", map[string]any{"payout_id": byA.ID, "token": ga.Token,
+			"previous_payout_id": byB.ID, "previous_token": gb.Token})
+		fired(t, rep, "INV-05", "submission_token_order", map[string]any{"payout_id": byA.ID, "token": ga.Token,
 			"previous_payout_id": byB.ID, "previous_token": gb.Token})
 		return
 	}
@@ -198,6 +202,67 @@ func inv05(t *testing.T, s *sys) {
 		t.Fatalf("guards in place: A's claim of another payout: %v, want fenced_out", err)
 	}
 	silent(t, s.reconcile(t), "ledger_token_order", map[string]any{"account_id": acc})
+}
+
+// INV-05 at guard 2 alone, the domain model's guard for a resource that
+// cannot be changed. A marks P1 RAIL_SUBMITTED and stalls before calling
+// the proxy; B pays P2 of the account; A resumes and submits P1 under its
+// stale token; B finds P1 RAIL_SUBMITTED and finishes it from the proxy's
+// record (D-4). Guard 1 has nothing to refuse (A's write came before B's
+// grant): only guard 2 stands between A and the rail. Without it A's
+// submission is forwarded and paid, paydb ends as if all were well, and
+// the reconciler's submission_token_order fires; with it, fenced_out at
+// the proxy and B submits P1 itself. Either way the rail pays P1 once.
+func inv05Proxy(t *testing.T, s *sys) {
+	ctx := ctxT(t)
+	acc := s.account(t, 10_000)
+	p1, p2 := s.payout(t, acc, 100), s.payout(t, acc, 100)
+	ga := s.grant(t, s.a, acc)
+	if _, err := s.pay.Claim(ctx, p1.ID, ga.Token, ga.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pay.Submitting(ctx, p1.ID, ga.Token, ga.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	s.release(t, s.a, ga) // A stalls past its grant
+	gb := s.grant(t, s.b, acc)
+	defer s.release(t, s.b, gb)
+	s.payOut(t, p2, gb.Token, gb.Holder())
+	_, staleErr := s.proxy.Submit(ctx, submission(p1), ga.Token, ga.Holder()) // A resumes
+	rec, err := s.proxy.Get(ctx, p1.ID)                                       // B asks (D-4)
+	if err != nil {
+		t.Fatalf("B asks the proxy about %s: %v", p1.ID, err)
+	}
+	if primariesRemoved {
+		if staleErr != nil || rec.Outcome != proxyclient.OutcomeAcked || rec.FenceToken != ga.Token {
+			t.Fatalf("guard 2 removed: A's stale submission should be forwarded and acknowledged; err %v, record %+v", staleErr, rec)
+		}
+	} else {
+		if !isFenced(staleErr) || rec.Outcome != proxyclient.OutcomeFenced {
+			t.Fatalf("guard 2 in place: want A fenced out and only a FENCED attempt; err %v, record %+v", staleErr, rec)
+		}
+		if rec, err = s.proxy.Submit(ctx, submission(p1), gb.Token, gb.Holder()); err != nil || rec.Outcome != proxyclient.OutcomeAcked {
+			t.Fatalf("B submits: %+v %v", rec, err)
+		}
+	}
+	if _, err := s.pay.ReportOutcome(ctx, p1.ID, gb.Token, gb.Holder(), pc.OutcomeAcked, rec.RailRef, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pay.Post(ctx, p1.ID, gb.Token, gb.Holder()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.railPayments(t, p1.ClientRef)); n != 1 {
+		t.Fatalf("rail payments for %s: %d, want 1", p1.ClientRef, n)
+	}
+	rep := s.reconcile(t)
+	if primariesRemoved {
+		fired(t, rep, "INV-05", "submission_token_order", map[string]any{"payout_id": p1.ID, "token": ga.Token,
+			"previous_payout_id": p2.ID, "previous_token": gb.Token})
+		silent(t, rep, "fenced_out", map[string]any{"payout_id": p1.ID})
+		return
+	}
+	fired(t, rep, "INV-05", "fenced_out", map[string]any{"payout_id": p1.ID, "guard": "proxy", "presented_token": ga.Token})
+	silent(t, rep, "submission_token_order", map[string]any{"account_id": acc})
 }
 
 // INV-07, no side effect without a grant. Primary: every mutating path

@@ -4,6 +4,7 @@ package railproxy
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -179,6 +180,48 @@ func TestSubmissionDigestsPageByPayout(t *testing.T) {
 	want := []row{{"p-B", "forwarded", 7}, {"p-a", proxyclient.OutcomeFenced, 3}, {"p-a", "forwarded", 6}, {"p-x", "forwarded", 5}}
 	if !slices.Equal(got, want) {
 		t.Fatalf("digests %v, want %v", got, want)
+	}
+}
+
+// GET /submission-order pages through the forwarded submissions in id
+// order (per account, the order they committed in), FENCED attempts left
+// out, with the token each was forwarded under.
+func TestSubmissionOrderPagesForwardedInIDOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := ctxFor(t)
+	for _, s := range []struct {
+		payout, account string
+		token           int
+	}{{"p-z", "acc-1", 5}, {"p-a", "acc-2", 2}, {"p-m", "acc-1", 3}, {"p-b", "acc-1", 6}} {
+		_, err := b.pc.Submit(ctx, sub(s.payout, s.account), fencingToken(s.token), holder(s.token))
+		if fenced := s.token < 5 && s.account == "acc-1"; fenced != (err != nil) {
+			t.Fatalf("submit %s under %d: %v", s.payout, s.token, err)
+		}
+	}
+	var got []string
+	var after int64
+	for pages := 0; ; pages++ {
+		if pages > 10 {
+			t.Fatalf("paging does not end: %v", got)
+		}
+		page, err := b.recon.SubmissionOrder(ctx, after, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range page.Items {
+			if o.ID <= after {
+				t.Fatalf("id %d after cursor %d: not in id order", o.ID, after)
+			}
+			after = o.ID
+			got = append(got, fmt.Sprintf("%s/%s/%d", o.PayoutID, o.AccountID, o.FenceToken))
+		}
+		if page.Next == "" {
+			break
+		}
+	}
+	if want := []string{"p-z/acc-1/5", "p-a/acc-2/2", "p-b/acc-1/6"}; !slices.Equal(got, want) {
+		t.Fatalf("forwarded submissions in order %v, want %v", got, want)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -250,12 +251,18 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 
 // idPaged serves a list paged by row id (?after=<id>&limit=).
 func idPaged[T any](read func(ctx context.Context, after int64, limit int) ([]T, error), id func(T) int64) http.HandlerFunc {
+	return idPagedUpTo(wire.ParseLimit, read, id)
+}
+
+// idPagedUpTo is idPaged with the limit read by parseLimit (a bulk read's
+// wire.ParseBulkLimit).
+func idPagedUpTo[T any](parseLimit func(url.Values) (int, error), read func(ctx context.Context, after int64, limit int) ([]T, error), id func(T) int64) http.HandlerFunc {
 	return httpx.Handler(func(w http.ResponseWriter, r *http.Request) error {
 		q, err := wire.Query(r.URL.RawQuery, "after", "limit")
 		if err != nil {
 			return err
 		}
-		limit, err := wire.ParseLimit(q)
+		limit, err := parseLimit(q)
 		if err != nil {
 			return err
 		}

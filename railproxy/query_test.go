@@ -23,6 +23,7 @@ func TestReadsRefuseUnknownAndRepeatedQueryParameters(t *testing.T) {
 		{Path: "/v1/submissions", Params: []querytest.Param{afterID, limit}},
 		{Path: "/v1/submissions/p-1", Params: []querytest.Param{{Name: "all", A: "true", B: "false"}}},
 		{Path: "/v1/submission-digests", Params: []querytest.Param{{Name: "after", A: "p-0:0", B: "p-1:1"}, {Name: "limit", A: "5", B: "5000"}}},
+		{Path: "/v1/submission-order", Params: []querytest.Param{afterID, {Name: "limit", A: "5", B: "5000"}}},
 		{Path: "/v1/safety-events", Params: []querytest.Param{afterID, limit}},
 		{Path: "/v1/fences/high"},
 		{Path: "/v1/high-water", Params: []querytest.Param{{Name: "after", A: "a", B: "b"}, limit}},

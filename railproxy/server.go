@@ -35,6 +35,7 @@ import (
 	"github.com/payouts/payouts/internal/pgpool"
 	"github.com/payouts/payouts/internal/problem"
 	"github.com/payouts/payouts/internal/railgate"
+	"github.com/payouts/payouts/internal/wire"
 	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/railproxy/proxyclient"
 )
@@ -276,6 +277,7 @@ func (s *Server) routes(r chi.Router) {
 			r.Get("/submissions", idPaged(s.st.list, func(r proxyclient.Record) int64 { return r.ID }))
 			r.Get("/submissions/{payout_id}", httpx.Handler(s.get))
 			r.Get("/submission-digests", httpx.Handler(s.submissionDigestsHandler))
+			r.Get("/submission-order", idPagedUpTo(wire.ParseBulkLimit, s.st.submissionOrder, func(o proxyclient.SubmissionOrder) int64 { return o.ID }))
 			r.Get("/safety-events", idPaged(s.st.safetyEvents, func(e proxyclient.SafetyEvent) int64 { return e.ID }))
 			r.Get("/fences/high", httpx.Handler(s.highFence))
 			r.Get("/high-water", httpx.Handler(s.highWater))

@@ -305,6 +305,28 @@ func (st *store) list(ctx context.Context, after int64, limit int) ([]proxyclien
 	return collectRecords(rows)
 }
 
+// submissionOrder lists the forwarded submissions after id after, in id
+// order: per account, the order in which they committed (an intent's id
+// is drawn after the guard has taken the account's high-water row, which
+// it holds until the commit). A keyset scan of the primary key.
+func (st *store) submissionOrder(ctx context.Context, after int64, limit int) ([]proxyclient.SubmissionOrder, error) {
+	rows, err := st.pool.Query(ctx, submissionOrderSQL, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (proxyclient.SubmissionOrder, error) {
+		var o proxyclient.SubmissionOrder
+		var token int64
+		err := row.Scan(&o.ID, &o.PayoutID, &o.AccountID, &token)
+		o.FenceToken = fencing.Token(token)
+		return o, err
+	})
+}
+
+// submissionOrderSQL is submissionOrder's statement.
+const submissionOrderSQL = `SELECT id, payout_id, account_id, fence_token FROM rail_submission
+	WHERE id > $1 AND outcome IS DISTINCT FROM 'FENCED' ORDER BY id LIMIT $2`
+
 // safetyEvents lists safety events after id after; no event can later
 // appear behind the last one listed (internal/safetylog).
 func (st *store) safetyEvents(ctx context.Context, after int64, limit int) ([]proxyclient.SafetyEvent, error) {

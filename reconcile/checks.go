@@ -78,7 +78,7 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 
 // checkBooks: the ledger (group sums, grants of payout entries), then
 // every balance against it, then the proxy's high-water marks against
-// paydb's fences.
+// paydb's fences, then the order of the proxy's forwarded submissions.
 func (r *Reconciler) checkBooks(ctx context.Context, rep *Report, grants *grantIndex) error {
 	ledger, err := r.scanLedger(ctx, rep, grants)
 	if err != nil {
@@ -88,7 +88,10 @@ func (r *Reconciler) checkBooks(ctx context.Context, rep *Report, grants *grantI
 	if err != nil {
 		return err
 	}
-	return r.checkHighWater(ctx, rep, fences)
+	if err := r.checkHighWater(ctx, rep, fences); err != nil {
+		return err
+	}
+	return r.checkSubmissionOrder(ctx, rep)
 }
 
 // grantIndex is the grant log as token -> key. It is the one structure

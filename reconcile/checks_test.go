@@ -538,6 +538,28 @@ func TestLedgerTokenOrder(t *testing.T) {
 	mustNotFind(t, rep, reconcile.CheckLedgerTokenOrder, map[string]any{"payout_id": second.ID})
 }
 
+// TestSubmissionTokenOrder: a submission forwarded for an account under a
+// token lower than an earlier forwarded submission's passed the proxy
+// below its high-water mark (INV-05, guard 2): reported from the proxy's
+// own order, whatever paydb holds. Submissions in token order are not.
+func TestSubmissionTokenOrder(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	first := e.payOut(t, e.newPayout(t, acc, 10))
+	second := e.payOut(t, e.newPayout(t, acc, 10))
+	stale := e.newPayout(t, acc, 10)
+	// The stale holder's submission, as a guard 2 without its fence
+	// condition would have forwarded it: after second's, under first's token.
+	e.exec(t, "proxydb", true, `INSERT INTO rail_submission (payout_id, account_id, fence_token, holder, client_ref, amount, currency, beneficiary_ref, outcome, rail_ref, outcome_at)
+		VALUES ($1, $2, $3, 'stale-holder', $4, 10, $5, 'BEN', 'ACKED', 'forged', now())`, stale.ID, acc, int64(first.Token), stale.ClientRef, stale.Currency)
+	rep := pass(t, e.reconciler(t, reconcile.Options{BulkPageSize: 2}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV05, reconcile.CheckSubmissionTokenOrder, map[string]any{"payout_id": stale.ID, "account_id": acc,
+		"token": first.Token, "previous_payout_id": second.ID, "previous_token": second.Token})
+	if n := len(find(rep, reconcile.CheckSubmissionTokenOrder, map[string]any{"account_id": acc})); n != 1 {
+		t.Fatalf("%d submission_token_order findings for the account, want 1", n)
+	}
+}
+
 // TestZLockServiceRewound leaves a fence far above anything the lock
 // service has issued (on an account of its own), so every later pass on the
 // shared stack reports it too.

@@ -91,27 +91,36 @@ func (r *Reconciler) scanLedger(ctx context.Context, rep *Report, grants *grantI
 // eachLedgerEntry reads the whole ledger in id order, in bulk pages, the
 // next page read while fn works through the current one.
 func (r *Reconciler) eachLedgerEntry(ctx context.Context, fn func(pc.LedgerEntry)) error {
+	return eachInIDOrder(ctx, "the ledger", func(ctx context.Context, after int64) ([]pc.LedgerEntry, string, error) {
+		page, err := r.c.Payment.Ledger(ctx, after, r.opts.BulkPageSize)
+		return page.Items, page.Next, err
+	}, fn)
+}
+
+// eachInIDOrder reads a list paged by id (read: the page after id after,
+// and the next cursor), the next page read while fn works through the
+// current one.
+func eachInIDOrder[T any](ctx context.Context, what string, read func(ctx context.Context, after int64) ([]T, string, error), fn func(T)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	entries := openStream(ctx, "the ledger", nil, func(ctx context.Context, cursor string) ([]pc.LedgerEntry, string, error) {
+	items := openStream(ctx, what, nil, func(ctx context.Context, cursor string) ([]T, string, error) {
 		var after int64
 		if cursor != "" {
 			n, err := strconv.ParseInt(cursor, 10, 64)
 			if err != nil {
-				return nil, "", fmt.Errorf("the payment resource answered the ledger cursor %q: %w", cursor, err)
+				return nil, "", fmt.Errorf("%s: the service answered the cursor %q: %w", what, cursor, err)
 			}
 			after = n
 		}
-		page, err := r.c.Payment.Ledger(ctx, after, r.opts.BulkPageSize)
-		return page.Items, page.Next, err
+		return read(ctx, after)
 	})
 	for {
-		e, ok, err := entries.head()
+		v, ok, err := items.head()
 		if err != nil || !ok {
 			return err
 		}
-		fn(e)
-		entries.next()
+		fn(v)
+		items.next()
 	}
 }
 

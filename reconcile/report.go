@@ -47,6 +47,7 @@ const (
 	CheckHighWaterAboveFence     = "high_water_above_fence"          // INV-04
 	CheckFencedOut               = "fenced_out"                      // INV-05
 	CheckLedgerTokenOrder        = "ledger_token_order"              // INV-05
+	CheckSubmissionTokenOrder    = "submission_token_order"          // INV-05
 	CheckSubmissionWithoutGrant  = "submission_without_grant"        // INV-07
 	CheckLedgerWithoutGrant      = "ledger_without_grant"            // INV-07
 	CheckRejectedTransition      = "rejected_transition"             // INV-08
@@ -77,6 +78,7 @@ var checkInvariant = map[string]string{
 	CheckHighWaterAboveFence:     INV04,
 	CheckFencedOut:               INV05,
 	CheckLedgerTokenOrder:        INV05,
+	CheckSubmissionTokenOrder:    INV05,
 	CheckSubmissionWithoutGrant:  INV07,
 	CheckLedgerWithoutGrant:      INV07,
 	CheckRejectedTransition:      INV08,

@@ -206,6 +206,19 @@ func ParseSubmissionDigestCursor(v string) (payoutID string, id int64, err error
 // SubmissionDigestPage is a page of GET /v1/submission-digests.
 type SubmissionDigestPage = wire.Page[SubmissionDigest]
 
+// SubmissionOrder is one item of GET /v1/submission-order: a forwarded
+// submission, in id order, which is per account the order the
+// submissions committed in, and the token it was forwarded under.
+type SubmissionOrder struct {
+	ID         int64         `json:"id"`
+	PayoutID   string        `json:"payout_id"`
+	AccountID  string        `json:"account_id"`
+	FenceToken fencing.Token `json:"fence_token"`
+}
+
+// SubmissionOrderPage is a page of GET /v1/submission-order.
+type SubmissionOrderPage = wire.Page[SubmissionOrder]
+
 // RecordPage is a page of GET /v1/submissions.
 type RecordPage = wire.Page[Record]
 
@@ -399,6 +412,15 @@ func (c *Client) GetAll(ctx context.Context, payoutID string) ([]Record, error) 
 func (c *Client) List(ctx context.Context, after string, limit int) (RecordPage, error) {
 	var p RecordPage
 	err := c.c.Get(ctx, "/v1/submissions", wire.PageQuery(after, limit), &p)
+	return p, err
+}
+
+// SubmissionOrder pages through the forwarded submissions in id order,
+// after id after (0: from the start; limit 0: server default, at most
+// wire.MaxBulkLimit).
+func (c *Client) SubmissionOrder(ctx context.Context, after int64, limit int) (SubmissionOrderPage, error) {
+	var p SubmissionOrderPage
+	err := c.c.Get(ctx, "/v1/submission-order", wire.PageQuery(wire.IDCursor(after), limit), &p)
 	return p, err
 }
 
