@@ -3,6 +3,7 @@ package reconcile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"time"
@@ -62,10 +63,26 @@ func (f *fileMetrics) write(rep *Report, err error, took time.Duration, end time
 		return nil
 	}
 	f.m.Observe(rep, err, took, end)
-	if werr := prometheus.WriteToTextfile(f.path, f.reg); werr != nil {
-		return fmt.Errorf("write --metrics-file %s: %w", f.path, werr)
+	// Durably, as the state file: a run saves its state only after this
+	// file holds what the state will no longer report, and a crash of the
+	// host must not take the file back to before it. Readable by all, as
+	// a textfile collector running as another user needs.
+	families, gerr := f.reg.Gather()
+	if gerr != nil {
+		return fmt.Errorf("write --metrics-file %s: %w", f.path, gerr)
 	}
-	return nil
+	commit, werr := prepareFile("--metrics-file "+f.path, f.path, 0o644, func(w io.Writer) error {
+		for _, mf := range families {
+			if _, err := expfmt.MetricFamilyToText(w, mf); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if werr != nil {
+		return werr
+	}
+	return commit(true)
 }
 
 // carryOver sets the series a run must not reset from a previous run's

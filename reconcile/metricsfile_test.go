@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -97,5 +99,53 @@ func TestMetricsFileCarriesOverRuns(t *testing.T) {
 	}
 	if fm, err := newFileMetrics(path); err == nil || fm == nil {
 		t.Fatalf("a corrupt previous file: %v, %v; want an error to log and a fresh file", fm, err)
+	}
+}
+
+// TestMetricsFileIsWrittenDurably: the metrics file is the one channel of
+// a pass's safety events once the state file has moved past them, so it
+// is written as the state file is: a temporary file synced before it is
+// renamed over the file, then the directory synced, so that a crash of the
+// host cannot take it back to before the state moved on. It stays
+// readable by all (a textfile collector may run as another user), and no
+// temporary file is left behind.
+func TestMetricsFileIsWrittenDurably(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "payouts_reconcile.prom")
+	var (
+		mu     sync.Mutex
+		synced []string
+	)
+	defer func(orig func(*os.File) error) { syncFile = orig }(syncFile)
+	syncFile = func(f *os.File) error {
+		mu.Lock()
+		synced = append(synced, f.Name())
+		mu.Unlock()
+		return f.Sync()
+	}
+	fm, err := newFileMetrics(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fm.write(newReport(10), nil, time.Second, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(synced) != 2 || filepath.Dir(synced[0]) != dir || !strings.HasPrefix(filepath.Base(synced[0]), ".payouts_reconcile.prom-") || synced[1] != dir {
+		t.Fatalf("synced %q; want the file's temporary copy, then its directory %s", synced, dir)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o644 {
+		t.Fatalf("metrics file mode %v, want 0644", fi.Mode().Perm())
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 1 {
+		t.Fatalf("directory holds %v (%v); want only the metrics file", entries, err)
+	}
+	if fams, err := readMetricsFile(path); err != nil || fams["payouts_reconcile_up"] == nil {
+		t.Fatalf("the file does not read back: %v", err)
 	}
 }

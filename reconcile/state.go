@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 )
@@ -57,21 +58,40 @@ func prepareState(path string, st State) (commit func(keep bool) error, err erro
 	if err != nil {
 		return nil, err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".reconcile-state-*")
+	return prepareFile("--state-file", path, 0o600, func(w io.Writer) error {
+		_, err := w.Write(append(b, '\n'))
+		return err
+	})
+}
+
+// syncFile syncs a file written by prepareFile, or the directory of its
+// rename (a variable for tests that see what is synced).
+var syncFile = (*os.File).Sync
+
+// prepareFile writes a file of the given mode durably (flag names it in
+// errors): write fills a temporary file beside path, which is synced;
+// commit(true) renames it over path and syncs the directory, so that the
+// file survives a crash of the host once commit returns; commit(false)
+// removes it.
+func prepareFile(flag, path string, mode os.FileMode, write func(io.Writer) error) (commit func(keep bool) error, err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
 	if err != nil {
-		return nil, fmt.Errorf("write --state-file: %w", err)
+		return nil, fmt.Errorf("write %s: %w", flag, err)
 	}
 	name := tmp.Name()
-	_, err = tmp.Write(append(b, '\n'))
+	err = tmp.Chmod(mode)
 	if err == nil {
-		err = tmp.Sync()
+		err = write(tmp)
+	}
+	if err == nil {
+		err = syncFile(tmp)
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		os.Remove(name)
-		return nil, fmt.Errorf("write --state-file: %w", err)
+		return nil, fmt.Errorf("write %s: %w", flag, err)
 	}
 	return func(keep bool) error {
 		if !keep {
@@ -79,15 +99,15 @@ func prepareState(path string, st State) (commit func(keep bool) error, err erro
 		}
 		if err := os.Rename(name, path); err != nil {
 			os.Remove(name)
-			return fmt.Errorf("write --state-file: %w", err)
+			return fmt.Errorf("write %s: %w", flag, err)
 		}
 		// The rename itself survives a crash of the host only once the
 		// directory is synced.
 		if d, err := os.Open(filepath.Dir(path)); err == nil {
-			err = d.Sync()
+			err = syncFile(d)
 			d.Close()
 			if err != nil {
-				return fmt.Errorf("write --state-file: sync its directory: %w", err)
+				return fmt.Errorf("write %s: sync its directory: %w", flag, err)
 			}
 		}
 		return nil
