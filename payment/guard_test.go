@@ -82,6 +82,9 @@ func TestGuard(t *testing.T) {
 				if pe.Status() != 409 {
 					t.Fatalf("status %d, want 409", pe.Status())
 				}
+				if problem.IsTokenRegression(err) != c.regression {
+					t.Fatalf("answer marked token_regression %t, want %t: %v", problem.IsTokenRegression(err), c.regression, err)
+				}
 				if a.FenceToken != 10 || a.FenceHolder != "holder-a" {
 					t.Fatalf("fence moved on refusal: (%d, %s)", a.FenceToken, a.FenceHolder)
 				}

@@ -230,6 +230,11 @@ func (s *Service) reject(ctx context.Context, accountID, payoutID string, cmd Co
 			log.Warn("token regression: equal token from a different holder", obs.KeyEvent, pc.KindTokenRegression)
 		}
 		s.recordSafety(ctx, log, events...)
+		if regression {
+			return problem.Fenced(key, int64(cmd.Token), stored,
+				"token %d for %s was already accepted from another holder (%s): a token was issued twice (token_regression)", cmd.Token, key, storedHolder).
+				With("payout_id", payoutID).With(problem.TokenRegressionMember, true)
+		}
 		return problem.Fenced(key, int64(cmd.Token), stored,
 			"token %d is stale for %s (fence %d); this holder no longer holds the lock", cmd.Token, key, stored).
 			With("payout_id", payoutID)

@@ -195,14 +195,17 @@ func TestEqualTokenOtherHolderIsTokenRegression(t *testing.T) {
 		t.Fatalf("same token, same holder: %v", err)
 	}
 	_, err := b.pc.Submit(ctx, sub("p-c", "acc-eq"), 7, "session-b")
-	if !problem.Has(err, problem.FencedOut) {
-		t.Fatalf("same token, other holder: %v, want fenced_out", err)
+	if !problem.Has(err, problem.FencedOut) || !problem.IsTokenRegression(err) {
+		t.Fatalf("same token, other holder: %v, want fenced_out marked token_regression", err)
+	}
+	if _, err := b.pc.Submit(ctx, sub("p-d", "acc-eq"), 6, "session-c"); !problem.Has(err, problem.FencedOut) || problem.IsTokenRegression(err) {
+		t.Fatalf("a lower token: %v, want fenced_out, not marked token_regression", err)
 	}
 	kinds := map[string]int{}
 	for _, e := range b.safetyEvents(t) {
 		kinds[e.Kind]++
 	}
-	if kinds[proxyclient.KindFencedOut] != 1 || kinds[proxyclient.KindTokenRegression] != 1 {
+	if kinds[proxyclient.KindFencedOut] != 2 || kinds[proxyclient.KindTokenRegression] != 1 {
 		t.Fatalf("safety events by kind %v", kinds)
 	}
 	if got := b.atRail(t, "po-p-c"); len(got) != 0 {

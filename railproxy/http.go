@@ -186,6 +186,9 @@ func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, reqs []proxycl
 		s.m.safetyEvents.WithLabelValues(proxyclient.KindTokenRegression).Inc()
 		log.Warn("token_regression: the same token was presented by a different holder; a token was re-issued (INV-04)",
 			obs.KeyEvent, proxyclient.KindTokenRegression, "stored_holder", string(ev.StoredHolder))
+		return problem.Fenced(key, int64(req.Token), int64(ev.StoredToken),
+			"token %d for %s was already accepted at the rail proxy from another holder (%s): a token was issued twice (token_regression); the submission was not forwarded", req.Token, key, ev.StoredHolder).
+			With(problem.TokenRegressionMember, true)
 	}
 	return problem.Fenced(key, int64(req.Token), int64(ev.StoredToken),
 		"token %d is stale at the rail proxy for %s (high-water %d); the submission was not forwarded", req.Token, key, ev.StoredToken)

@@ -211,6 +211,20 @@ func Fenced(key string, presented, stored int64, format string, args ...any) *Er
 	return e
 }
 
+// TokenRegressionMember marks a fenced_out answer whose refusal was also a
+// token_regression (the presented token equals the stored fence but comes
+// from another holder: a token was issued twice, INV-04), so that a caller
+// can tell it from an ordinary stale holder.
+const TokenRegressionMember = "token_regression"
+
+// IsTokenRegression reports whether err is a fenced_out answer marked
+// TokenRegressionMember.
+func IsTokenRegression(err error) bool {
+	var e *Error
+	var marked bool
+	return errors.As(err, &e) && e.Code == FencedOut && e.Extension(TokenRegressionMember, &marked) && marked
+}
+
 // With adds an extension member (marshalled now; a value that cannot be
 // marshalled is dropped).
 func (e *Error) With(name string, v any) *Error {
