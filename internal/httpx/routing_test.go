@@ -53,8 +53,16 @@ func TestMetricLabelsAreBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	s := httpx.NewServer(httpx.Config{Role: "test", Registry: reg, Auth: auth.Insecure()})
 	h := s.Handler()
+	s.Router().Post("/v1/echo", httpx.Handler(func(w http.ResponseWriter, r *http.Request) error { return nil }))
 	for i := range 20 {
 		req, _ := http.NewRequest("XMETHOD"+strings.Repeat("X", i), "/healthz", nil)
+		h.ServeHTTP(nopWriter{http.Header{}}, req)
+	}
+	// Under /v1 every request no route takes is /v1/*, whatever its
+	// method: a made-up one (405), another (405), an unrouted path (404),
+	// /v1 itself.
+	for _, mp := range [][2]string{{"BREW", "/v1/echo"}, {http.MethodDelete, "/v1/echo"}, {http.MethodGet, "/v1/nowhere"}, {http.MethodGet, "/v1"}} {
+		req, _ := http.NewRequest(mp[0], mp[1], nil)
 		h.ServeHTTP(nopWriter{http.Header{}}, req)
 	}
 	req, _ := http.NewRequest(http.MethodGet, "/healthz", nil)
@@ -79,6 +87,9 @@ func TestMetricLabelsAreBounded(t *testing.T) {
 	want := map[string]float64{
 		"method=GET,route=/healthz,status=200":    1,
 		"method=other,route=unmatched,status=405": 20,
+		"method=other,route=/v1/*,status=405":     1,
+		"method=DELETE,route=/v1/*,status=405":    1,
+		"method=GET,route=/v1/*,status=404":       2,
 	}
 	if len(got) != len(want) {
 		t.Fatalf("payouts_http_requests_total series %v, want %v", got, want)

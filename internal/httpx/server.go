@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -267,6 +268,10 @@ func newRequestID() string {
 
 // instrument adds a request id, a request-scoped logger, panic recovery,
 // an access log line and the request metrics.
+// v1Unrouted labels the requests under /v1 that no route takes (404, 405,
+// and a 401 answered before routing) in the request metrics.
+const v1Unrouted = "/v1/*"
+
 func (s *Server) instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -291,6 +296,11 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 			route := "unmatched"
 			if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
 				route = rc.RoutePattern()
+			}
+			if (route == "unmatched" || route == "/v1") && (r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/")) {
+				// No route took it (a method no router knows finds no
+				// pattern at all): one label for all such requests.
+				route = v1Unrouted
 			}
 			status := rec.status
 			if status == 0 {
