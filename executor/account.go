@@ -95,6 +95,11 @@ type run struct {
 	// gated is set when PENDING payouts were left unclaimed because the
 	// rail gives no usable answer (railgate.go).
 	gated bool
+	// left are the in-flight payouts this grant left (errLeave,
+	// errStepBudget): not listed again under it, so that one payout the
+	// guards or the rail keep refusing does not hold up the account's
+	// others.
+	left map[string]bool
 }
 
 // workAccount drives the account's payouts under its lock: the grant kept
@@ -173,6 +178,16 @@ func (e *Executor) workAccount(sess session, log *slog.Logger, account string, s
 			n -= waiting // back in r.pending, not driven
 		} else {
 			err = r.drive(ps[0], false)
+			if errors.Is(err, errLeave) || errors.Is(err, errStepBudget) {
+				// This payout waits for a later round; the account's
+				// other payouts go on under this grant.
+				r.log.Info("leaving the payout for a later round; the account's other payouts go on", obs.KeyPayoutID, ps[0].ID, "reason", err.Error())
+				if r.left == nil {
+					r.left = map[string]bool{}
+				}
+				r.left[ps[0].ID] = true
+				continue
+			}
 		}
 		if errors.Is(err, errFenced) {
 			r.log.Warn("stopping work on the account", obs.KeyPayoutID, ps[0].ID, "reason", err.Error())
@@ -279,6 +294,9 @@ func (r *run) take(items []pc.Payout, all bool) {
 	r.listedAll = all
 	r.listed += len(items)
 	for _, p := range items {
+		if r.left[p.ID] {
+			continue
+		}
 		if p.State == pc.Pending {
 			r.pending = append(r.pending, p)
 		} else {

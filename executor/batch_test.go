@@ -34,16 +34,7 @@ func runWithProxyFront(t *testing.T, name string, n int, front func(real http.Ha
 	s := setup(t)
 	ctx := context.Background()
 	ids := s.fundedPage(t, name, n)
-	target, err := url.Parse(s.st.Ready.ProxyURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(front(httputil.NewSingleHostReverseProxy(target)))
-	defer srv.Close()
-
-	cfg := s.config(t, name+"-exec", io.Discard)
-	cfg.ProxyURL = srv.URL
-	runUntil(t, cfg, "every payout to be posted", s.allIn(t, ids, pc.Posted))
+	runWithProxyFrontUntil(t, s, name+"-exec", front, "every payout to be posted", s.allIn(t, ids, pc.Posted))
 	events, err := s.prx.SafetyEvents(ctx, "", 1000)
 	if err != nil {
 		t.Fatal(err)
@@ -52,6 +43,22 @@ func runWithProxyFront(t *testing.T, name string, n int, front func(real http.Ha
 		t.Errorf("safety event at the proxy: %s for payout %s: %s", ev.Kind, ev.PayoutID, ev.Detail)
 	}
 	s.paidOnceEach(t, ids)
+}
+
+// runWithProxyFrontUntil runs an executor (owner) whose proxy calls go
+// through front (which gets the real proxy to pass requests on to) until
+// cond, then stops it.
+func runWithProxyFrontUntil(t *testing.T, s *testBundle, owner string, front func(real http.Handler) http.Handler, what string, cond func() bool) {
+	t.Helper()
+	target, err := url.Parse(s.st.Ready.ProxyURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(front(httputil.NewSingleHostReverseProxy(target)))
+	defer srv.Close()
+	cfg := s.config(t, owner, io.Discard)
+	cfg.ProxyURL = srv.URL
+	runUntil(t, cfg, what, cond)
 }
 
 // paidOnceEach checks that the rail paid each of the payouts ids exactly

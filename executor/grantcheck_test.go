@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -335,4 +336,44 @@ func TestALostAnswerThatLandedIsCounted(t *testing.T) {
 		t.Fatalf("payout %s is %s, want POSTED", ids[0], s.state(t, ids[0]))
 	}
 	s.paidOnceEach(t, ids)
+}
+
+// TestAPayoutThatCannotMoveDoesNotHoldUpItsAccount: one payout of the
+// account is RAIL_SUBMITTED and never forwarded, and the proxy cannot
+// confirm its resubmission yet (503, "forwarded": false: the rail's answer
+// is not final), round after round. The account's PENDING payouts are
+// paid meanwhile, under the same grants; the stuck one stays
+// RAIL_SUBMITTED, never sent. (Every round used to stop at it, in-flight
+// payouts coming first, and the others waited for as long as it did.)
+func TestAPayoutThatCannotMoveDoesNotHoldUpItsAccount(t *testing.T) {
+	t.Parallel() // owns its stack and databases
+	s := setup(t)
+	ids := s.fundedPage(t, "stuck", 4)
+	stuck, others := ids[0], ids[1:]
+	s.advance(t, stuck, "stuck", pc.RailSubmitted)
+	var refused atomic.Int32
+	runWithProxyFrontUntil(t, s, "stuck-exec", func(real http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost && r.URL.Path == "/v1/submissions" {
+				body, err := io.ReadAll(r.Body)
+				if err != nil {
+					t.Errorf("read a submission: %v", err)
+				}
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				if bytes.Contains(body, []byte(`"payout_id":"`+stuck+`"`)) {
+					refused.Add(1)
+					problem.Write(w, problem.New(problem.Unavailable, "the rail's answer is not final yet").With(proxyclient.ForwardedExtension, false))
+					return
+				}
+			}
+			real.ServeHTTP(w, r)
+		})
+	}, "the account's other payouts to be posted", s.allIn(t, others, pc.Posted))
+	if refused.Load() == 0 {
+		t.Fatal("the stuck payout was never resubmitted: exercised nothing")
+	}
+	if st := s.state(t, stuck); st != pc.RailSubmitted {
+		t.Fatalf("the stuck payout is %s, want RAIL_SUBMITTED", st)
+	}
+	s.paidOnceEach(t, others)
 }
