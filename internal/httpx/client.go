@@ -170,6 +170,9 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	if err := dec.Decode(out); err != nil {
 		return fmt.Errorf("%s %s: decode response: %w", method, path, err)
 	}
+	// The decoder stops at the end of the value; a body closed before its
+	// end (a chunked one's last chunk unread) costs the connection.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	return nil
 }
 

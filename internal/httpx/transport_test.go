@@ -6,8 +6,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -76,5 +78,41 @@ func TestRedirectsAreNotFollowed(t *testing.T) {
 	}
 	if n := reached.Load(); n != 0 {
 		t.Fatalf("a redirect was followed %d times", n)
+	}
+}
+
+// TestClientReusesItsConnectionAfterALargeAnswer: a page of a list (a
+// thousand payouts, ten thousand digests) is sent chunked, and the JSON
+// decoder stops at the end of the value, before the chunked body's end. A
+// body closed there costs the connection: every large page opened a new
+// one (a TCP and, with TLS, a handshake per request). The client reads
+// the body to its end, so twenty large answers take one connection.
+func TestClientReusesItsConnectionAfterALargeAnswer(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("x", 100_000)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, "{\"items\":[%q]}\n", big)
+	}))
+	var conns atomic.Int32
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	c, err := httpx.NewClient(srv.URL, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		var out struct{ Items []string }
+		if err := c.Get(context.Background(), "/v1/things", nil, &out); err != nil || len(out.Items) != 1 || out.Items[0] != big {
+			t.Fatalf("get: %v (%d items)", err, len(out.Items))
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("twenty large answers took %d connections, want 1", n)
 	}
 }
