@@ -1,11 +1,15 @@
 package httpx_test
 
 import (
+	"bytes"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -136,5 +140,40 @@ func TestPathParamDecodedOnce(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || string(body) != want {
 			t.Errorf("%s: %d %q, want %q", raw, resp.StatusCode, body, want)
 		}
+	}
+}
+
+// TestAClientThatStopsReadingIsCutOff: a client that sends a request and
+// never reads the answer held the handler writing it, and the connection,
+// for ever (no write deadline): any caller, without a token, could pin
+// goroutines and connections with pipelined GET /metrics. The write now
+// fails once the request's deadline and a grace have passed.
+func TestAClientThatStopsReadingIsCutOff(t *testing.T) {
+	t.Parallel()
+	done := make(chan error, 1)
+	s := httpx.NewServer(httpx.Config{Role: "test", Auth: auth.Insecure(), RequestTimeout: 100 * time.Millisecond})
+	s.Router().Get("/v1/big", func(w http.ResponseWriter, r *http.Request) {
+		chunk := bytes.Repeat([]byte("x"), 64<<10)
+		for {
+			if _, err := w.Write(chunk); err != nil {
+				done <- err
+				return
+			}
+		}
+	})
+	ts := httptest.NewServer(s.Handler())
+	defer ts.Close()
+	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := fmt.Fprintf(conn, "GET /v1/big HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the handler writing to a client that reads nothing was never cut off")
 	}
 }

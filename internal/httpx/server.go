@@ -268,6 +268,10 @@ func newRequestID() string {
 
 // instrument adds a request id, a request-scoped logger, panic recovery,
 // an access log line and the request metrics.
+// writeGrace is how long past a request's deadline its answer may take to
+// be written before the connection is cut.
+const writeGrace = 10 * time.Second
+
 // v1Unrouted labels the requests under /v1 that no route takes (404, 405,
 // and a 401 answered before routing) in the request metrics.
 const v1Unrouted = "/v1/*"
@@ -280,6 +284,10 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 			rid = newRequestID()
 		}
 		w.Header().Set("X-Request-Id", rid)
+		// A client that stops reading its answer holds the handler (and
+		// the connection) only until the answer's deadline: the request's
+		// own, and then writeGrace to deliver what it answered.
+		_ = http.NewResponseController(w).SetWriteDeadline(start.Add(s.cfg.RequestTimeout + writeGrace))
 		log := &requestLog{base: s.cfg.Logger, rid: rid}
 		rec := &statusRecorder{ResponseWriter: w}
 		r = r.WithContext(context.WithValue(r.Context(), loggerKey{}, log))
