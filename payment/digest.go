@@ -20,10 +20,7 @@ import (
 // proxy's and the rail's, which use it too. Each payout's ledger entries
 // are summed in the same statement through ledger_entry_payout_idx: a
 // posting commits with its payout's move to POSTED, so the two are read
-// consistently ($3: the clearing account). The changes of the page's
-// payouts out of a terminal state are counted through the partial index
-// payout_event_left_terminal_idx (migration 00009), empty while INV-08
-// holds.
+// consistently ($3: the clearing account).
 const payoutDigestsSQL = `
 WITH p AS (
 	SELECT id, account_id, amount, currency, state, client_ref, created_at, claimed_at, submitted_at
@@ -33,18 +30,10 @@ WITH p AS (
 	  FROM payout_event
 	 WHERE payout_id COLLATE "C" > $1 AND payout_id COLLATE "C" <= (SELECT max(id COLLATE "C") FROM p)
 	 GROUP BY 1
-), x AS (
-	SELECT payout_id COLLATE "C" AS payout_id, count(*) AS left_terminal
-	  FROM payout_event
-	 WHERE from_state IN ('POSTED', 'FAILED', 'ABANDONED')
-	   AND payout_id COLLATE "C" > $1 AND payout_id COLLATE "C" <= (SELECT max(id COLLATE "C") FROM p)
-	 GROUP BY 1
 )
 SELECT p.id, p.account_id, p.amount, p.currency, p.state, p.client_ref, p.created_at, p.claimed_at, p.submitted_at,
-       COALESCE(e.tokens, '{}'), COALESCE(l.entries, 0), COALESCE(l.groups, 0), COALESCE(l.own, 0), COALESCE(l.clearing, 0),
-       COALESCE(x.left_terminal, 0)
+       COALESCE(e.tokens, '{}'), COALESCE(l.entries, 0), COALESCE(l.groups, 0), COALESCE(l.own, 0), COALESCE(l.clearing, 0)
   FROM p LEFT JOIN e ON e.payout_id = p.id COLLATE "C"
-  LEFT JOIN x ON x.payout_id = p.id COLLATE "C"
   LEFT JOIN (
 	SELECT le.payout_id, count(*) AS entries, count(DISTINCT le.group_id) AS groups,
 	       sum(le.amount) FILTER (WHERE le.account_id = pp.account_id)::bigint AS own,
@@ -62,7 +51,7 @@ func (s *Service) PayoutDigests(ctx context.Context, after string, limit int) ([
 		d := pc.PayoutDigest{Ledger: &pc.LedgerDigest{}}
 		var state string
 		err := row.Scan(&d.ID, &d.AccountID, &d.Amount, &d.Currency, &state, &d.ClientRef, &d.CreatedAt, &d.ClaimedAt, &d.SubmittedAt, &d.EventTokens,
-			&d.Ledger.Entries, &d.Ledger.Groups, &d.Ledger.Account, &d.Ledger.Clearing, &d.LeftTerminal)
+			&d.Ledger.Entries, &d.Ledger.Groups, &d.Ledger.Account, &d.Ledger.Clearing)
 		d.State, d.CreatedAt = pc.State(state), d.CreatedAt.UTC()
 		for _, t := range []*time.Time{d.ClaimedAt, d.SubmittedAt} {
 			if t != nil {

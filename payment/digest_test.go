@@ -23,12 +23,6 @@ func TestPayoutDigestsPageInByteOrderWithHistoryTokens(t *testing.T) {
 	}
 	e.drive(t, "po-2", pc.RailSubmitted, 7, "holder-a")
 	e.drive(t, "po-10", pc.Posted, 8, "holder-b")
-	// A change out of POSTED, which the transition table never makes (a
-	// replay, forged into the history here): the digest counts it.
-	if _, err := e.svc.pool.Exec(tctx(t), `INSERT INTO payout_event (payout_id, from_state, to_state, token, holder, actor, reason)
-		VALUES ('po-10', 'POSTED', 'ABANDONED', 9, 'holder-c', 'cleanup-job', 'replayed')`); err != nil {
-		t.Fatal(err)
-	}
 	want := slices.Clone(ids)
 	slices.Sort(want)
 
@@ -47,9 +41,6 @@ func TestPayoutDigestsPageInByteOrderWithHistoryTokens(t *testing.T) {
 		for _, d := range page.Items {
 			got = append(got, d.ID)
 			tokens[d.ID] = d.EventTokens
-			if want := map[bool]int{true: 1}[d.ID == "po-10"]; d.LeftTerminal != want {
-				t.Errorf("digest of %s counts %d changes out of a terminal state, want %d", d.ID, d.LeftTerminal, want)
-			}
 			if d.Ledger == nil {
 				t.Fatalf("digest of %s carries no ledger sums", d.ID)
 			}
@@ -104,8 +95,7 @@ func TestPayoutDigestsUseByteOrderIndexes(t *testing.T) {
 	e := setup(t)
 	plan := explainGeneric(t, e.svc.pool, "", payoutDigestsSQL, "'', 5000, 'payout-clearing'", genericPlans...)
 	if !strings.Contains(plan, "payout_id_bytes_idx") || !strings.Contains(plan, "payout_event_payout_bytes_idx") ||
-		!strings.Contains(plan, "ledger_entry_payout_idx") || !strings.Contains(plan, "payout_event_left_terminal_idx") ||
-		strings.Contains(plan, "Seq Scan") {
+		!strings.Contains(plan, "ledger_entry_payout_idx") || strings.Contains(plan, "Seq Scan") {
 		t.Errorf("the digest page does not read through the byte-order indexes:\n%s", plan)
 	}
 }
@@ -140,5 +130,42 @@ func TestPayoutDigestsWriteUnsetTimesAsNull(t *testing.T) {
 		if v, ok := page.Items[0][f]; !ok || string(v) != "null" {
 			t.Errorf("%s of a PENDING payout's digest: %s (present: %v), want null", f, v, ok)
 		}
+	}
+}
+
+// GET /v1/terminal-exits lists the changes of payouts out of POSTED,
+// FAILED or ABANDONED (a replay the transition table did not stop; forged
+// into a history here), in id order, and nothing else; through the
+// partial index of migration 00009, never by walking the events.
+func TestTerminalExitsListOnlyChangesOutOfAFinalState(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.account(t, "acc-1", 1_000)
+	for _, id := range []string{"po-1", "po-2", "po-3"} {
+		e.payout(t, id, "acc-1", 10)
+	}
+	e.drive(t, "po-1", pc.Posted, 7, "holder-a")
+	e.drive(t, "po-2", pc.Posted, 8, "holder-a")
+	if _, err := e.svc.pool.Exec(tctx(t), `INSERT INTO payout_event (payout_id, from_state, to_state, token, holder, actor, reason)
+		VALUES ('po-2', 'POSTED', 'ABANDONED', 9, 'holder-c', 'cleanup-job', 'replayed')`); err != nil {
+		t.Fatal(err)
+	}
+	page, err := e.recon.TerminalExits(tctx(t), 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Items) != 1 || page.Next != "" {
+		t.Fatalf("terminal exits %+v (next %q), want the one forged change", page.Items, page.Next)
+	}
+	if ev := page.Items[0]; ev.PayoutID != "po-2" || ev.FromState != pc.Posted || ev.ToState != pc.Abandoned || ev.Token != 9 ||
+		ev.Holder != "holder-c" || ev.Actor != "cleanup-job" || ev.Reason != "replayed" {
+		t.Fatalf("terminal exit %+v, want po-2 POSTED -> ABANDONED under 9 by cleanup-job", ev)
+	}
+	if page, err = e.recon.TerminalExits(tctx(t), page.Items[0].ID, 10); err != nil || len(page.Items) != 0 {
+		t.Fatalf("after the last one: %+v, %v; want none", page.Items, err)
+	}
+	plan := explainGeneric(t, e.svc.pool, "", terminalExitsSQL, "0, 100", genericPlans...)
+	if !strings.Contains(plan, "payout_event_terminal_exit_idx") || strings.Contains(plan, "Seq Scan") {
+		t.Errorf("terminal exits are not read through payout_event_terminal_exit_idx:\n%s", plan)
 	}
 }

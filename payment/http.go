@@ -3,6 +3,7 @@ package payment
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,8 +53,10 @@ func (s *Service) Mount(r chi.Router) {
 			r.Get("/payouts/{id}/events", httpx.Handler(s.handlePayoutEvents))
 			r.Get("/payout-digests", httpx.Handler(s.handlePayoutDigests))
 			r.Get("/work", httpx.Handler(s.handleWork))
-			r.Get("/ledger", httpx.Handler(s.handleLedger))
-			r.Get("/safety-events", httpx.Handler(s.handleSafetyEvents))
+			// The ledger is read whole by the reconciler: it takes bulk pages.
+			r.Get("/ledger", httpx.Handler(pagedByID(wire.ParseBulkLimit, s.Ledger, func(e pc.LedgerEntry) int64 { return e.ID })))
+			r.Get("/safety-events", httpx.Handler(pagedByID(wire.ParseLimit, s.SafetyEvents, func(e pc.SafetyEvent) int64 { return e.ID })))
+			r.Get("/terminal-exits", httpx.Handler(pagedByID(wire.ParseLimit, s.TerminalExits, func(e pc.PayoutEvent) int64 { return e.ID })))
 			r.Get("/fences/high", httpx.Handler(s.handleHighFence))
 		})
 	})
@@ -285,47 +288,29 @@ func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *Service) handleLedger(w http.ResponseWriter, r *http.Request) error {
-	q, err := wire.Query(r.URL.RawQuery, "after", "limit")
-	if err != nil {
-		return err
+// pagedByID is a read of a list in id order (after: the id cursor, limit
+// read by parseLimit), answered as a page.
+func pagedByID[T any](parseLimit func(url.Values) (int, error), read func(context.Context, int64, int) ([]T, error), id func(T) int64) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		q, err := wire.Query(r.URL.RawQuery, "after", "limit")
+		if err != nil {
+			return err
+		}
+		limit, err := parseLimit(q)
+		if err != nil {
+			return err
+		}
+		after, err := wire.ParseIDCursor(q)
+		if err != nil {
+			return err
+		}
+		items, err := read(r.Context(), after, limit)
+		if err != nil {
+			return err
+		}
+		writeList(w, items, limit, func(v T) string { return idOf(id(v)) })
+		return nil
 	}
-	// The ledger is read whole by the reconciler: it takes bulk pages.
-	limit, err := wire.ParseBulkLimit(q)
-	if err != nil {
-		return err
-	}
-	after, err := wire.ParseIDCursor(q)
-	if err != nil {
-		return err
-	}
-	items, err := s.Ledger(r.Context(), after, limit)
-	if err != nil {
-		return err
-	}
-	writeList(w, items, limit, func(e pc.LedgerEntry) string { return idOf(e.ID) })
-	return nil
-}
-
-func (s *Service) handleSafetyEvents(w http.ResponseWriter, r *http.Request) error {
-	q, err := wire.Query(r.URL.RawQuery, "after", "limit")
-	if err != nil {
-		return err
-	}
-	limit, err := wire.ParseLimit(q)
-	if err != nil {
-		return err
-	}
-	after, err := wire.ParseIDCursor(q)
-	if err != nil {
-		return err
-	}
-	items, err := s.SafetyEvents(r.Context(), after, limit)
-	if err != nil {
-		return err
-	}
-	writeList(w, items, limit, func(e pc.SafetyEvent) string { return idOf(e.ID) })
-	return nil
 }
 
 func (s *Service) handleHighFence(w http.ResponseWriter, r *http.Request) error {

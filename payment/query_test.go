@@ -34,6 +34,7 @@ func TestReadsRefuseUnknownAndRepeatedQueryParameters(t *testing.T) {
 			Repeatable: []querytest.Param{{Name: "skip", A: "acc-2", B: "acc-3"}}},
 		{Path: "/v1/ledger", Params: []querytest.Param{afterID, bulkLimit}},
 		{Path: "/v1/safety-events", Params: []querytest.Param{afterID, limit}},
+		{Path: "/v1/terminal-exits", Params: []querytest.Param{afterID, limit}},
 		{Path: "/v1/fences/high"},
 	})
 }

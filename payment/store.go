@@ -225,6 +225,21 @@ const payoutEventsSQL = `SELECT id, payout_id, COALESCE(from_state, ''), to_stat
 		COALESCE(holder, ''), actor, COALESCE(reason, ''), at
 		FROM payout_event WHERE payout_id COLLATE "C" = $1 AND id > $2 ORDER BY id LIMIT $3`
 
+// TerminalExits lists, after event id after, the accepted changes of any
+// payout out of POSTED, FAILED or ABANDONED: none while the transition
+// table holds (INV-08); the reconciler's terminal_state_left reads them.
+func (s *Service) TerminalExits(ctx context.Context, after int64, limit int) ([]pc.PayoutEvent, error) {
+	rows, err := s.pool.Query(ctx, terminalExitsSQL, after, limit)
+	return collect(rows, err, scanEvent)
+}
+
+// terminalExitsSQL is a page of TerminalExits: a keyset scan of the
+// partial index payout_event_terminal_exit_idx (migration 00009), empty
+// while INV-08 holds. Its predicate must match the index's literally.
+const terminalExitsSQL = `SELECT id, payout_id, COALESCE(from_state, ''), to_state, COALESCE(token, 0),
+		COALESCE(holder, ''), actor, COALESCE(reason, ''), at
+		FROM payout_event WHERE from_state IN ('POSTED', 'FAILED', 'ABANDONED') AND id > $1 ORDER BY id LIMIT $2`
+
 // actionableSQL is the predicate of payout_actionable_idx (migration
 // 00003), written out so the planner can match the partial index.
 const actionableSQL = `state IN ('PENDING', 'CLAIMED', 'RAIL_SUBMITTED', 'RAIL_ACKED')`

@@ -78,7 +78,8 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 
 // checkBooks: the ledger (group sums, grants of payout entries), then
 // every balance against it, then the proxy's high-water marks against
-// paydb's fences, then the order of the proxy's forwarded submissions.
+// paydb's fences, then the order of the proxy's forwarded submissions,
+// then the changes of payouts out of a final state.
 func (r *Reconciler) checkBooks(ctx context.Context, rep *Report, grants *grantIndex) error {
 	ledger, err := r.scanLedger(ctx, rep, grants)
 	if err != nil {
@@ -91,7 +92,10 @@ func (r *Reconciler) checkBooks(ctx context.Context, rep *Report, grants *grantI
 	if err := r.checkHighWater(ctx, rep, fences); err != nil {
 		return err
 	}
-	return r.checkSubmissionOrder(ctx, rep)
+	if err := r.checkSubmissionOrder(ctx, rep); err != nil {
+		return err
+	}
+	return r.checkTerminalLeft(ctx, rep)
 }
 
 // grantIndex is the grant log as token -> key. It is the one structure

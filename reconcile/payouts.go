@@ -96,7 +96,7 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 		if err != nil {
 			return pool.stop(err)
 		}
-		j := payoutJob{p: p, now: now, historyRegresses: tokensRegress(d.EventTokens), leftTerminal: d.LeftTerminal > 0, pays: pays, paysKnown: known}
+		j := payoutJob{p: p, now: now, historyRegresses: tokensRegress(d.EventTokens), pays: pays, paysKnown: known}
 		for _, rec := range recs {
 			j.subs = append(j.subs, rec.Record())
 		}
@@ -172,7 +172,6 @@ type payoutJob struct {
 	p                pc.Payout
 	now              time.Time // the pass's clock, for ages
 	historyRegresses bool
-	leftTerminal     bool // its history has a change out of a terminal state
 	subs             []proxyclient.Record
 	pays             []railclient.Payment
 	paysKnown        bool // false: ask the rail for this payout
@@ -256,11 +255,6 @@ func (r *Reconciler) checkJob(ctx context.Context, rep *Report, j payoutJob, ri 
 	if j.historyRegresses {
 		// Read the whole history for the finding's evidence.
 		if err := r.checkClaimHistory(ctx, rep, j.p); err != nil {
-			return err
-		}
-	}
-	if j.leftTerminal {
-		if err := r.checkTerminalLeft(ctx, rep, j.p); err != nil {
 			return err
 		}
 	}
@@ -353,25 +347,38 @@ func (r *Reconciler) checkClaimHistory(ctx context.Context, rep *Report, p pc.Pa
 // transition table has no change out of them, so one in a payout's
 // history is finished work executed again (a replay, a cleanup job) that
 // the table did not stop. rejected_transition reports the attempts the
-// table refused; this reports one that landed. The history is read whole
-// for the evidence; its first such change is reported.
-func (r *Reconciler) checkTerminalLeft(ctx context.Context, rep *Report, p pc.Payout) error {
-	events, err := r.payoutEvents(ctx, p.ID)
-	if err != nil {
-		return err
-	}
-	for _, ev := range events {
-		if !ev.FromState.Terminal() {
-			continue
+// table refused; this reports those that landed, read from the payment
+// resource's list of such changes (empty while the table holds: one
+// request a pass). Each payout is reported once, with its first such
+// change as evidence.
+func (r *Reconciler) checkTerminalLeft(ctx context.Context, rep *Report) error {
+	reported := map[string]bool{}
+	var after int64
+	for {
+		page, err := r.c.Payment.TerminalExits(ctx, after, r.opts.PageSize)
+		if err != nil {
+			return cannotRun("read the payment resource's changes out of a final state", err)
 		}
-		rep.add(CheckTerminalLeft, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "key": lockKey(p.AccountID), "state": string(p.State),
-			"event_id": ev.ID, "from_state": string(ev.FromState), "to_state": string(ev.ToState), "token": ev.Token, "holder": string(ev.Holder),
-			"actor": ev.Actor, "reason": ev.Reason, "at": ev.At.UTC()},
-			"payout %s left the final state %s for %s under token %d (actor %q, reason %q): finished work was executed again",
-			p.ID, ev.FromState, ev.ToState, ev.Token, ev.Actor, ev.Reason)
-		return nil // one finding per payout
+		for _, ev := range page.Items {
+			after = max(after, ev.ID)
+			if reported[ev.PayoutID] {
+				continue
+			}
+			reported[ev.PayoutID] = true
+			p, err := r.c.Payment.Payout(ctx, ev.PayoutID)
+			if err != nil {
+				return cannotRun("read payout "+ev.PayoutID, err)
+			}
+			rep.add(CheckTerminalLeft, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "key": lockKey(p.AccountID), "state": string(p.State),
+				"event_id": ev.ID, "from_state": string(ev.FromState), "to_state": string(ev.ToState), "token": ev.Token, "holder": string(ev.Holder),
+				"actor": ev.Actor, "reason": ev.Reason, "at": ev.At.UTC()},
+				"payout %s left the final state %s for %s under token %d (actor %q, reason %q): finished work was executed again",
+				p.ID, ev.FromState, ev.ToState, ev.Token, ev.Actor, ev.Reason)
+		}
+		if page.Next == "" || len(page.Items) == 0 {
+			return nil
+		}
 	}
-	return nil
 }
 
 // checkInFlight: one holder at a time works an account (INV-01). An

@@ -137,6 +137,15 @@ func (c *Client) PayoutEvents(ctx context.Context, payoutID string, after int64,
 	return out, err
 }
 
+// TerminalExits returns a page of the accepted changes of any payout out
+// of POSTED, FAILED or ABANDONED (none while INV-08 holds), in id order,
+// after event id after (0: from the start).
+func (c *Client) TerminalExits(ctx context.Context, after int64, limit int) (List[PayoutEvent], error) {
+	var out List[PayoutEvent]
+	err := c.c.Get(ctx, "/v1/terminal-exits", wire.PageQuery(wire.IDCursor(after), limit), &out)
+	return out, err
+}
+
 // Work returns up to limit accounts that have actionable payouts (PENDING,
 // CLAIMED, RAIL_SUBMITTED, RAIL_ACKED), the longest-waiting first.
 func (c *Client) Work(ctx context.Context, limit int) ([]WorkItem, error) {

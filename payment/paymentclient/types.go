@@ -287,9 +287,6 @@ type PayoutDigest struct {
 	// EventTokens are the tokens of the payout's accepted changes in event
 	// order (0 for a change made under no token, such as its creation).
 	EventTokens []int64 `json:"event_tokens"`
-	// LeftTerminal counts the payout's changes out of POSTED, FAILED or
-	// ABANDONED: none while INV-08 holds.
-	LeftTerminal int `json:"left_terminal,omitempty"`
 	// Ledger sums the payout's ledger entries, read in the same statement
 	// (nil from a payment resource older than this member).
 	Ledger *LedgerDigest `json:"ledger,omitempty"`
