@@ -3,7 +3,6 @@ package payment
 import (
 	"context"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,9 +53,9 @@ func (s *Service) Mount(r chi.Router) {
 			r.Get("/payout-digests", httpx.Handler(s.handlePayoutDigests))
 			r.Get("/work", httpx.Handler(s.handleWork))
 			// The ledger is read whole by the reconciler: it takes bulk pages.
-			r.Get("/ledger", httpx.Handler(pagedByID(wire.ParseBulkLimit, s.Ledger, func(e pc.LedgerEntry) int64 { return e.ID })))
-			r.Get("/safety-events", httpx.Handler(pagedByID(wire.ParseLimit, s.SafetyEvents, func(e pc.SafetyEvent) int64 { return e.ID })))
-			r.Get("/terminal-exits", httpx.Handler(pagedByID(wire.ParseLimit, s.TerminalExits, func(e pc.PayoutEvent) int64 { return e.ID })))
+			r.Get("/ledger", httpx.PagedByID(wire.ParseBulkLimit, s.Ledger, func(e pc.LedgerEntry) int64 { return e.ID }))
+			r.Get("/safety-events", httpx.PagedByID(wire.ParseLimit, s.SafetyEvents, func(e pc.SafetyEvent) int64 { return e.ID }))
+			r.Get("/terminal-exits", httpx.PagedByID(wire.ParseLimit, s.TerminalExits, func(e pc.PayoutEvent) int64 { return e.ID }))
 			r.Get("/fences/high", httpx.Handler(s.handleHighFence))
 		})
 	})
@@ -286,31 +285,6 @@ func (s *Service) handleWork(w http.ResponseWriter, r *http.Request) error {
 	}
 	httpx.WriteJSON(w, http.StatusOK, pc.List[pc.WorkItem]{Items: items})
 	return nil
-}
-
-// pagedByID is a read of a list in id order (after: the id cursor, limit
-// read by parseLimit), answered as a page.
-func pagedByID[T any](parseLimit func(url.Values) (int, error), read func(context.Context, int64, int) ([]T, error), id func(T) int64) func(http.ResponseWriter, *http.Request) error {
-	return func(w http.ResponseWriter, r *http.Request) error {
-		q, err := wire.Query(r.URL.RawQuery, "after", "limit")
-		if err != nil {
-			return err
-		}
-		limit, err := parseLimit(q)
-		if err != nil {
-			return err
-		}
-		after, err := wire.ParseIDCursor(q)
-		if err != nil {
-			return err
-		}
-		items, err := read(r.Context(), after, limit)
-		if err != nil {
-			return err
-		}
-		writeList(w, items, limit, func(v T) string { return idOf(id(v)) })
-		return nil
-	}
 }
 
 func (s *Service) handleHighFence(w http.ResponseWriter, r *http.Request) error {

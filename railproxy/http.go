@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -250,36 +249,6 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 	}
 	httpx.WriteJSON(w, http.StatusOK, rec)
 	return nil
-}
-
-// idPaged serves a list paged by row id (?after=<id>&limit=).
-func idPaged[T any](read func(ctx context.Context, after int64, limit int) ([]T, error), id func(T) int64) http.HandlerFunc {
-	return idPagedUpTo(wire.ParseLimit, read, id)
-}
-
-// idPagedUpTo is idPaged with the limit read by parseLimit (a bulk read's
-// wire.ParseBulkLimit).
-func idPagedUpTo[T any](parseLimit func(url.Values) (int, error), read func(ctx context.Context, after int64, limit int) ([]T, error), id func(T) int64) http.HandlerFunc {
-	return httpx.Handler(func(w http.ResponseWriter, r *http.Request) error {
-		q, err := wire.Query(r.URL.RawQuery, "after", "limit")
-		if err != nil {
-			return err
-		}
-		limit, err := parseLimit(q)
-		if err != nil {
-			return err
-		}
-		after, err := wire.ParseIDCursor(q)
-		if err != nil {
-			return err
-		}
-		items, err := read(r.Context(), after, limit)
-		if err != nil {
-			return err
-		}
-		httpx.WriteJSON(w, http.StatusOK, wire.NewPage(items, limit, func(v T) string { return wire.IDCursor(id(v)) }))
-		return nil
-	})
 }
 
 func (s *Server) highFence(w http.ResponseWriter, r *http.Request) error {
