@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/url"
-	"strconv"
 
 	"github.com/payouts/payouts/internal/wire"
 )
@@ -33,7 +32,7 @@ func PagedByID[T any](parseLimit func(url.Values) (int, error), read func(ctx co
 		if err != nil {
 			return err
 		}
-		WriteJSON(w, http.StatusOK, wire.NewPage(items, limit, func(v T) string { return strconv.FormatInt(id(v), 10) }))
+		WriteJSON(w, http.StatusOK, wire.NewPage(items, limit, func(v T) string { return wire.IDCursor(id(v)) }))
 		return nil
 	})
 }

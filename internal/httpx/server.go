@@ -266,8 +266,6 @@ func newRequestID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// instrument adds a request id, a request-scoped logger, panic recovery,
-// an access log line and the request metrics.
 // writeGrace is how long past a request's deadline its answer may take to
 // be written before the connection is cut.
 const writeGrace = 10 * time.Second
@@ -276,6 +274,8 @@ const writeGrace = 10 * time.Second
 // and a 401 answered before routing) in the request metrics.
 const v1Unrouted = "/v1/*"
 
+// instrument adds a request id, a request-scoped logger, panic recovery,
+// an access log line and the request metrics.
 func (s *Server) instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
