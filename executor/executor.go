@@ -363,29 +363,18 @@ func (e *Executor) Run(ctx context.Context) error {
 // not answer is logged and the executor goes on (it cannot pay until the
 // proxy answers anyway).
 func (e *Executor) checkProxyRole() {
-	ctx, cancel := context.WithTimeout(e.base, min(e.cfg.CallTimeout, roleCheckTimeout))
-	id, err := e.proxy.WhoAmI(ctx)
-	cancel()
+	refusal, askErr := httpx.RoleRefusal(e.base, e.proxy.WhoAmI, func(id auth.Identity) bool { return id.Allows(auth.Executor) }, "submit")
 	switch {
-	case refusedToken(err):
-		e.refuse("rail proxy", e.cfg.ProxyURL, err)
-	case err != nil:
-		e.log.Warn("could not ask the rail proxy which role this token has; going on (a token of another role stops the executor at its first submission)", obs.KeyError, err.Error())
-	case !id.Allows(auth.Executor):
-		e.refuse("rail proxy", e.cfg.ProxyURL, problem.New(problem.Forbidden,
-			"the token is %s's, of role %s, which may not submit there", id.Name, id.Role))
+	case refusal != nil:
+		e.refuse("rail proxy", e.cfg.ProxyURL, refusal)
+	case askErr != nil:
+		e.log.Warn("could not ask the rail proxy which role this token has; going on (a token of another role stops the executor at its first submission)", obs.KeyError, askErr.Error())
 	}
 }
 
-// roleCheckTimeout bounds checkProxyRole: a proxy that hangs does not hold
-// the executor's start for a whole --call-timeout.
-const roleCheckTimeout = 5 * time.Second
-
 // refusedToken reports a 401 or 403 answer: the service does not accept
 // this executor's credential, and asking again will not change that.
-func refusedToken(err error) bool {
-	return problem.Has(err, problem.Unauthorized) || problem.Has(err, problem.Forbidden)
-}
+var refusedToken = problem.RefusedToken
 
 // refuse stops the executor for good: service at url refused its token.
 // The first refusal is the one reported.

@@ -199,9 +199,7 @@ func railClients(cfg Config, opts []httpx.ClientOption) (lookup, report *railcli
 }
 
 // refusedToken reports a 401 or 403 answer: asking again will not help.
-func refusedToken(err error) bool {
-	return problem.Has(err, problem.Unauthorized) || problem.Has(err, problem.Forbidden)
-}
+var refusedToken = problem.RefusedToken
 
 // refusal names the service that refuses the reconciler's token, asking
 // each one a cheap question; nil when none does. The guards are also asked
@@ -226,7 +224,12 @@ func (r *Reconciler) refusal(ctx context.Context, cfg Config, passErr error) err
 	for _, p := range probes {
 		err := p.ask(ctx)
 		if err == nil && p.who != nil {
-			err = roleRefusal(ctx, p.who)
+			// A role that may not write there (the reconciler's and an
+			// operator's may); a service that cannot say: its first
+			// refused write stops the reconciler then.
+			err, _ = httpx.RoleRefusal(ctx, p.who, func(id auth.Identity) bool {
+				return id.Allows(auth.Reconciler) || id.Role == auth.Operator
+			}, "resolve or look up ambiguous payouts")
 		}
 		if refusedToken(err) {
 			return fmt.Errorf("%w: the %s at %s refused the token (%w): the reconciler needs a bearer token of role %q there (--token or --token-file)",
@@ -239,29 +242,6 @@ func (r *Reconciler) refusal(ctx context.Context, cfg Config, passErr error) err
 	}
 	return nil
 }
-
-// roleRefusal is a forbidden problem when the service knows the token as
-// a role that may not write what the reconciler writes there (a
-// reconciler's or an operator's may); nil when it may, or when the
-// service cannot say (an older one without GET /v1/whoami: its first
-// refused write stops the reconciler then).
-func roleRefusal(ctx context.Context, who func(context.Context) (auth.Identity, error)) error {
-	ctx, cancel := context.WithTimeout(ctx, roleCheckTimeout)
-	defer cancel()
-	id, err := who(ctx)
-	switch {
-	case refusedToken(err):
-		return err
-	case err != nil:
-		return nil
-	case id.Allows(auth.Reconciler) || id.Role == auth.Operator:
-		return nil
-	}
-	return problem.New(problem.Forbidden, "the token is %s's, of role %s, which may not resolve or look up ambiguous payouts there", id.Name, id.Role)
-}
-
-// roleCheckTimeout bounds the question roleRefusal asks.
-const roleCheckTimeout = 5 * time.Second
 
 func (r *Reconciler) timedPass(ctx context.Context) (*Report, time.Duration, time.Time, error) {
 	start := time.Now()

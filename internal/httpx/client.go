@@ -77,6 +77,33 @@ func (c *Client) WhoAmI(ctx context.Context) (auth.Identity, error) {
 	return id, err
 }
 
+// RoleCheckTimeout bounds RoleRefusal's question: a server that hangs
+// does not hold its caller's start for a whole call timeout.
+const RoleCheckTimeout = 5 * time.Second
+
+// RoleRefusal asks a server (who: a client's WhoAmI) which identity it
+// knows the caller's token as, before the caller does anything a later
+// refusal would leave half done. refusal is the server's refusal of the
+// token (401, 403), or a forbidden problem when the identity may not do
+// what the caller is about to (may false; doing says what, for the
+// message); askErr is why the server could not be asked (an older one
+// without the route, one that does not answer): the caller's own requests
+// will say then.
+func RoleRefusal(ctx context.Context, who func(context.Context) (auth.Identity, error), may func(auth.Identity) bool, doing string) (refusal, askErr error) {
+	ctx, cancel := context.WithTimeout(ctx, RoleCheckTimeout)
+	defer cancel()
+	id, err := who(ctx)
+	switch {
+	case problem.RefusedToken(err):
+		return err, nil
+	case err != nil:
+		return nil, err
+	case !may(id):
+		return problem.New(problem.Forbidden, "the token is %s's, of role %s, which may not %s there", id.Name, id.Role, doing), nil
+	}
+	return nil, nil
+}
+
 // Get does a GET of path (with query) into out.
 func (c *Client) Get(ctx context.Context, path string, query url.Values, out any) error {
 	var err error

@@ -274,6 +274,10 @@ func Has(err error, code Code) bool {
 	return errors.As(err, &e) && e.Code == code
 }
 
+// RefusedToken reports a 401 or 403 answer: the server does not accept the
+// caller's credential, and asking again will not change that.
+func RefusedToken(err error) bool { return Has(err, Unauthorized) || Has(err, Forbidden) }
+
 // From converts any error to an *Error suitable to send: an *Error as is, a
 // deadline or a cancellation as unavailable, anything else as internal with
 // the cause kept.
