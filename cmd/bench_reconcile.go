@@ -18,6 +18,7 @@ import (
 	"github.com/payouts/payouts/internal/obs"
 	"github.com/payouts/payouts/lock/etcdbackend"
 	"github.com/payouts/payouts/rail"
+	"github.com/payouts/payouts/rail/railclient"
 	"github.com/payouts/payouts/reconcile"
 )
 
@@ -87,7 +88,7 @@ func wireBenchReconcile(opts *bench.ReconcileOptions) error {
 		if err != nil {
 			return nil, err
 		}
-		srv, err := rail.New(rail.Config{Logger: slog.New(slog.DiscardHandler), Registry: obs.NewRegistry(), Auth: a})
+		srv, err := rail.New(rail.Config{Logger: slog.New(slog.DiscardHandler), Registry: obs.NewRegistry(), Auth: a, Faults: railclient.DefaultFaults()})
 		if err != nil {
 			return nil, err
 		}

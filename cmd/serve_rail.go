@@ -65,6 +65,6 @@ back on start, so the stub remembers what it paid across its restarts as a real 
 	fl.Float64Var(&f.ErrorBeforeAccept, "error-before-accept", 0, "rate (0..1) of requests answered with a 5xx and no payment")
 	fl.Int64Var(&f.LatencyMS, "latency-ms", 0, "latency added to every payment request, in milliseconds")
 	fl.StringVar(&state, "state-file", "", "keep the payments in this file (created 0600; one JSON line per payment) across restarts; empty: in memory only")
-	fl.StringVar(&f.DeclineBeneficiaryPrefix, "decline-beneficiary-prefix", railclient.DefaultDeclinePrefix, "beneficiary refs starting with this are declined")
+	fl.StringVar(&f.DeclineBeneficiaryPrefix, "decline-beneficiary-prefix", railclient.DefaultDeclinePrefix, "beneficiary refs starting with this are declined (empty: none)")
 	return c
 }

@@ -43,8 +43,9 @@ type Config struct {
 	// SettlementWindow is how long after the newest attempt with a client
 	// reference a lookup of that reference becomes final.
 	SettlementWindow time.Duration
-	// Faults are the initial fault settings. An empty
-	// DeclineBeneficiaryPrefix means railclient.DefaultDeclinePrefix.
+	// Faults are the initial fault settings, used as given: an empty
+	// DeclineBeneficiaryPrefix declines no one, as it does when set by
+	// PUT /v1/faults; railclient.DefaultFaults are serve rail's.
 	Faults railclient.Faults
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
@@ -107,9 +108,6 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.SettlementWindow < 0 {
 		return nil, fmt.Errorf("rail: settlement window %s is negative", cfg.SettlementWindow)
-	}
-	if cfg.Faults.DeclineBeneficiaryPrefix == "" {
-		cfg.Faults.DeclineBeneficiaryPrefix = railclient.DefaultDeclinePrefix
 	}
 	if err := ValidateFaults(cfg.Faults); err != nil {
 		return nil, fmt.Errorf("rail: %w", err)

@@ -51,11 +51,15 @@ const testAuth = `{"tokens":[{"token":"` + operatorToken + `","role":"operator",
 	{"token":"` + reconcilerToken + `","role":"reconciler","name":"rc"}]}`
 
 // serveRail runs a rail stub built from cfg on a loopback port (with a
-// discarding logger and testAuth unless cfg has its own) and returns it,
+// discarding logger, testAuth and railclient.DefaultFaults unless cfg has
+// its own) and returns it,
 // its URL, and a stop that ends it and waits, also run at the end.
 func serveRail(tb testing.TB, cfg Config) (s *Server, url string, stop func()) {
 	tb.Helper()
 	cfg.Addr = "127.0.0.1:0"
+	if cfg.Faults == (railclient.Faults{}) {
+		cfg.Faults = railclient.DefaultFaults()
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = obs.NewLogger(io.Discard, slog.LevelInfo, "rail")
 	}
@@ -118,6 +122,31 @@ func ctxFor(t *testing.T) context.Context {
 
 func req(ref string) railclient.PaymentRequest {
 	return railclient.PaymentRequest{ClientRef: ref, Amount: 500, Currency: "EUR", BeneficiaryRef: "ben-1"}
+}
+
+// An empty decline prefix given at start declines no one, as the same
+// value does when set by PUT /v1/faults (`serve rail
+// --decline-beneficiary-prefix ""`); it used to mean the default.
+func TestAnEmptyDeclinePrefixDeclinesNoOne(t *testing.T) {
+	t.Parallel()
+	_, url, _ := serveRail(t, Config{SettlementWindow: time.Minute, Faults: railclient.Faults{LatencyMS: 1}})
+	op, err := railclient.New(url, operatorToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxFor(t)
+	if f, err := op.Faults(ctx); err != nil || f.DeclineBeneficiaryPrefix != "" {
+		t.Fatalf("faults at start %+v %v, want no decline prefix", f, err)
+	}
+	d := req("ref-1")
+	d.BeneficiaryRef = railclient.DefaultDeclinePrefix + "-x"
+	px, err := railclient.New(url, proxyToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := px.Pay(ctx, d); err != nil || p.Status != railclient.StatusSettled {
+		t.Fatalf("%s paid with no decline prefix: %+v %v, want settled", d.BeneficiaryRef, p, err)
+	}
 }
 
 // The rail is not idempotent: the same request twice is two payments.

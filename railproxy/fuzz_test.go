@@ -53,7 +53,7 @@ func startFuzzProxy(f *testing.F) (string, func(testing.TB) proxyState) {
 	f.Cleanup(cancel)
 	dbURL := pgtest.NewDB(f, migrations.ProxyDB)
 	log := obs.NewLogger(io.Discard, slog.LevelInfo, "fuzz")
-	rs, err := rail.New(rail.Config{Addr: "127.0.0.1:0", Logger: log, Auth: testAuth(), SettlementWindow: time.Minute})
+	rs, err := rail.New(rail.Config{Addr: "127.0.0.1:0", Logger: log, Auth: testAuth(), SettlementWindow: time.Minute, Faults: railclient.DefaultFaults()})
 	if err != nil {
 		f.Fatal(err)
 	}

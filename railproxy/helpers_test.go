@@ -170,7 +170,7 @@ func startRail(t *testing.T, clock *fakeClock, window time.Duration) string {
 	t.Helper()
 	rs, err := rail.New(rail.Config{
 		Addr: "127.0.0.1:0", Logger: obs.NewLogger(io.Discard, slog.LevelInfo, "rail"), Auth: testAuth(),
-		SettlementWindow: window, Now: clock.Now,
+		SettlementWindow: window, Now: clock.Now, Faults: railclient.DefaultFaults(),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -74,6 +74,11 @@ type Faults struct {
 	DeclineBeneficiaryPrefix string `json:"decline_beneficiary_prefix"`
 }
 
+// DefaultFaults are the settings `payouts serve rail` starts with: no
+// injected failure, beneficiaries starting with DefaultDeclinePrefix
+// declined.
+func DefaultFaults() Faults { return Faults{DeclineBeneficiaryPrefix: DefaultDeclinePrefix} }
+
 // FaultsUpdate is the body of PUT /v1/faults: absent members keep their
 // current value.
 type FaultsUpdate struct {
