@@ -1,8 +1,11 @@
 package httpx_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -371,5 +374,45 @@ func TestWritesTakeNoQueryString(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("no token with a query: %d, want 401", resp.StatusCode)
+	}
+}
+
+// A request refused for its credential is a WARN line naming where it came
+// from (an operator sees who holds a wrong or rotated token), not only a
+// debug access line; 401 and 403 alike.
+func TestARefusedCredentialIsLoggedAtWarn(t *testing.T) {
+	a, err := auth.Parse([]byte(`{"tokens":[{"token":"` + execToken + `","role":"executor","name":"exec-1"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		token, path string
+		status      int
+	}{{"not-a-valid-token-0123456789", "/v1/echo", 401}, {execToken, "/v1/admin", 403}} {
+		var buf bytes.Buffer
+		s := httpx.NewServer(httpx.Config{Role: "test", Auth: a, Logger: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		s.Router().Post("/v1/echo", func(w http.ResponseWriter, r *http.Request) {})
+		s.Router().With(auth.Require(auth.Operator)).Post("/v1/admin", func(w http.ResponseWriter, r *http.Request) {})
+		ts := httptest.NewServer(s.Handler())
+		req, _ := http.NewRequest(http.MethodPost, ts.URL+tc.path, strings.NewReader(`{}`))
+		req.Header.Set("Authorization", "Bearer "+tc.token)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		ts.Close()
+		if res.StatusCode != tc.status {
+			t.Fatalf("%s: status %d, want %d", tc.path, res.StatusCode, tc.status)
+		}
+		var line map[string]any
+		if err := json.Unmarshal(bytes.TrimSpace(buf.Bytes()), &line); err != nil {
+			t.Fatalf("%s: want one log line, got %q: %v", tc.path, buf.String(), err)
+		}
+		if line["level"] != "WARN" || line["status"] != float64(tc.status) || line["route"] != tc.path ||
+			!strings.HasPrefix(line["remote_addr"].(string), "127.0.0.1:") {
+			t.Fatalf("%s: log line %v, want a WARN with status %d, the route and the caller's address", tc.path, line, tc.status)
+		}
 	}
 }

@@ -58,6 +58,7 @@ type Server struct {
 	ln       net.Listener
 	srv      *http.Server
 	metrics  *httpMetrics
+	refusals refusalLog
 }
 
 type httpMetrics struct {
@@ -319,7 +320,9 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 			method := metricMethod(r.Method)
 			s.metrics.requests.WithLabelValues(method, route, st).Inc()
 			s.metrics.latency.WithLabelValues(method, route, st).Observe(d.Seconds())
-			if route != "/healthz" && route != "/readyz" && route != "/metrics" && route != "/version" {
+			if status == http.StatusUnauthorized || status == http.StatusForbidden {
+				s.refusals.note(r.Context(), log.logger(), r, route, status, start.Add(d))
+			} else if route != "/healthz" && route != "/readyz" && route != "/metrics" && route != "/version" {
 				lvl := slog.LevelDebug
 				if status >= 500 {
 					lvl = slog.LevelWarn
