@@ -67,7 +67,7 @@ func checkURL(flag, u string) error {
 
 // bearer is the caller's token; it is required.
 func (f *clientFlags) bearer() (string, error) {
-	tok, err := secret("token", f.token, f.tokenFile)
+	tok, err := bearerSecret("token", f.token, f.tokenFile)
 	if err == nil && tok == "" {
 		err = fmt.Errorf("--token-file or --token (or %s or %s) is required: the %s's bearer token", EnvName("token-file"), EnvName("token"), f.role)
 	}

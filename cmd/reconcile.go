@@ -55,10 +55,10 @@ on --listen. docs/operations.md explains every finding.`,
 			if err := pprof.check(); err != nil {
 				return cannotRun(err)
 			}
-			if cfg.RailToken, err = secret("rail-token", cfg.RailToken, railTokenFile); err != nil {
+			if cfg.RailToken, err = bearerSecret("rail-token", cfg.RailToken, railTokenFile); err != nil {
 				return cannotRun(err)
 			}
-			if cfg.RailReportToken, err = secret("rail-report-token", cfg.RailReportToken, reportFile); err != nil {
+			if cfg.RailReportToken, err = bearerSecret("rail-report-token", cfg.RailReportToken, reportFile); err != nil {
 				return cannotRun(err)
 			}
 			if cfg.SettlementWindow < 0 || cfg.AmbiguitySLA <= 0 {

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
+
+	"github.com/payouts/payouts/internal/auth"
 )
 
 // databaseURL is --database-url or --database-url-file: the URL may carry
@@ -90,6 +92,26 @@ func secret(name, value, file string) (string, error) {
 	v := strings.TrimSpace(string(b))
 	if v == "" {
 		return "", errors.New("--" + name + "-file " + file + " is empty")
+	}
+	return v, nil
+}
+
+// bearerSecret is secret for a bearer token: also refused when what is left
+// after trimming is not one token (two lines, a space, a control
+// character), which no HTTP client can send as an Authorization header:
+// accepted, every request failed before it was sent, as if the server
+// were down (and a proxy recorded each payout it forwarded ambiguous).
+func bearerSecret(name, value, file string) (string, error) {
+	v, err := secret(name, value, file)
+	if err != nil || v == "" {
+		return v, err
+	}
+	if err := auth.CheckToken(v); err != nil {
+		from := "--" + name + " (or " + EnvName(name) + ")"
+		if file != "" {
+			from = "--" + name + "-file " + file
+		}
+		return "", fmt.Errorf("%s: %w", from, err)
 	}
 	return v, nil
 }

@@ -44,7 +44,7 @@ func newServeProxyCmd(a *app) *cobra.Command {
 			var tok string
 			env, err := sf.setup(cmd, a, func() error {
 				var err error
-				tok, err = secret("rail-token", railToken, railTokenFile)
+				tok, err = bearerSecret("rail-token", railToken, railTokenFile)
 				if err == nil && tok == "" {
 					err = fmt.Errorf("--rail-token-file or --rail-token (or %s or %s) is required: the proxy's own proxy-role token at the rail, which refuses payments without it", EnvName("rail-token-file"), EnvName("rail-token"))
 				}

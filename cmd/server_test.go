@@ -117,7 +117,22 @@ func TestSecretFiles(t *testing.T) {
 	if _, err := secret("token", "", empty); err == nil || !strings.Contains(err.Error(), "is empty") {
 		t.Fatalf("empty token file: %v", err)
 	}
-	code, _, errOut := runArgs(t, "migrate", "--db", "paydb", "--database-url-file", filepath.Join(dir, "missing"))
+	// A token file of two lines (a comment, a rotated token left below)
+	// is refused at start, exit 2: sent, the header was invalid and every
+	// request failed before it left, as if the server were down.
+	twoLines := filepath.Join(dir, "two-lines")
+	_ = os.WriteFile(twoLines, []byte("s3cret-token-0123456789\n# rotated 2026-12\n"), 0o600)
+	if _, err := bearerSecret("rail-token", "", twoLines); err == nil || !strings.Contains(err.Error(), "one line") || !strings.Contains(err.Error(), twoLines) {
+		t.Fatalf("two-line token file: %v", err)
+	}
+	if _, err := bearerSecret("token", "s3cret token", ""); err == nil || !strings.Contains(err.Error(), "--token (or PAYOUTS_TOKEN)") {
+		t.Fatalf("a token with a space: %v", err)
+	}
+	code, _, errOut := runArgs(t, "payout", "list", "--payment-url", "http://127.0.0.1:1", "--token-file", twoLines)
+	if code != 2 || !strings.Contains(errOut, "one line") {
+		t.Fatalf("payout list with a two-line --token-file: exit %d, %q", code, errOut)
+	}
+	code, _, errOut = runArgs(t, "migrate", "--db", "paydb", "--database-url-file", filepath.Join(dir, "missing"))
 	if code != 2 || !strings.Contains(errOut, "--database-url-file") {
 		t.Fatalf("migrate with a missing --database-url-file: exit %d, %q", code, errOut)
 	}

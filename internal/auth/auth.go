@@ -163,6 +163,9 @@ func Parse(b []byte) (*Authenticator, error) {
 		if len(t.Token) < 16 {
 			return nil, fmt.Errorf("auth: token #%d (%s) is shorter than 16 characters", i+1, t.Name)
 		}
+		if err := CheckToken(t.Token); err != nil {
+			return nil, fmt.Errorf("auth: token #%d (%s): %w", i+1, t.Name, err)
+		}
 		if !t.Role.valid() {
 			return nil, fmt.Errorf("auth: token #%d (%s) has role %q; want executor, reconciler, operator or proxy", i+1, t.Name, t.Role)
 		}
@@ -250,6 +253,22 @@ func (a *Authenticator) Middleware(next http.Handler, routed func(*http.Request)
 		}
 		next.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), p)))
 	})
+}
+
+// CheckToken says why s cannot be a bearer token: a token is one run of
+// visible ASCII characters (RFC 6750's token characters and a few more),
+// without white space, a second line or a control character, none of
+// which an Authorization header can carry as one token.
+func CheckToken(s string) error {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\n' || c == '\r':
+			return errors.New("a token is one line; this one has more (a comment or a second token?)")
+		case c <= ' ' || c >= 0x7f:
+			return fmt.Errorf("a token holds visible ASCII characters only; this one has %q at byte %d", c, i+1)
+		}
+	}
+	return nil
 }
 
 // bearerToken is the token of an Authorization header of the Bearer

@@ -152,6 +152,8 @@ func TestParseRefusesAmbiguousAuthFiles(t *testing.T) {
 		{"trailing data", fileBody + ` {"tokens":[]}`, "after the JSON object"},
 		{"null", `null`, "not null"},
 		{"a token shorter than 16", `{"tokens":[{"token":"short","role":"executor","name":"exec-1"}]}`, "shorter than 16"},
+		{"a token no client can send", `{"tokens":[{"token":"executor-token-0123456789\n","role":"executor","name":"exec-1"}]}`, "one line"},
+		{"a token with a space", `{"tokens":[{"token":"executor token 0123456789","role":"executor","name":"exec-1"}]}`, "visible ASCII"},
 	} {
 		if _, err := auth.Parse([]byte(c.body)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: Parse gave %v; want an error saying %s", c.name, err, c.want)
