@@ -365,6 +365,54 @@ func TestKeepaliveContentType(t *testing.T) {
 	})
 }
 
+// TestCloseSessionBody: DELETE /v1/sessions/{id} holds its body to the
+// keepalive's rule (empty or {}, a Content-Type when given
+// application/json): a body it would ignore is refused 400 and the session
+// and its locks stay. Before, any body closed the session and released
+// its locks.
+func TestCloseSessionBody(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, kind string) {
+		svc := setup(t, kind).svc
+		ctx := testCtx(t)
+		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		if _, err := s.Acquire(ctx, "payout:acc-close", 0); err != nil {
+			t.Fatal(err)
+		}
+		del := func(contentType, body string) (int, string) {
+			req, _ := http.NewRequest(http.MethodDelete, svc.URL+"/v1/sessions/"+s.ID(), strings.NewReader(body))
+			if contentType != "" {
+				req.Header.Set("Content-Type", contentType)
+			}
+			req.Header.Set("Authorization", "Bearer "+executorToken)
+			resp, err := httpClient().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode, string(b)
+		}
+		for _, tc := range []struct{ contentType, body string }{
+			{"text/plain", "garbage"}, {"application/json", "garbage"}, {"application/x-www-form-urlencoded", "a=b"},
+			{"application/json", `{"x":1}`}, {"text/plain", `{}`},
+		} {
+			if status, body := del(tc.contentType, tc.body); status != http.StatusBadRequest || !strings.Contains(body, `"code":"invalid_request"`) {
+				t.Errorf("DELETE with Content-Type %q and body %q: %d %s; want 400 invalid_request", tc.contentType, tc.body, status, body)
+			}
+		}
+		if info, err := s.Client().Lock(ctx, "payout:acc-close"); err != nil || !info.Held {
+			t.Fatalf("after refused closes the lock is %+v %v; want it still held", info, err)
+		}
+		if status, body := del("application/json", `{}`); status != http.StatusOK || !strings.Contains(body, `"CLOSED"`) {
+			t.Fatalf("DELETE with {}: %d %s; want 200 CLOSED", status, body)
+		}
+	})
+}
+
 // problemField is the field member of a problem body ("" when it has none).
 func problemField(body string) string {
 	var p struct {

@@ -68,6 +68,9 @@ func (s *Service) closeSession(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := httpx.DecodeEmpty(r); err != nil {
+		return err
+	}
 	if err := s.checkOwner(r, id); err != nil {
 		return err
 	}
