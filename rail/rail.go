@@ -458,8 +458,6 @@ func ValidateFaults(f railclient.Faults) error {
 	if f.LatencyMS < 0 || f.LatencyMS > MaxLatencyMS {
 		return wire.BadField("latency_ms", "must be between 0 and %d, got %d", MaxLatencyMS, f.LatencyMS)
 	}
-	if len(f.DeclineBeneficiaryPrefix) > wire.MaxRefLen {
-		return wire.BadField("decline_beneficiary_prefix", "is longer than %d bytes", wire.MaxRefLen)
-	}
-	return nil
+	// Held to what a beneficiary_ref may hold (empty: decline no one).
+	return wire.ValidText("decline_beneficiary_prefix", f.DeclineBeneficiaryPrefix, wire.MaxRefLen, false, true)
 }

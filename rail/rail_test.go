@@ -292,6 +292,11 @@ func TestBadInput(t *testing.T) {
 		{railclient.FaultsUpdate{LatencyMS: ptr(int64(-1))}, "latency_ms"},
 		{railclient.FaultsUpdate{LatencyMS: ptr(int64(10_000_000))}, "latency_ms"},
 		{railclient.FaultsUpdate{DeclineBeneficiaryPrefix: ptr(strings.Repeat("D", 300))}, "decline_beneficiary_prefix"},
+		// A prefix is held to what a beneficiary_ref may hold: one it
+		// could never match, or that reads as another, was stored.
+		{railclient.FaultsUpdate{DeclineBeneficiaryPrefix: ptr("a\x00")}, "decline_beneficiary_prefix"},
+		{railclient.FaultsUpdate{DeclineBeneficiaryPrefix: ptr("x\u202ey")}, "decline_beneficiary_prefix"},
+		{railclient.FaultsUpdate{DeclineBeneficiaryPrefix: ptr("  ")}, "decline_beneficiary_prefix"},
 	} {
 		_, err := op.SetFaults(ctx, c.u)
 		var field string
