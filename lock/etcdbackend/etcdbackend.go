@@ -202,7 +202,7 @@ func Open(ctx context.Context, cfg Config) (*Backend, error) {
 		}
 		b.cli, b.ownCli = cli, true
 	}
-	if err := b.Ping(ctx); err != nil {
+	if err := b.firstPing(ctx); err != nil {
 		b.Close()
 		return nil, fmt.Errorf("etcdbackend: %w", err)
 	}
@@ -339,6 +339,48 @@ func (b *Backend) Ping(ctx context.Context) error {
 		return classify("ping", err)
 	}
 	return nil
+}
+
+// pingAttempt bounds one ping of firstPing: an etcd that does not answer
+// holds a call until its deadline (the client waits for a connection).
+const pingAttempt = 5 * time.Second
+
+// firstPing waits for etcd to answer at start for at most the step
+// timeout, a WARN line for each attempt it does not answer: an endpoint
+// nothing listens on held the lock service before it listened, silent,
+// until it was stopped, where the PostgreSQL backend exits at once. A
+// cluster that comes up with the service (a compose file, a pod) gets the
+// time to; one that does not is an error naming the endpoints.
+func (b *Backend) firstPing(ctx context.Context) error {
+	deadline := time.Now().Add(b.stepTimeout)
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithDeadline(ctx, minTime(deadline, time.Now().Add(pingAttempt)))
+		err := b.Ping(actx)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return err
+		case !time.Now().Before(deadline):
+			return fmt.Errorf("etcd at %s did not answer within %s (--etcd-endpoints): %w", strings.Join(b.cli.Endpoints(), ","), b.stepTimeout, err)
+		}
+		b.log.Warn("etcd does not answer yet: waiting for it before serving", "endpoints", strings.Join(b.cli.Endpoints(), ","), "attempt", attempt, "error", err.Error())
+		if actx.Err() == nil { // it answered with an error at once: do not spin
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // Close implements backend.Backend.

@@ -1,8 +1,10 @@
 package etcdbackend_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -11,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/payouts/payouts/internal/loopback"
 	"github.com/payouts/payouts/lock/backend"
 	"github.com/payouts/payouts/lock/etcdbackend"
 )
@@ -240,4 +243,46 @@ func TestReconnectAfterOutage(t *testing.T) {
 			t.Fatal(ctx.Err())
 		}
 	}
+}
+
+// An etcd that does not answer at start is waited for, a WARN line an
+// attempt, for the step timeout, then refused naming the endpoints: the
+// service had waited for it for ever, silent, before it listened.
+func TestOpenGivesUpOnAnEtcdThatDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	port, err := loopback.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := fmt.Sprintf("http://127.0.0.1:%d", port)
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	_, err = etcdbackend.Open(ctx, etcdbackend.Config{Endpoints: []string{endpoint}, StepTimeout: 7 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	took := time.Since(start)
+	if err == nil || !strings.Contains(err.Error(), "did not answer within 7s") || !strings.Contains(err.Error(), endpoint) {
+		t.Fatalf("Open against %s: %v, want an error naming it and the wait", endpoint, err)
+	}
+	if took > time.Minute {
+		t.Fatalf("Open gave up after %s, want about the 7 s step timeout", took)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logs.String(), "etcd does not answer yet") {
+		t.Fatalf("no WARN line while waiting: %q", logs.String())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
