@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -22,14 +23,65 @@ import (
 // level into a map of raw values read a list's items once per level above
 // them, and cost more than the decode it checks).
 func checkFieldNames(body []byte, t reflect.Type) error {
-	w := fieldWalk{b: body}
+	w := fieldWalk{b: body, end: -1}
+	w.path = w.pathBuf[:0]
 	return w.value(t)
 }
 
-// fieldWalk is checkFieldNames' position in the body.
+// fieldAt is the path (items[3].payout_id) of the innermost value of body
+// that holds byte end (the byte before it), where encoding/json reports a
+// value of the wrong type ("" when none does): its own Field names the path without the
+// items' indexes (items.payout_id).
+func fieldAt(body []byte, t reflect.Type, end int64) string {
+	w := fieldWalk{b: body, end: int(end)}
+	w.path = w.pathBuf[:0]
+	_ = w.value(t)
+	return w.found
+}
+
+// fieldWalk is checkFieldNames' position in the body and the path to it.
 type fieldWalk struct {
-	b []byte
-	i int
+	b       []byte
+	i       int
+	path    []pathSeg
+	pathBuf [8]pathSeg // path's first steps, without an allocation
+	// end, when not -1, is where a value fieldAt looks for ends; found is
+	// its path.
+	end   int
+	found string
+}
+
+// pathSeg is one step of a path: an object's key, or an array's index
+// when key is "".
+type pathSeg struct {
+	key string
+	idx int
+}
+
+// field is the path to key in the object being walked, as a problem's
+// field member names it: items[3].payout_id; a top-level key is itself.
+func (w *fieldWalk) field(key string) string {
+	if len(w.path) == 0 {
+		return key
+	}
+	var b strings.Builder
+	for i, s := range w.path {
+		if s.key == "" {
+			b.WriteByte('[')
+			b.WriteString(strconv.Itoa(s.idx))
+			b.WriteByte(']')
+			continue
+		}
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(s.key)
+	}
+	if key != "" {
+		b.WriteByte('.')
+		b.WriteString(key)
+	}
+	return b.String()
 }
 
 func (w *fieldWalk) peek() byte {
@@ -46,6 +98,21 @@ func (w *fieldWalk) peek() byte {
 
 // value walks one value that decodes into t (nil: not checked).
 func (w *fieldWalk) value(t reflect.Type) error {
+	if w.end < 0 {
+		return w.walk(t)
+	}
+	w.peek()
+	start := w.i
+	err := w.walk(t)
+	// Inner values end first: the first to hold w.end is the innermost.
+	if w.found == "" && start < w.end && w.end <= w.i {
+		w.found = w.field("")
+	}
+	return err
+}
+
+// walk is value's walk.
+func (w *fieldWalk) walk(t reflect.Type) error {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -84,18 +151,23 @@ func (w *fieldWalk) value(t reflect.Type) error {
 			}
 			w.i++
 			if !seen.add(key) {
-				return problem.New(problem.InvalidRequest, "field %q is given twice", key).With("field", key)
+				f := w.field(key)
+				return problem.New(problem.InvalidRequest, "field %q is given twice", f).With("field", problem.Echo(f))
 			}
 			ft := elem
 			if fields != nil {
 				f, ok := fields[key]
 				if !ok {
-					return problem.New(problem.InvalidRequest, "unknown field %q (field names are case-sensitive)", key).With("field", key)
+					f := w.field(key)
+					return problem.New(problem.InvalidRequest, "unknown field %q (field names are case-sensitive)", f).With("field", problem.Echo(f))
 				}
 				ft = f
 			}
 			at := w.i
-			if err := w.value(ft); err != nil || w.i == at {
+			w.path = append(w.path, pathSeg{key: key})
+			err = w.value(ft)
+			w.path = w.path[:len(w.path)-1]
+			if err != nil || w.i == at {
 				return err
 			}
 		}
@@ -105,7 +177,7 @@ func (w *fieldWalk) value(t reflect.Type) error {
 			elem = t.Elem()
 		}
 		w.i++
-		for {
+		for n := 0; ; {
 			switch w.peek() {
 			case ']':
 				w.i++
@@ -116,9 +188,13 @@ func (w *fieldWalk) value(t reflect.Type) error {
 				return nil
 			default:
 				at := w.i
-				if err := w.value(elem); err != nil || w.i == at {
+				w.path = append(w.path, pathSeg{idx: n})
+				err := w.value(elem)
+				w.path = w.path[:len(w.path)-1]
+				if err != nil || w.i == at {
 					return err // w.i == at: not well-formed, judged by the decoder
 				}
+				n++
 			}
 		}
 	case '"':

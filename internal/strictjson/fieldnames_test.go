@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/payouts/payouts/internal/problem"
 )
 
 type benchItem struct {
@@ -34,7 +36,8 @@ func benchBodyJSON(n int) []byte {
 }
 
 // Field names are matched exactly at every depth, whichever item breaks
-// the rule, and the same type's names are judged alike on every request.
+// the rule (named with its path), and the same type's names are judged
+// alike on every request.
 func TestStrictFieldNamesAtEveryDepth(t *testing.T) {
 	for range 2 {
 		var v benchBody
@@ -42,7 +45,7 @@ func TestStrictFieldNamesAtEveryDepth(t *testing.T) {
 			t.Fatalf("a well-formed body: %v (%+v)", err, v)
 		}
 		bad := strings.Replace(string(benchBodyJSON(20)), `{"payout_id":"po-013"`, `{"Payout_ID":"po-013"`, 1)
-		if err := Decode([]byte(bad), &v); err == nil || !strings.Contains(err.Error(), `unknown field "Payout_ID"`) {
+		if err := Decode([]byte(bad), &v); err == nil || !strings.Contains(err.Error(), `unknown field "items[13].Payout_ID"`) {
 			t.Fatalf("an item's key in another case: %v, want unknown field", err)
 		}
 		if err := Decode([]byte(`{"TOKEN":1,"holder":"h","op":"claim","items":[]}`), &v); err == nil || !strings.Contains(err.Error(), `unknown field "TOKEN"`) {
@@ -71,9 +74,9 @@ func TestStrictFieldNamesTrickyBodies(t *testing.T) {
 		{`{"id":"a}\"b{[","in":{"name":"x","tags":{"Any":"k","NAME":"v"}},"list":[],"extra":["}",""]}`, ""},
 		{`{"\u0069d":"escaped key","in":null,"list":[{"name":"n","any":{"Whatever":[1,{"X":2}]}}]}`, ""},
 		{` { "id" : "spaces" , "list" : [ { "name" : "n" } , { "tags" : { } } ] } `, ""},
-		{`{"id":"x","list":[{"name":"n"},{"Name":"n2"}]}`, "Name"},
+		{`{"id":"x","list":[{"name":"n"},{"Name":"n2"}]}`, "list[1].Name"},
 		{`{"I\u0044":"escaped, wrong case"}`, "ID"},
-		{`{"id":"x","in":{"name":"x","tags":null,"ANY":1}}`, "ANY"},
+		{`{"id":"x","in":{"name":"x","tags":null,"ANY":1}}`, "in.ANY"},
 	} {
 		var v outer
 		err := Decode([]byte(c.body), &v)
@@ -143,10 +146,10 @@ func TestDuplicateKeysRefused(t *testing.T) {
 	}{
 		{`{"id":"p-x","amount":5,"amount":999999}`, "amount"},
 		{`{"amount":5,"\u0061mount":6}`, "amount"},
-		{`{"list":[{"name":"a"},{"name":"b","name":"c"}]}`, "name"},
-		{`{"in":{"tags":{"a":1,"a":2}}}`, "a"},
-		{`{"any":{"x":1,"x":2}}`, "x"},
-		{many(true), "k3"},
+		{`{"list":[{"name":"a"},{"name":"b","name":"c"}]}`, "list[1].name"},
+		{`{"in":{"tags":{"a":1,"a":2}}}`, "in.tags.a"},
+		{`{"any":{"x":1,"x":2}}`, "any.x"},
+		{many(true), "in.tags.k3"},
 		{many(false), ""},
 		{`{"list":[{"name":"a"},{"name":"b"}],"in":{"name":"c"},"id":"name"}`, ""},
 	} {
@@ -178,5 +181,27 @@ func TestOnlyAnObjectDecodes(t *testing.T) {
 	}
 	if err := Decode([]byte(" {\"a\":1}\n"), &v); err != nil || v.A != 1 {
 		t.Errorf("an object: %v %+v", err, v)
+	}
+}
+
+// A refusal inside a list names the item as api.md says (items[3].outcome):
+// a wrong type, an unknown field and a key given twice alike. encoding/json
+// names a wrong type's field without the index (items.payout_id), and an
+// unknown or repeated key was named alone (payout_id).
+func TestRefusalsInAListNameTheItem(t *testing.T) {
+	for _, c := range []struct{ body, field, msg string }{
+		{`{"token":1,"items":[{"payout_id":"a"},{"payout_id":5}]}`, "items[1].payout_id", "must be a string"},
+		{`{"token":1,"items":[{"payout_id":"a"},{"payout_id":"b"},{"outcome":["x"]}]}`, "items[2].outcome", "must be a string"},
+		{`{"token":"one","items":[]}`, "token", "must be an integer"},
+		{`{"token":1,"items":[{"payout_id":"a","colour":1}]}`, "items[0].colour", "unknown field"},
+		{`{"token":1,"items":[{"payout_id":"a"},{"payout_id":"b","payout_id":"b"}]}`, "items[1].payout_id", "given twice"},
+		{`{"token":1,"items":[{"payout_id":"a"}],"extra":1}`, "extra", "unknown field"},
+	} {
+		var v benchBody
+		err := Decode([]byte(c.body), &v)
+		var field string
+		if err == nil || !problem.From(err).Extension("field", &field) || field != c.field || !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("%s: %v (field %q), want %s naming %s", c.body, err, field, c.msg, c.field)
+		}
 	}
 }

@@ -33,6 +33,18 @@ func Decode(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if isUnknownField(err) {
+			// The walk names the key with its path (items[3].colour).
+			if perr := checkFieldNames(body, reflect.TypeOf(v)); perr != nil {
+				return perr
+			}
+		}
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &typ) && typ.Field != "" {
+			if f := fieldAt(body, reflect.TypeOf(v), typ.Offset); f != "" {
+				typ.Field = f
+			}
+		}
 		msg, field := describeJSONError(err)
 		e := problem.New(problem.InvalidRequest, "%s", msg)
 		if field != "" {
@@ -61,7 +73,7 @@ func describeJSONError(err error) (msg, field string) {
 		return fmt.Sprintf("field %q must be %s, not %s", typ.Field, jsonKind(typ.Type.Kind().String()), typ.Value), typ.Field
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return "malformed JSON: unexpected end of body", ""
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
+	case isUnknownField(err):
 		name := strings.TrimPrefix(err.Error(), "json: unknown field ")
 		if n, err := strconv.Unquote(name); err == nil {
 			return "unknown field " + name, n
@@ -71,6 +83,9 @@ func describeJSONError(err error) (msg, field string) {
 		return "malformed JSON: " + err.Error(), ""
 	}
 }
+
+// isUnknownField reports encoding/json's refusal of an unknown field.
+func isUnknownField(err error) bool { return strings.HasPrefix(err.Error(), "json: unknown field ") }
 
 func jsonKind(k string) string {
 	switch k {
