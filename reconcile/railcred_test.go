@@ -137,3 +137,46 @@ func TestAnotherRolesTokenExitsTwoBeforeAPass(t *testing.T) {
 		t.Fatalf("with a reconciler's token: exit %d, %v", code, err)
 	}
 }
+
+// TestARailCredentialThatCannotReadTheReportDoesNotAskForIt: without
+// --rail-report-token-file the reconciler asks the rail which role its rail
+// credential has, and a lookup-only one (the rail's reconciler role) is
+// not sent for the settlement report: the pass checks per payout and says
+// so, and the rail answers no 403 each pass (a refusal an operator is
+// alerted to, PayoutsCredentialRefused). An operator-role rail credential
+// still reads the report.
+func TestARailCredentialThatCannotReadTheReportDoesNotAskForIt(t *testing.T) {
+	e := setup(t)
+	r := e.st.Ready
+	rail, rec := e.recordingRail(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: rail.URL,
+		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, Once: true, JSON: true, Out: &out, Logger: testLogger(t),
+		Options: reconcile.Options{Owner: "lookup-only"}}
+	if code, err := reconcile.Run(ctx, cfg); code == reconcile.ExitCannotRun || err != nil {
+		t.Fatalf("exit %d, %v", code, err)
+	}
+	asked := func(path string) bool {
+		for _, req := range rec.requests() {
+			if p, _, _ := strings.Cut(req, " "); p == path {
+				return true
+			}
+		}
+		return false
+	}
+	if asked("/v1/settlement-report") || !asked("/v1/whoami") {
+		t.Fatalf("a lookup-only rail credential: requests %v; want whoami and no settlement report", rec.requests())
+	}
+	if !strings.Contains(out.String(), "settlement report") {
+		t.Fatalf("the pass does not say the report was not read: %s", out.String())
+	}
+	cfg.RailToken = r.Tokens.Operator
+	if code, err := reconcile.Run(ctx, cfg); code == reconcile.ExitCannotRun || err != nil {
+		t.Fatalf("operator rail credential: exit %d, %v", code, err)
+	}
+	if !asked("/v1/settlement-report") {
+		t.Fatalf("an operator-role rail credential did not read the settlement report: %v", rec.requests())
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"context"
 	"net/url"
 
+	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
 	"github.com/payouts/payouts/internal/wire"
 )
@@ -183,3 +184,6 @@ func (c *Client) Faults(ctx context.Context) (Faults, error) {
 
 // BaseURL is the rail's base URL.
 func (c *Client) BaseURL() string { return c.c.BaseURL() }
+
+// WhoAmI is the identity the client's token has at the rail.
+func (c *Client) WhoAmI(ctx context.Context) (auth.Identity, error) { return c.c.WhoAmI(ctx) }
