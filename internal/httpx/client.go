@@ -56,6 +56,20 @@ func NewClient(baseURL, token string, opts ...ClientOption) (*Client, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("invalid URL %q: want http(s)://host:port", baseURL)
 	}
+	// The base is where the server's routes (/v1/...) hang: a path prefix
+	// (a gateway's) is kept, but a query, a fragment or credentials would
+	// be dropped or sent on every call, and a base ending in /v1 names
+	// every route twice (/v1/v1/payouts, answered 404 as if it did not
+	// exist).
+	switch {
+	case u.User != nil:
+		u.User = nil
+		return nil, fmt.Errorf("invalid URL %q (credentials removed): no user or password in it (the bearer token is given apart)", u.Redacted())
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return nil, fmt.Errorf("invalid URL %q: want http(s)://host:port, with no query or fragment", baseURL)
+	case u.Path == "/v1" || strings.HasSuffix(u.Path, "/v1"):
+		return nil, fmt.Errorf("invalid URL %q: drop the /v1, the client adds it to every route (want http(s)://host:port)", baseURL)
+	}
 	c := &Client{base: u, token: token, timeout: 10 * time.Second, retries: 2}
 	for _, o := range opts {
 		o(c)

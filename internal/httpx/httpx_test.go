@@ -416,3 +416,28 @@ func TestARefusedCredentialIsLoggedAtWarn(t *testing.T) {
 		}
 	}
 }
+
+// A base URL is where the server's routes hang: a gateway's path prefix is
+// kept, but one ending in /v1 (every route named twice, each answered 404),
+// a query or fragment (dropped) and credentials (sent on every call, and
+// echoed in the error) are refused. They were taken.
+func TestNewClientRefusesABaseItWouldMisuse(t *testing.T) {
+	for _, u := range []string{"http://127.0.0.1:7102", "https://gw.example:443/payouts/", "http://127.0.0.1:7102/"} {
+		if _, err := httpx.NewClient(u, ""); err != nil {
+			t.Errorf("%s: %v", u, err)
+		}
+	}
+	for _, c := range []struct{ url, want string }{
+		{"http://127.0.0.1:7102/v1", "drop the /v1"},
+		{"http://127.0.0.1:7102/gw/v1/", "drop the /v1"},
+		{"http://127.0.0.1:7102/foo?x=1", "no query or fragment"},
+		{"http://127.0.0.1:7102#y", "no query or fragment"},
+		{"http://127.0.0.1:7102?", "no query or fragment"},
+		{"http://alice:s3cret@127.0.0.1:7102", "no user or password"},
+	} {
+		_, err := httpx.NewClient(c.url, "")
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: %v, want an error saying %q (and no password)", c.url, err, c.want)
+		}
+	}
+}
