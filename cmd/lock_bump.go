@@ -25,7 +25,7 @@ func newLockBumpCmd(a *app) *cobra.Command {
 		Short: "After restoring lockdb or promoting a replica (PostgreSQL backend), make every future token greater than N (D-13); never moves tokens down",
 		Long: "After restoring lockdb from a backup, or promoting an asynchronous replica of it, run this before the\n" +
 			"lock service grants again (stop every lock service first): with --to N, N above the highest fence\n" +
-			"either guard has stored (payouts reconcile prints it) by a margin, since tokens granted after the\n" +
+			"either guard has stored (payouts status --lock-url '' prints each guard's high_fence) by a margin, since tokens granted after the\n" +
 			"backup may not have reached a guard yet; with --from-guards, it reads both guards' GET /v1/fences/high itself\n" +
 			"(with the operator or reconciler token) and bumps to the larger plus --margin. It refuses to move the\n" +
 			"token sequence down. For the etcd backend use etcdutl snapshot restore --bump-revision instead.",
@@ -38,6 +38,10 @@ func newLockBumpCmd(a *app) *cobra.Command {
 			if fromGuards == (to != 0) {
 				return &ExitError{Code: 2, Err: fmt.Errorf("give exactly one of --to N and --from-guards")}
 			}
+			if !fromGuards && cmd.Flags().Changed("margin") {
+				// It was ignored: the bump went to N, not N plus it.
+				return &ExitError{Code: 2, Err: fmt.Errorf("--margin is for --from-guards: with --to N the sequence is moved to N itself (add the margin to N)")}
+			}
 			// Tokens are 1 .. 2^53-1 (exact as JSON numbers), and so is
 			// the margin: one past them failed as the bump ran (exit 1),
 			// --margin only after both guards had been asked.
@@ -45,7 +49,7 @@ func newLockBumpCmd(a *app) *cobra.Command {
 			if !fromGuards {
 				ranges = append(ranges, intRange{"to", 1, int(fencing.MaxToken)})
 			}
-			if fromGuards || cmd.Flags().Changed("margin") {
+			if fromGuards {
 				ranges = append(ranges, intRange{"margin", 1, int(fencing.MaxToken)})
 			}
 			if err := checkFlagRanges(cmd, ranges); err != nil {

@@ -410,6 +410,10 @@ func TestClientRangesCheckedLocally(t *testing.T) {
 			t.Errorf("payouts %s: exit %d, %q; want exit 2 saying what %s must be", strings.Join(c.args, " "), code, errOut, c.flag)
 		}
 	}
+	// --margin with --to was ignored (the bump went to N): refused.
+	if code, _, errOut := runArgs(t, "lock", "bump-tokens", "--database-url-file", dbFile, "--to", "10", "--margin", "5"); code != 2 || !strings.Contains(errOut, "--margin is for --from-guards") {
+		t.Errorf("bump-tokens --to 10 --margin 5: exit %d, %q; want 2 saying --margin is for --from-guards", code, errOut)
+	}
 	// A value past int64 is the flag parser's usage error.
 	if code, _, errOut := runArgs(t, "lock", "bump-tokens", "--database-url-file", dbFile, "--to", "99999999999999999999"); code != 2 || !strings.Contains(errOut, "--to") {
 		t.Errorf("bump-tokens --to 99999999999999999999: exit %d, %q; want 2", code, errOut)
