@@ -231,6 +231,13 @@ func WithPrincipal(ctx context.Context, p Principal) context.Context {
 // costs a request that authenticates nothing.
 func (a *Authenticator) Middleware(next http.Handler, routed func(*http.Request) bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.Header.Values("Authorization")) > 1 {
+			// One credential per request (RFC 9110 §11.6.2): with two,
+			// this server took the first where a proxy in front of it
+			// may have checked the other.
+			problem.Write(w, problem.New(problem.InvalidRequest, "the Authorization header is given more than once").With("field", "Authorization"))
+			return
+		}
 		token, found := bearerToken(r.Header.Get("Authorization"))
 		if !found && !a.insecure {
 			if routed != nil && !routed(r) {

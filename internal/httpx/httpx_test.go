@@ -441,3 +441,26 @@ func TestNewClientRefusesABaseItWouldMisuse(t *testing.T) {
 		}
 	}
 }
+
+// Two Authorization headers are refused 400, whichever comes first: the
+// first was taken, where a proxy in front may have checked the other.
+func TestTwoAuthorizationHeadersAreRefused(t *testing.T) {
+	ts, writes := newTestServer(t)
+	for _, pair := range [][2]string{{execToken, opToken}, {"not-a-valid-token-0123456789", execToken}} {
+		req, _ := http.NewRequest(http.MethodPost, ts.URL+"/v1/echo", strings.NewReader(`{"name":"a","amount":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Add("Authorization", "Bearer "+pair[0])
+		req.Header.Add("Authorization", "Bearer "+pair[1])
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != http.StatusBadRequest {
+			t.Fatalf("two Authorization headers: %d, want 400", res.StatusCode)
+		}
+	}
+	if *writes != 0 {
+		t.Fatalf("a request with two credentials ran its handler %d times", *writes)
+	}
+}
