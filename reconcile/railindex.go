@@ -39,13 +39,15 @@ func (r *Reconciler) openRail(ctx context.Context, rep *Report) (*railIndex, err
 	}
 	const perPayout = "rail payments were looked up per payout and payments carrying no known client reference were not checked: the rail's settlement report is an operator's, and the rail credential is not (give --rail-report-token-file: an operator-role token of the rail)"
 	if r.c.RailReport == r.c.Rail {
-		// The rail credential reads the report only if it is an
-		// operator's: a lookup-only one is not sent for it, or each pass
-		// is a 403 at the rail, which alerts (PayoutsCredentialRefused).
-		// A rail that cannot say (an error) is asked for the report.
+		// The rail credential reads the report only if it may (a rail
+		// without authentication: lookups need the reconciler role, the
+		// report an operator's): a lookup-only one is not sent for it, or
+		// each pass is a 403 at the rail, which alerts
+		// (PayoutsCredentialRefused). A rail that cannot say (an error) is
+		// asked for the report.
 		if id, err := r.c.Rail.WhoAmI(ctx); err == nil && !id.Allows(auth.Operator) {
 			rep.note(perPayout)
-			r.log.Info("rail credential is not an operator's: checking rail payments per payout only", "check", CheckRailWithoutSubmission, "role", string(id.Role))
+			r.log.Info("rail credential is not an operator's: checking rail payments per payout only", "check", CheckRailWithoutSubmission, "rail_credential_role", string(id.Role))
 			return ri, nil
 		}
 	}

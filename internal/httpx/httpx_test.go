@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/payouts/payouts/internal/auth"
 	"github.com/payouts/payouts/internal/httpx"
@@ -390,7 +392,13 @@ func TestARefusedCredentialIsLoggedAtWarn(t *testing.T) {
 		status      int
 	}{{"not-a-valid-token-0123456789", "/v1/echo", 401}, {execToken, "/v1/admin", 403}} {
 		var buf bytes.Buffer
-		s := httpx.NewServer(httpx.Config{Role: "test", Auth: a, Logger: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		reg := prometheus.NewRegistry()
+		s := httpx.NewServer(httpx.Config{Role: "test", Auth: a, Registry: reg, Logger: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		// Both statuses are exported at 0 before any refusal (an alert
+		// counts their increase).
+		if got := refusals(t, reg); got["401"] != 0 || got["403"] != 0 || len(got) != 2 {
+			t.Fatalf("payouts_http_credential_refusals_total before any request: %v, want 401 and 403 at 0", got)
+		}
 		s.Router().Post("/v1/echo", func(w http.ResponseWriter, r *http.Request) {})
 		s.Router().With(auth.Require(auth.Operator)).Post("/v1/admin", func(w http.ResponseWriter, r *http.Request) {})
 		ts := httptest.NewServer(s.Handler())
@@ -409,6 +417,9 @@ func TestARefusedCredentialIsLoggedAtWarn(t *testing.T) {
 		var line map[string]any
 		if err := json.Unmarshal(bytes.TrimSpace(buf.Bytes()), &line); err != nil {
 			t.Fatalf("%s: want one log line, got %q: %v", tc.path, buf.String(), err)
+		}
+		if got := refusals(t, reg); got[strconv.Itoa(tc.status)] != 1 {
+			t.Fatalf("%s: payouts_http_credential_refusals_total %v, want %d counted once", tc.path, got, tc.status)
 		}
 		if line["level"] != "WARN" || line["status"] != float64(tc.status) || line["route"] != tc.path ||
 			!strings.HasPrefix(line["remote_addr"].(string), "127.0.0.1:") {
@@ -463,4 +474,22 @@ func TestTwoAuthorizationHeadersAreRefused(t *testing.T) {
 	if *writes != 0 {
 		t.Fatalf("a request with two credentials ran its handler %d times", *writes)
 	}
+}
+
+// refusals is payouts_http_credential_refusals_total by status.
+func refusals(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "payouts_http_credential_refusals_total" {
+			for _, m := range mf.GetMetric() {
+				got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return got
 }

@@ -64,6 +64,7 @@ type Server struct {
 type httpMetrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	refused  *prometheus.CounterVec
 }
 
 // NewServer builds the router: /healthz, /readyz, /version and /metrics
@@ -90,8 +91,16 @@ func NewServer(cfg Config) *Server {
 			Name: "payouts_http_request_duration_seconds", Help: "HTTP request latency, by route and status.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"method", "route", "status"}),
+		// Exported at 0 from the start: PayoutsCredentialRefused counts
+		// its increase, which a series born at its first refusal lacks.
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "payouts_http_credential_refusals_total", Help: "Requests refused for their credential: 401 (not authenticated) or 403 (the role may not call the route).",
+		}, []string{"status"}),
 	}
-	cfg.Registry.MustRegister(s.metrics.requests, s.metrics.latency)
+	for _, st := range []string{"401", "403"} {
+		s.metrics.refused.WithLabelValues(st)
+	}
+	cfg.Registry.MustRegister(s.metrics.requests, s.metrics.latency, s.metrics.refused)
 
 	r := chi.NewRouter()
 	r.Use(s.instrument)
@@ -321,6 +330,7 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 			s.metrics.requests.WithLabelValues(method, route, st).Inc()
 			s.metrics.latency.WithLabelValues(method, route, st).Observe(d.Seconds())
 			if status == http.StatusUnauthorized || status == http.StatusForbidden {
+				s.metrics.refused.WithLabelValues(st).Inc()
 				s.refusals.note(r.Context(), log.logger(), r, route, status, start.Add(d))
 			} else if route != "/healthz" && route != "/readyz" && route != "/metrics" && route != "/version" {
 				lvl := slog.LevelDebug
