@@ -37,8 +37,16 @@ func rawDo(t *testing.T, method, url, token, body string) (int, string) {
 // empty).
 func rawRequest(t *testing.T, method, url, token, body string) (int, http.Header, string) {
 	t.Helper()
+	return typedRequest(t, method, url, token, "application/json", body)
+}
+
+// typedRequest is rawRequest with the body's Content-Type (none when "").
+func typedRequest(t *testing.T, method, url, token, contentType, body string) (int, http.Header, string) {
+	t.Helper()
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -49,6 +57,18 @@ func rawRequest(t *testing.T, method, url, token, body string) (int, http.Header
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, resp.Header, string(b)
+}
+
+// holderSession opens a session of owner "holder" with the executor's
+// token, closed when the test ends.
+func holderSession(t *testing.T, ctx context.Context, url string) *lockclient.Session {
+	t.Helper()
+	s, err := lockclient.Open(ctx, url, "holder", lockclient.WithToken(executorToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(ctx) })
+	return s
 }
 
 func TestClientFlow(t *testing.T) {
@@ -150,11 +170,7 @@ func TestAuth(t *testing.T) {
 		if code != http.StatusUnauthorized {
 			t.Fatalf("no token: %d", code)
 		}
-		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close(ctx)
+		s := holderSession(t, ctx, svc.URL)
 		g, err := s.TryAcquire(ctx, "payout:acc-7")
 		if err != nil {
 			t.Fatal(err)
@@ -191,11 +207,7 @@ func TestBadInput(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
 		svc := setup(t, kind).svc
 		ctx := testCtx(t)
-		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close(ctx)
+		s := holderSession(t, ctx, svc.URL)
 		sid := s.ID()
 		cases := []struct {
 			name, path, body string
@@ -320,11 +332,7 @@ func TestKeepaliveContentType(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
 		svc := setup(t, kind).svc
 		ctx := testCtx(t)
-		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close(ctx)
+		s := holderSession(t, ctx, svc.URL)
 		url := svc.URL + "/v1/sessions/" + s.ID() + "/keepalive"
 		for _, tc := range []struct {
 			contentType, body string
@@ -341,20 +349,9 @@ func TestKeepaliveContentType(t *testing.T) {
 			{"application/json", ``, http.StatusOK},
 			{"text/plain", ``, http.StatusOK},
 		} {
-			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(tc.body))
-			if tc.contentType != "" {
-				req.Header.Set("Content-Type", tc.contentType)
-			}
-			req.Header.Set("Authorization", "Bearer "+executorToken)
-			resp, err := httpClient().Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			body := string(b)
-			if resp.StatusCode != tc.status {
-				t.Errorf("keepalive with Content-Type %q and body %q: %d %s; want %d", tc.contentType, tc.body, resp.StatusCode, body, tc.status)
+			status, _, body := typedRequest(t, http.MethodPost, url, executorToken, tc.contentType, tc.body)
+			if status != tc.status {
+				t.Errorf("keepalive with Content-Type %q and body %q: %d %s; want %d", tc.contentType, tc.body, status, body, tc.status)
 				continue
 			}
 			if tc.status == http.StatusBadRequest && tc.body == `{}` &&
@@ -374,27 +371,13 @@ func TestCloseSessionBody(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
 		svc := setup(t, kind).svc
 		ctx := testCtx(t)
-		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close(ctx)
+		s := holderSession(t, ctx, svc.URL)
 		if _, err := s.Acquire(ctx, "payout:acc-close", 0); err != nil {
 			t.Fatal(err)
 		}
 		del := func(contentType, body string) (int, string) {
-			req, _ := http.NewRequest(http.MethodDelete, svc.URL+"/v1/sessions/"+s.ID(), strings.NewReader(body))
-			if contentType != "" {
-				req.Header.Set("Content-Type", contentType)
-			}
-			req.Header.Set("Authorization", "Bearer "+executorToken)
-			resp, err := httpClient().Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			return resp.StatusCode, string(b)
+			status, _, b := typedRequest(t, http.MethodDelete, svc.URL+"/v1/sessions/"+s.ID(), executorToken, contentType, body)
+			return status, b
 		}
 		for _, tc := range []struct{ contentType, body string }{
 			{"text/plain", "garbage"}, {"application/json", "garbage"}, {"application/x-www-form-urlencoded", "a=b"},
@@ -430,11 +413,7 @@ func TestEscapedKeyIsTheKey(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, kind string) {
 		svc := setup(t, kind).svc
 		ctx := testCtx(t)
-		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close(ctx)
+		s := holderSession(t, ctx, svc.URL)
 		status, body := rawDo(t, http.MethodPost, svc.URL+"/v1/locks/payout%3Aesc-1/acquire", executorToken, `{"session_id":"`+s.ID()+`"}`)
 		if status != http.StatusOK || !strings.Contains(body, `"key":"payout:esc-1"`) {
 			t.Fatalf("acquire of payout%%3Aesc-1: %d %s; want 200 naming payout:esc-1", status, body)
@@ -527,11 +506,7 @@ func TestUnroutedAndOversizeAndNULAnswers(t *testing.T) {
 				t.Errorf("DELETE /v1/sessions (token %t): %d Allow=%q %s, want 405 Allow=POST", token != "", code, h.Get("Allow"), body)
 			}
 		}
-		s, err := lockclient.Open(ctx, svc.URL, "holder", lockclient.WithToken(executorToken))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close(ctx)
+		s := holderSession(t, ctx, svc.URL)
 		if code, _, body := do(http.MethodPost, "/v1/sessions/"+s.ID()+"/keepalive", executorToken, "{}"+strings.Repeat(" ", httpx.MaxBodyBytes)); code != http.StatusRequestEntityTooLarge {
 			t.Errorf("keepalive with a body 2 bytes over the limit: %d %s, want 413", code, body)
 		}

@@ -2,7 +2,6 @@ package reconcile_test
 
 import (
 	"bytes"
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -10,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/payouts/payouts/reconcile"
 )
@@ -46,6 +44,14 @@ func (e *testBundle) recordingRail(t *testing.T) (*httptest.Server, *railRecorde
 	return srv, rr
 }
 
+// onceConfig is a single pass of the stack's reconciler with the
+// reconciler's token, railURL as the rail and no rail credential.
+func (e *testBundle) onceConfig(t *testing.T, railURL, owner string) reconcile.Config {
+	r := e.st.Ready
+	return reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: railURL,
+		Token: r.Tokens.Reconciler, Once: true, Logger: testLogger(t), Options: reconcile.Options{Owner: owner}}
+}
+
 // TestNoRailCredentialExitsTwo: the reconciler uses the rail only with an
 // explicitly given rail credential. Without one it exits 2 naming
 // --rail-token-file, and the rail sees no request carrying the
@@ -54,10 +60,8 @@ func TestNoRailCredentialExitsTwo(t *testing.T) {
 	e := setup(t)
 	r := e.st.Ready
 	rail, rec := e.recordingRail(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: rail.URL,
-		Token: r.Tokens.Reconciler, Once: true, Logger: testLogger(t), Options: reconcile.Options{Owner: "no-rail-credential"}}
+	ctx := ctxT(t)
+	cfg := e.onceConfig(t, rail.URL, "no-rail-credential")
 	code, err := reconcile.Run(ctx, cfg)
 	if code != reconcile.ExitCannotRun || err == nil || !strings.Contains(err.Error(), "--rail-token-file") {
 		t.Fatalf("exit %d, %v; want exit 2 naming --rail-token-file", code, err)
@@ -98,11 +102,9 @@ func TestNoRailCredentialExitsTwo(t *testing.T) {
 func TestRefusedReportCredentialExitsTwo(t *testing.T) {
 	e := setup(t)
 	r := e.st.Ready
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: r.RailURL,
-		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, RailReportToken: r.Tokens.Reconciler,
-		Once: true, Logger: testLogger(t), Options: reconcile.Options{Owner: "refused-report-credential"}}
+	ctx := ctxT(t)
+	cfg := e.onceConfig(t, r.RailURL, "refused-report-credential")
+	cfg.RailToken, cfg.RailReportToken = r.Tokens.Reconciler, r.Tokens.Reconciler
 	code, err := reconcile.Run(ctx, cfg)
 	if code != reconcile.ExitCannotRun || err == nil || !strings.Contains(err.Error(), "--rail-report-token-file") {
 		t.Fatalf("exit %d, %v; want exit 2 naming --rail-report-token-file", code, err)
@@ -118,12 +120,10 @@ func TestRefusedReportCredentialExitsTwo(t *testing.T) {
 func TestAnotherRolesTokenExitsTwoBeforeAPass(t *testing.T) {
 	e := setup(t)
 	r := e.st.Ready
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx := ctxT(t)
 	var out bytes.Buffer
-	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: r.RailURL,
-		Token: r.Tokens.Executor, RailToken: r.Tokens.Reconciler, Once: true, JSON: true, Out: &out, Logger: testLogger(t),
-		Options: reconcile.Options{Owner: "executor-token"}}
+	cfg := e.onceConfig(t, r.RailURL, "executor-token")
+	cfg.Token, cfg.RailToken, cfg.JSON, cfg.Out = r.Tokens.Executor, r.Tokens.Reconciler, true, &out
 	code, err := reconcile.Run(ctx, cfg)
 	if code != reconcile.ExitCannotRun || err == nil || !strings.Contains(err.Error(), "payment resource") ||
 		!strings.Contains(err.Error(), "refused the token") || !strings.Contains(err.Error(), "role executor") {
@@ -148,12 +148,10 @@ func TestARailCredentialThatCannotReadTheReportDoesNotAskForIt(t *testing.T) {
 	e := setup(t)
 	r := e.st.Ready
 	rail, rec := e.recordingRail(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx := ctxT(t)
 	var out bytes.Buffer
-	cfg := reconcile.Config{LockURL: r.LockURL, PaymentURL: r.PaymentURL, ProxyURL: r.ProxyURL, RailURL: rail.URL,
-		Token: r.Tokens.Reconciler, RailToken: r.Tokens.Reconciler, Once: true, JSON: true, Out: &out, Logger: testLogger(t),
-		Options: reconcile.Options{Owner: "lookup-only"}}
+	cfg := e.onceConfig(t, rail.URL, "lookup-only")
+	cfg.RailToken, cfg.JSON, cfg.Out = r.Tokens.Reconciler, true, &out
 	if code, err := reconcile.Run(ctx, cfg); code == reconcile.ExitCannotRun || err != nil {
 		t.Fatalf("exit %d, %v", code, err)
 	}
