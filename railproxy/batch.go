@@ -177,7 +177,7 @@ func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) error {
 	// one: the probe) are answered without being written or forwarded.
 	admitted := s.gate.Admit(s.now(), len(reqs))
 	if admitted == 0 {
-		return s.paused(detached, w, log.With(obs.KeyPayoutID, reqs[0].PayoutID, "items", len(reqs)), reqs)
+		return s.paused(detached, w, log.With("items", len(reqs)), reqs)
 	}
 	held := reqs[admitted:]
 	reqs = reqs[:admitted]

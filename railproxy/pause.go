@@ -60,7 +60,8 @@ func pausedProblem(wait time.Duration) *problem.Error {
 
 // paused answers a submission of reqs (one, or a whole batch) not admitted
 // while the rail is paused: guard 2 first, so that a stale token is fenced
-// out as always, then 503 with Retry-After.
+// out as always, and a payout already forwarded is a duplicate attempt as
+// always, then 503 with Retry-After.
 func (s *Server) paused(ctx context.Context, w http.ResponseWriter, log *slog.Logger, reqs []proxyclient.SubmitRequest) error {
 	req, n := reqs[0], len(reqs)
 	cctx, cancel := context.WithTimeout(ctx, dbTimeout)
@@ -72,6 +73,22 @@ func (s *Server) paused(ctx context.Context, w http.ResponseWriter, log *slog.Lo
 	}
 	if fenced {
 		return s.fencedOut(ctx, log, reqs, hw)
+	}
+	// A payout already forwarded is a duplicate attempt whether the rail
+	// answers or not: its evidence is recorded as when it does. A single
+	// submission is answered as then (409); a batch still 503, which
+	// forwards nothing.
+	for _, r := range reqs {
+		cctx, cancel := context.WithTimeout(ctx, dbTimeout)
+		_, err := s.st.forwarded(cctx, r.PayoutID)
+		cancel()
+		if err != nil {
+			continue // none (or proxydb cannot say): nothing is forwarded either way
+		}
+		if n == 1 { // its log names the payout already
+			return s.duplicate(ctx, log, r)
+		}
+		_ = s.duplicate(ctx, log.With(obs.KeyPayoutID, r.PayoutID), r)
 	}
 	wait := s.retryIn()
 	why := pausedProblem(wait)

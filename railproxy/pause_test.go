@@ -74,6 +74,17 @@ func TestRailPauseStopsForwarding(t *testing.T) {
 		t.Fatalf("no fenced_out evidence for a stale token refused during the pause: %+v", evs)
 	}
 
+	// A payout already forwarded, submitted again during the pause, is a
+	// duplicate attempt as when the rail answers: 409 submission_exists
+	// and its evidence (it was a 503 "submit it again later", no row).
+	before = len(b.safetyEvents(t))
+	if _, err := b.pc.Submit(ctx, sub("pz-a0", "acc-a"), 1, holder(1)); !problem.Has(err, problem.SubmissionExists) {
+		t.Fatalf("a forwarded payout submitted again while paused: %v, want submission_exists", err)
+	}
+	if evs := b.safetyEvents(t); len(evs) != before+1 || evs[len(evs)-1].Kind != proxyclient.KindDuplicateAttempt {
+		t.Fatalf("no duplicate_attempt evidence for a forwarded payout submitted again during the pause: %+v", evs)
+	}
+
 	// The pause runs out: the first item of a batch is the probe, the rest
 	// are answered as paused. The rail still fails: the pause doubles.
 	clock.Advance(railgate.PauseMin)
