@@ -204,9 +204,20 @@ func TestEqualTokenOtherHolderIsTokenRegression(t *testing.T) {
 	kinds := map[string]int{}
 	for _, e := range b.safetyEvents(t) {
 		kinds[e.Kind]++
+		// The regression's row says what it is, not the fenced_out text.
+		if e.Kind == proxyclient.KindTokenRegression && !strings.Contains(e.Detail, "re-issued") {
+			t.Errorf("token_regression row detail %q, want it to say the token was re-issued", e.Detail)
+		}
 	}
 	if kinds[proxyclient.KindFencedOut] != 2 || kinds[proxyclient.KindTokenRegression] != 1 {
 		t.Fatalf("safety events by kind %v", kinds)
+	}
+	// Its log line carries the stored token beside the holders, as every
+	// safety event's does.
+	for _, line := range strings.Split(b.logs.String(), "\n") {
+		if strings.Contains(line, "token_regression: the same token") && !strings.Contains(line, `"stored_token":7`) {
+			t.Errorf("token_regression log line without the stored token: %s", line)
+		}
 	}
 	if got := b.atRail(t, "po-p-c"); len(got) != 0 {
 		t.Fatalf("regressed token reached the rail: %+v", got)

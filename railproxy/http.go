@@ -184,7 +184,7 @@ func (s *Server) fencedOut(ctx context.Context, log *slog.Logger, reqs []proxycl
 	if ev.Regression {
 		s.m.safetyEvents.WithLabelValues(proxyclient.KindTokenRegression).Inc()
 		log.Warn("token_regression: the same token was presented by a different holder; a token was re-issued (INV-04)",
-			obs.KeyEvent, proxyclient.KindTokenRegression, "stored_holder", string(ev.StoredHolder))
+			obs.KeyEvent, proxyclient.KindTokenRegression, "stored_token", int64(ev.StoredToken), "stored_holder", string(ev.StoredHolder))
 		return problem.Fenced(key, int64(req.Token), int64(ev.StoredToken),
 			"token %d for %s was already accepted at the rail proxy from another holder (%s): a token was issued twice (token_regression); the submission was not forwarded", req.Token, key, ev.StoredHolder).
 			With(problem.TokenRegressionMember, true)
@@ -212,7 +212,7 @@ func (s *Server) duplicate(ctx context.Context, log *slog.Logger, req proxyclien
 	}
 	log.Error("duplicate_attempt: payout already has a forwarded submission; refused, nothing forwarded",
 		obs.KeyEvent, proxyclient.KindDuplicateAttempt, "existing_submission_id", existing.ID,
-		"existing_token", int64(existing.FenceToken), "existing_holder", string(existing.Holder), "existing_outcome", outcomeText(existing.Outcome))
+		"stored_token", int64(existing.FenceToken), "stored_holder", string(existing.Holder), "existing_outcome", outcomeText(existing.Outcome))
 	return problem.New(problem.SubmissionExists,
 		"payout %s already has a forwarded submission (outcome %s); it was not forwarded again; resolve the payout from the existing record",
 		req.PayoutID, outcomeText(existing.Outcome)).With(proxyclient.ExistingExtension, existing)

@@ -45,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		safetyEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "payouts_proxy_safety_events_total",
-			Help: "Safety events recorded by the proxy, by kind (fenced_out, token_regression, duplicate_attempt).",
+			Help: "Safety events raised by the proxy, by kind (fenced_out, token_regression, duplicate_attempt), their row stored or not (payouts_proxy_safety_event_write_failures_total counts the rows lost).",
 		}, []string{"kind"}),
 		railLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "payouts_proxy_rail_request_duration_seconds",

@@ -189,7 +189,8 @@ func (st *store) recordFenced(ctx context.Context, reqs []proxyclient.SubmitRequ
 		}
 		events := []safetylog.Event{safetyEvent(proxyclient.KindFencedOut, first, ev.StoredToken, ev.StoredHolder, detail)}
 		if ev.Regression {
-			events = append(events, safetyEvent(proxyclient.KindTokenRegression, first, ev.StoredToken, ev.StoredHolder, detail))
+			events = append(events, safetyEvent(proxyclient.KindTokenRegression, first, ev.StoredToken, ev.StoredHolder,
+				fmt.Sprintf("token %d presented at the proxy by holder %q but already accepted from holder %q: a token was re-issued (INV-04)", first.Token, first.Holder, ev.StoredHolder)))
 		}
 		return safetylog.Insert(ctx, tx, events...)
 	})
