@@ -91,7 +91,7 @@ func TestNoRailCredentialExitsTwo(t *testing.T) {
 			t.Fatalf("%s asked with %q, want the rail credential", path, bearer)
 		}
 	}
-	if !report || strings.Contains(out.String(), "refused this token its settlement report") {
+	if !report || strings.Contains(out.String(), "were looked up per payout") {
 		t.Fatalf("the settlement report was not read with the report credential (asked: %v): %s", report, out.String())
 	}
 }
@@ -166,7 +166,7 @@ func TestARailCredentialThatCannotReadTheReportDoesNotAskForIt(t *testing.T) {
 	if asked("/v1/settlement-report") || !asked("/v1/whoami") {
 		t.Fatalf("a lookup-only rail credential: requests %v; want whoami and no settlement report", rec.requests())
 	}
-	if !strings.Contains(out.String(), "settlement report") {
+	if !strings.Contains(out.String(), "were looked up per payout") {
 		t.Fatalf("the pass does not say the report was not read: %s", out.String())
 	}
 }

@@ -31,13 +31,16 @@ type railIndex struct {
 	elsewhere map[string]bool
 }
 
+// notReportNote is the pass's note when the rail credential may not read
+// the settlement report (the rail says so, or refuses it).
+const notReportNote = "rail payments were looked up per payout and payments carrying no known client reference were not checked: the rail's settlement report is an operator's, and the rail credential is not (give --rail-report-token-file: an operator-role token of the rail)"
+
 func (r *Reconciler) openRail(ctx context.Context, rep *Report) (*railIndex, error) {
 	ri := &railIndex{rail: r.c.Rail, rep: rep}
 	if r.opts.RailPerPayout {
 		rep.note("rail payments were looked up per payout (--rail-per-payout); payments carrying no known client reference were not checked")
 		return ri, nil
 	}
-	const perPayout = "rail payments were looked up per payout and payments carrying no known client reference were not checked: the rail's settlement report is an operator's, and the rail credential is not (give --rail-report-token-file: an operator-role token of the rail)"
 	if r.c.RailReport == r.c.Rail {
 		// The rail credential reads the report only if it may (a rail
 		// without authentication: lookups need the reconciler role, the
@@ -46,7 +49,7 @@ func (r *Reconciler) openRail(ctx context.Context, rep *Report) (*railIndex, err
 		// (PayoutsCredentialRefused). A rail that cannot say (an error) is
 		// asked for the report.
 		if id, err := r.c.Rail.WhoAmI(ctx); err == nil && !id.Allows(auth.Operator) {
-			rep.note(perPayout)
+			rep.note(notReportNote)
 			r.log.Info("rail credential is not an operator's: checking rail payments per payout only", "check", CheckRailWithoutSubmission, "rail_credential_role", string(id.Role))
 			return ri, nil
 		}
@@ -59,7 +62,7 @@ func (r *Reconciler) openRail(ctx context.Context, rep *Report) (*railIndex, err
 		// refused token: fatal, not a note a clean pass would hide.
 		return nil, cannotRun("the rail refused --rail-report-token-file its settlement report (it must be an operator-role token of the rail)", err)
 	case isForbidden(err):
-		rep.note("the rail refused this token its settlement report; rail payments were looked up per payout, and payments carrying no known client reference were not checked (give --rail-report-token-file: an operator-role token of the rail)")
+		rep.note(notReportNote)
 		r.log.Warn("rail settlement report forbidden; checking rail payments per payout only", "check", CheckRailWithoutSubmission)
 		return ri, nil
 	case err != nil:
