@@ -12,10 +12,11 @@ import (
 )
 
 // payoutDigestsSQL reads one page of payouts in byte order of their ids
-// ($1: after, $2: limit) with the tokens of each one's history, in one
-// statement (one snapshot): a keyset scan of payout_id_bytes_idx, then one
-// index-only range scan of payout_event_payout_bytes_idx over the page's
-// ids, merged by payout id (migration 00004). Byte order, not the
+// ($1: after, $2: limit) with the tokens of each one's history and the
+// state its last event moved it to, in one statement (one snapshot): a
+// keyset scan of payout_id_bytes_idx, then one index-only range scan of
+// payout_event_digest_idx over the page's ids, merged by payout id
+// (migrations 00004, 00010). Byte order, not the
 // database's collation: the reconciler merges this stream with the
 // proxy's and the rail's, which use it too. Each payout's ledger entries
 // are summed in the same statement through ledger_entry_payout_idx: a
@@ -26,13 +27,14 @@ WITH p AS (
 	SELECT id, account_id, amount, currency, state, client_ref, created_at, claimed_at, submitted_at
 	  FROM payout WHERE id COLLATE "C" > $1 ORDER BY id COLLATE "C" LIMIT $2
 ), e AS (
-	SELECT payout_id COLLATE "C" AS payout_id, array_agg(COALESCE(token, 0) ORDER BY id) AS tokens
+	SELECT payout_id COLLATE "C" AS payout_id, array_agg(COALESCE(token, 0) ORDER BY id) AS tokens,
+	       (array_agg(to_state ORDER BY id DESC))[1] AS last_state
 	  FROM payout_event
 	 WHERE payout_id COLLATE "C" > $1 AND payout_id COLLATE "C" <= (SELECT max(id COLLATE "C") FROM p)
 	 GROUP BY 1
 )
 SELECT p.id, p.account_id, p.amount, p.currency, p.state, p.client_ref, p.created_at, p.claimed_at, p.submitted_at,
-       COALESCE(e.tokens, '{}'), COALESCE(l.entries, 0), COALESCE(l.groups, 0), COALESCE(l.own, 0), COALESCE(l.clearing, 0)
+       COALESCE(e.tokens, '{}'), COALESCE(e.last_state, ''), COALESCE(l.entries, 0), COALESCE(l.groups, 0), COALESCE(l.own, 0), COALESCE(l.clearing, 0)
   FROM p LEFT JOIN e ON e.payout_id = p.id COLLATE "C"
   LEFT JOIN (
 	SELECT le.payout_id, count(*) AS entries, count(DISTINCT le.group_id) AS groups,
@@ -49,10 +51,10 @@ func (s *Service) PayoutDigests(ctx context.Context, after string, limit int) ([
 	rows, err := s.pool.Query(ctx, payoutDigestsSQL, after, limit, pc.ClearingAccount)
 	return collect(rows, err, func(row pgx.Row) (pc.PayoutDigest, error) {
 		d := pc.PayoutDigest{Ledger: &pc.LedgerDigest{}}
-		var state string
+		var state, last string
 		err := row.Scan(&d.ID, &d.AccountID, &d.Amount, &d.Currency, &state, &d.ClientRef, &d.CreatedAt, &d.ClaimedAt, &d.SubmittedAt, &d.EventTokens,
-			&d.Ledger.Entries, &d.Ledger.Groups, &d.Ledger.Account, &d.Ledger.Clearing)
-		d.State, d.CreatedAt = pc.State(state), d.CreatedAt.UTC()
+			&last, &d.Ledger.Entries, &d.Ledger.Groups, &d.Ledger.Account, &d.Ledger.Clearing)
+		d.State, d.HistoryState, d.CreatedAt = pc.State(state), pc.State(last), d.CreatedAt.UTC()
 		for _, t := range []*time.Time{d.ClaimedAt, d.SubmittedAt} {
 			if t != nil {
 				*t = t.UTC()

@@ -94,7 +94,7 @@ func TestPayoutDigestsUseByteOrderIndexes(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	plan := explainGeneric(t, e.svc.pool, "", payoutDigestsSQL, "'', 5000, 'payout-clearing'", genericPlans...)
-	if !strings.Contains(plan, "payout_id_bytes_idx") || !strings.Contains(plan, "payout_event_payout_bytes_idx") ||
+	if !strings.Contains(plan, "payout_id_bytes_idx") || !strings.Contains(plan, "payout_event_digest_idx") ||
 		!strings.Contains(plan, "ledger_entry_payout_idx") || strings.Contains(plan, "Seq Scan") {
 		t.Errorf("the digest page does not read through the byte-order indexes:\n%s", plan)
 	}

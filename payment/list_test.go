@@ -87,8 +87,8 @@ func TestWorkAndAccountListUseTheirIndexes(t *testing.T) {
 		if name == "ambiguous_since" {
 			args = []string{"'po-1'", "'RAIL_AMBIGUOUS'"}
 		}
-		if p := plan(q, args...); !strings.Contains(p, "payout_event_payout_bytes_idx") {
-			t.Errorf("%s does not look the payout's events up in payout_event_payout_bytes_idx:\n%s", name, p)
+		if p := plan(q, args...); !strings.Contains(p, "payout_event_digest_idx") {
+			t.Errorf("%s does not look the payout's events up in payout_event_digest_idx:\n%s", name, p)
 		}
 	}
 }

@@ -273,6 +273,6 @@ func (s *Service) logFor(ctx context.Context) *slog.Logger {
 
 // ambiguousSinceSQL is when payout $1 last entered state $2 and how long
 // ago, by the database clock; its events are found, in byte order, through
-// payout_event_payout_bytes_idx.
+// payout_event_digest_idx.
 const ambiguousSinceSQL = `SELECT max(at), EXTRACT(EPOCH FROM now() - max(at))::float8
 	FROM payout_event WHERE payout_id COLLATE "C" = $1 AND to_state = $2`

@@ -219,7 +219,7 @@ func (s *Service) PayoutEvents(ctx context.Context, payoutID string, after int64
 }
 
 // payoutEventsSQL is a page of payout $1's events after event id $2. The
-// payout is compared in byte order, so payout_event_payout_bytes_idx, the
+// payout is compared in byte order, so payout_event_digest_idx, the
 // table's one index on payout_id (paydb 00006), finds them.
 const payoutEventsSQL = `SELECT id, payout_id, COALESCE(from_state, ''), to_state, COALESCE(token, 0),
 		COALESCE(holder, ''), actor, COALESCE(reason, ''), at

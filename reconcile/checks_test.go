@@ -276,9 +276,17 @@ func TestPostedNotSettledAndFailedButSettled(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.exec(t, "paydb", false, `UPDATE payout SET state = 'FAILED', failure_reason = 'planted' WHERE id = $1`, failed.ID)
+	// RAIL_ACKED says money has left (the executor posts it next): with no
+	// acknowledged submission at the proxy it is reported before it is posted.
+	acked := e.newPayout(t, acc, 80)
+	e.exec(t, "paydb", false, `UPDATE payout SET state = 'RAIL_ACKED' WHERE id = $1`, acked.ID)
+	paid := e.payOut(t, e.newPayout(t, acc, 90))
+	e.exec(t, "paydb", false, `UPDATE payout SET state = 'RAIL_ACKED' WHERE id = $1`, paid.ID)
 	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
 	mustFind(t, rep, reconcile.INV03, reconcile.CheckPostedNotSettled, map[string]any{"payout_id": posted.ID})
 	mustFind(t, rep, reconcile.INV03, reconcile.CheckSubmissionStateMismatch, map[string]any{"payout_id": posted.ID})
+	mustFind(t, rep, reconcile.INV03, reconcile.CheckSubmissionStateMismatch, map[string]any{"payout_id": acked.ID, "state": "RAIL_ACKED"})
+	mustNotFind(t, rep, reconcile.CheckSubmissionStateMismatch, map[string]any{"payout_id": paid.ID})
 	mustFind(t, rep, reconcile.INV03, reconcile.CheckSettledNotPosted, map[string]any{"payout_id": failed.ID, "state": "FAILED"})
 }
 
@@ -402,6 +410,33 @@ func TestTerminalStateLeft(t *testing.T) {
 	mustFind(t, rep, reconcile.INV08, reconcile.CheckTerminalLeft, map[string]any{"payout_id": p.ID, "account_id": acc,
 		"from_state": "POSTED", "to_state": "ABANDONED", "actor": "cleanup-job", "reason": "nightly cleanup"})
 	mustNotFind(t, rep, reconcile.CheckTerminalLeft, map[string]any{"payout_id": clean.ID})
+}
+
+// TestStateNotInHistory: a payout's state written by hand (an UPDATE of
+// payout with no event, which even the serving role may do) is not where
+// its history ends: a POSTED payout put back to PENDING (an executor would
+// pay it again) or to RAIL_ACKED (posted again). Each is reported (INV-08)
+// with both states; a payout whose history explains its state, posted or
+// never worked, is not, and terminal_state_left, which reads recorded
+// changes, has nothing to say.
+func TestStateNotInHistory(t *testing.T) {
+	e := setup(t)
+	acc := e.newAccount(t, 10_000)
+	repaid := e.payOut(t, e.newPayout(t, acc, 10))
+	reposted := e.payOut(t, e.newPayout(t, acc, 10))
+	posted := e.payOut(t, e.newPayout(t, acc, 10))
+	waiting := e.newPayout(t, acc, 10)
+	e.exec(t, "paydb", false, `UPDATE payout SET state = 'PENDING' WHERE id = $1`, repaid.ID)
+	e.exec(t, "paydb", false, `UPDATE payout SET state = 'RAIL_ACKED' WHERE id = $1`, reposted.ID)
+	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	mustFind(t, rep, reconcile.INV08, reconcile.CheckStateNotInHistory, map[string]any{"payout_id": repaid.ID, "account_id": acc,
+		"state": "PENDING", "history_state": "POSTED"})
+	mustFind(t, rep, reconcile.INV08, reconcile.CheckStateNotInHistory, map[string]any{"payout_id": reposted.ID,
+		"state": "RAIL_ACKED", "history_state": "POSTED"})
+	for _, id := range []string{posted.ID, waiting.ID} {
+		mustNotFind(t, rep, reconcile.CheckStateNotInHistory, map[string]any{"payout_id": id})
+	}
+	mustNotFind(t, rep, reconcile.CheckTerminalLeft, map[string]any{"payout_id": repaid.ID})
 }
 
 func TestWritesWithoutGrant(t *testing.T) {

@@ -99,8 +99,15 @@ func evaluate(v payoutView) []candidate {
 		subDesc = fmt.Sprintf("submission %d outcome %s resolution %s", sub.ID, orNone(string(sub.Outcome)), orNone(string(sub.Resolution)))
 	}
 
-	// Terminal states, from the first read.
+	// RAIL_ACKED and the terminal states, from the first read (a payout
+	// becomes RAIL_ACKED only after the proxy recorded the rail's
+	// acknowledgement, or the rail's settlement as its resolution).
 	switch f := v.first; f.State {
+	case pc.RailAcked:
+		if !acked {
+			add(CheckSubmissionStateMismatch, map[string]any{"submission": subDesc},
+				"payout %s is RAIL_ACKED (money has left, and it will be posted) but the proxy has %s, not an acknowledged one", f.ID, subDesc)
+		}
 	case pc.Posted:
 		if len(settled) == 0 {
 			add(CheckPostedNotSettled, map[string]any{"amount": f.Amount},

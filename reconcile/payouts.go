@@ -69,6 +69,7 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 	}
 	flying := map[string][]string{} // account -> payouts seen in flight
 	unsummed := 0                   // digests without their ledger sums
+	unhistoried := 0                // digests without the state their history ends in
 	for {
 		d, ok, err := payouts.head()
 		if err != nil {
@@ -87,6 +88,11 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 			unsummed++
 		} else {
 			checkPosting(rep, p, *d.Ledger)
+		}
+		if d.HistoryState == "" {
+			unhistoried++
+		} else {
+			checkStateInHistory(rep, p, d.HistoryState)
 		}
 		recs, err := subs.takeUpTo(p.ID, skip)
 		if err != nil {
@@ -115,6 +121,9 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 	}
 	if unsummed > 0 {
 		rep.note("%d payouts came without their ledger sums (a payment resource older than this reconciler): their postings were not matched (%s)", unsummed, CheckPayoutPosting)
+	}
+	if unhistoried > 0 {
+		rep.note("%d payouts came without the state their history ends in (a payment resource older than this reconciler): their states were not matched to their histories (%s)", unhistoried, CheckStateNotInHistory)
 	}
 	if overflow > 0 {
 		rep.note("%d more forwarded submissions name payouts the payouts list did not hold: not checked in this pass (only the first %d such payouts are)", overflow, r.opts.MaxFindings)
@@ -148,6 +157,25 @@ func checkPosting(rep *Report, p pc.Payout, l pc.LedgerDigest) {
 			"payout %s is %s, but %d ledger entries name it (%+d on %s, %+d on %s): the ledger moved money for a payout that was not posted",
 			p.ID, p.State, l.Entries, l.Account, p.AccountID, l.Clearing, pc.ClearingAccount)
 	}
+}
+
+// checkStateInHistory: the payment resource changes a payout's state only
+// through its transition table, and records each change it makes as an
+// event in the same statement (INV-08), so a payout's state is the state
+// its last event moved it to. One that is not was written outside the
+// table (an UPDATE by hand or by a script), with no change recorded: a
+// FAILED payout put back to PENDING is paid again, a POSTED one posted
+// again, and terminal_state_left, which reads the recorded changes, sees
+// nothing. The digest reads the payout and its events in one statement,
+// so a moving system cannot make this fire.
+func checkStateInHistory(rep *Report, p pc.Payout, history pc.State) {
+	if p.State == history {
+		return
+	}
+	rep.add(CheckStateNotInHistory, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "key": lockKey(p.AccountID),
+		"state": string(p.State), "history_state": string(history)},
+		"payout %s is %s, but its history ends in %s: its state was written outside the payment resource, and no change to it is recorded",
+		p.ID, p.State, history)
 }
 
 // tokensRegress reports whether a history's tokens, in event order, ever

@@ -52,6 +52,7 @@ const (
 	CheckLedgerWithoutGrant      = "ledger_without_grant"            // INV-07
 	CheckRejectedTransition      = "rejected_transition"             // INV-08
 	CheckTerminalLeft            = "terminal_state_left"             // INV-08
+	CheckStateNotInHistory       = "state_not_in_history"            // INV-08
 )
 
 // checkInvariant maps every check to its invariant (also the metric's
@@ -83,6 +84,7 @@ var checkInvariant = map[string]string{
 	CheckLedgerWithoutGrant:      INV07,
 	CheckRejectedTransition:      INV08,
 	CheckTerminalLeft:            INV08,
+	CheckStateNotInHistory:       INV08,
 }
 
 // Checks lists every check name, sorted.

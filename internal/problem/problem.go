@@ -11,9 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -300,7 +302,28 @@ func From(err error) *Error {
 	if errors.As(err, &ce) {
 		return Wrap(Unavailable, err, "the database is not reachable; nothing was done; retry later")
 	}
+	// The connection was lost while the request used it: the database went
+	// down or ended the session. A write in flight may or may not have
+	// committed; reading it back, or retrying, is the answer.
+	if connectionLost(err) {
+		return Wrap(Unavailable, err, "a connection the request used was lost (the database went down or ended the session): what it was writing may or may not have taken effect; read it back, or retry")
+	}
 	return Wrap(Internal, err, "internal error")
+}
+
+// connectionLost reports whether err says the database connection went
+// away under a statement: an answer cut short (the server process died),
+// or the server ending the session (SQLSTATE class 08, connection
+// exception; 57P01..57P03, shut down or not accepting connections).
+func connectionLost(err error) bool {
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
+	}
+	return false
 }
 
 // ContentType is the RFC 9457 media type.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -93,6 +94,17 @@ func TestACancelledRequestIsUnavailable(t *testing.T) {
 	e := From(fmt.Errorf("query: %w", context.Canceled))
 	if e.Code != Unavailable || e.Status() != 503 {
 		t.Fatalf("a cancelled request: %s %d, want unavailable 503", e.Code, e.Status())
+	}
+}
+
+// A database connection that dies under a statement (PostgreSQL stopped
+// mid-request: the answer is cut short) is 503 unavailable, as an
+// unreachable one is; dev/pgtest TestLostConnectionIsUnavailable has the
+// sessions a live server ends. It was 500 internal, logged as a defect.
+func TestALostDatabaseConnectionIsUnavailable(t *testing.T) {
+	e := From(fmt.Errorf("create payout: %w", io.ErrUnexpectedEOF))
+	if e.Code != Unavailable || e.Status() != 503 {
+		t.Fatalf("a connection cut short: %s %d, want unavailable 503", e.Code, e.Status())
 	}
 }
 

@@ -287,6 +287,11 @@ type PayoutDigest struct {
 	// EventTokens are the tokens of the payout's accepted changes in event
 	// order (0 for a change made under no token, such as its creation).
 	EventTokens []int64 `json:"event_tokens"`
+	// HistoryState is the state the payout's last recorded change moved it
+	// to, read in the same statement: its state, unless that was written
+	// outside the payment resource (empty from a payment resource older
+	// than this member).
+	HistoryState State `json:"history_state,omitempty"`
 	// Ledger sums the payout's ledger entries, read in the same statement
 	// (nil from a payment resource older than this member).
 	Ledger *LedgerDigest `json:"ledger,omitempty"`
