@@ -67,22 +67,7 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 		s.crash(log, CrashAfterRailAnswer)
 	}
 
-	// Recording is a local write with no external effect: safe to retry.
-	var (
-		out  proxyclient.Record
-		rerr error
-	)
-	deadline := time.Now().Add(30 * time.Second)
-	for wait := 50 * time.Millisecond; ; wait = min(wait*2, 2*time.Second) {
-		wctx, cancel := context.WithTimeout(ctx, s.cfg.outcomeAttemptTimeout)
-		out, rerr = s.st.recordOutcome(wctx, rec.ID, outcome, railRef, code)
-		cancel()
-		if rerr == nil || errors.Is(rerr, pgx.ErrNoRows) || time.Now().After(deadline) {
-			break
-		}
-		log.Warn("could not record the rail's answer; retrying", obs.KeyError, rerr.Error())
-		time.Sleep(wait)
-	}
+	out, rerr := s.recordAnswer(ctx, log, rec, outcome, railRef, code)
 	if errors.Is(rerr, pgx.ErrNoRows) {
 		// The outcome is already recorded. In the ordinary case it is this
 		// very one: an earlier attempt gave up waiting (its timeout) while
@@ -128,6 +113,53 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 		"rail_ref", railRef, "error_code", code, "why", why, "rail_ms", time.Since(start).Milliseconds())
 	return forwardResult{rec: out}
 }
+
+// recordAnswer records the rail's answer to submission rec. Recording is a
+// local write with no external effect, and the answer exists nowhere else
+// (the rail may not be asked again for it, and a submission left without
+// outcome becomes an ambiguity a human or the reconciler must resolve):
+// while proxydb is unreachable it is retried for as long as the proxy
+// serves, and once the shutdown has begun for closingPatience more. One WARN
+// says it could not be written, one more a minute while that lasts, and an
+// INFO when it was written after all.
+func (s *Server) recordAnswer(ctx context.Context, log *slog.Logger, rec proxyclient.Record, outcome proxyclient.Outcome, railRef, code string) (proxyclient.Record, error) {
+	var (
+		failed   time.Time // the first failed attempt
+		reminded time.Time
+		attempts int
+	)
+	for wait := 50 * time.Millisecond; ; wait = min(wait*2, 2*time.Second) {
+		wctx, cancel := context.WithTimeout(ctx, s.cfg.outcomeAttemptTimeout)
+		out, err := s.st.recordOutcome(wctx, rec.ID, outcome, railRef, code)
+		cancel()
+		attempts++
+		if err == nil || errors.Is(err, pgx.ErrNoRows) {
+			if !failed.IsZero() && err == nil {
+				log.Info("the rail's answer was recorded after proxydb did not take it", "outcome", string(outcome), "rail_ref", railRef,
+					"attempts", attempts, "after_ms", time.Since(failed).Milliseconds())
+			}
+			return out, err
+		}
+		now := time.Now()
+		if closing, since := s.closingSince(); closing && now.Sub(since) > closingPatience {
+			return out, err
+		}
+		switch {
+		case failed.IsZero():
+			failed, reminded = now, now
+			log.Warn("could not record the rail's answer; retrying until proxydb takes it", "outcome", string(outcome), "rail_ref", railRef, obs.KeyError, err.Error())
+		case now.Sub(reminded) >= time.Minute:
+			reminded = now
+			log.Warn("still could not record the rail's answer; retrying", "outcome", string(outcome), "rail_ref", railRef,
+				"attempts", attempts, "for_ms", now.Sub(failed).Milliseconds(), obs.KeyError, err.Error())
+		}
+		time.Sleep(wait)
+	}
+}
+
+// closingPatience is how long a rail answer is still retried into proxydb
+// once the shutdown has begun (the shutdown waits for it).
+const closingPatience = 30 * time.Second
 
 // classify maps the rail's answer to an outcome. Only a well-formed answer
 // about this very payment is ACKED or REJECTED; everything else — no

@@ -353,3 +353,68 @@ func TestUnstorableRailText(t *testing.T) {
 		}
 	}
 }
+
+// A rail answer proxydb does not take for longer than half a minute (an
+// outage; forced here by a row lock of the test's that the outcome
+// statement waits on) is still recorded once proxydb takes it, and the
+// caller gets it: the answer exists nowhere else. The proxy used to give
+// up after 30 s, answer 503 and leave the submission without outcome,
+// an ambiguity for the reconciler, though the rail had answered.
+func TestARailAnswerOutlastsAProxydbOutage(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDB(t, migrations.ProxyDB)
+	asked, answerIt := make(chan struct{}), make(chan struct{})
+	rail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req railclient.PaymentRequest
+		if r.Method != http.MethodPost || json.NewDecoder(r.Body).Decode(&req) != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		close(asked)
+		select {
+		case <-answerIt:
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(railclient.Payment{
+			RailRef: "rl-" + req.ClientRef, ClientRef: req.ClientRef, Amount: req.Amount, Currency: req.Currency,
+			BeneficiaryRef: req.BeneficiaryRef, Status: railclient.StatusSettled, At: time.Now().UTC().Format(time.RFC3339Nano),
+		})
+	}))
+	t.Cleanup(rail.Close)
+	b := setup(t, options{railURL: rail.URL, dbURL: dbURL, outcomeAttempt: time.Second})
+
+	done := submitAsync(t, b, sub("p-outage", "acc-out"), 1)
+	select {
+	case <-asked:
+	case <-time.After(90 * time.Second):
+		t.Fatal("the proxy never called the rail")
+	}
+	unlock := lockRow(t, dbURL, "p-outage")
+	close(answerIt)
+	eventually(t, "the proxy fails to record the rail's answer", func() (bool, error) {
+		return len(logLines(b, "could not record the rail's answer")) > 0, nil
+	})
+	time.Sleep(35 * time.Second) // the outage: longer than the 30 s the proxy used to retry
+	unlock()
+
+	// The caller may have been answered 503 "the proxy will record the
+	// outcome" meanwhile (the request's own time ran out): it is recorded.
+	if got := answer(t, "p-outage", done); got.err == nil && (got.rec.Outcome != proxyclient.OutcomeAcked || got.rec.RailRef != "rl-po-p-outage") {
+		t.Errorf("submission whose answer waited out a proxydb outage: %+v; want ACKED rl-po-p-outage", got.rec)
+	}
+	eventually(t, "the rail's answer is recorded", func() (bool, error) {
+		rec, err := b.pc.Get(ctxFor(t), "p-outage")
+		return err == nil && rec.Outcome != proxyclient.OutcomeNone, nil
+	})
+	if rec, err := b.pc.Get(ctxFor(t), "p-outage"); err != nil || rec.Outcome != proxyclient.OutcomeAcked || rec.RailRef != "rl-po-p-outage" {
+		t.Errorf("recorded: %+v %v; want ACKED rl-po-p-outage", rec, err)
+	}
+	if n := counterValue(t, b.proxy.m.recordFailure); n != 0 {
+		t.Errorf("outcome record failures %v, want 0", n)
+	}
+	if l := logLines(b, "could not record the rail's answer"); len(l) > 2 {
+		t.Errorf("%d WARN lines for one answer over 35 s, want one and at most a reminder a minute:\n%s", len(l), strings.Join(l, "\n"))
+	}
+}

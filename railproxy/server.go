@@ -106,9 +106,11 @@ type Server struct {
 
 	// forwards counts the submissions being handled past their decoding
 	// and the rail calls they start, detached from their callers; closing,
-	// set when shutdown waits for them, refuses new ones (enter).
+	// set when shutdown waits for them (at closedAt), refuses new ones
+	// (enter).
 	fmu      sync.Mutex
 	closing  bool
+	closedAt time.Time
 	forwards sync.WaitGroup
 	inflight sync.Map // payout id -> struct{} while its rail call runs
 
@@ -241,9 +243,18 @@ func (s *Server) enter() bool {
 // calls.
 func (s *Server) drain() {
 	s.fmu.Lock()
-	s.closing = true
+	if !s.closing {
+		s.closing, s.closedAt = true, time.Now()
+	}
 	s.fmu.Unlock()
 	s.forwards.Wait()
+}
+
+// closingSince reports whether the shutdown has begun, and since when.
+func (s *Server) closingSince() (bool, time.Time) {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	return s.closing, s.closedAt
 }
 
 // shuttingDown is the answer to a submission that arrives once the
