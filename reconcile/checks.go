@@ -2,7 +2,10 @@ package reconcile
 
 import (
 	"context"
+	"slices"
 	"sync"
+
+	"github.com/payouts/payouts/lock/fencing"
 )
 
 // The services are read one after another, never in one snapshot, while
@@ -31,12 +34,6 @@ func (r *Reconciler) check(ctx context.Context, rep *Report) error {
 	}
 	rep.PayDBFence, rep.ProxyFence, rep.LockHighToken = payHigh, proxyHigh, lockHigh
 	rep.HighestFence = max(payHigh, proxyHigh)
-	if rep.HighestFence > lockHigh {
-		rep.add(CheckLockRewound, map[string]any{
-			"highest_fence": rep.HighestFence, "paydb_high_fence": payHigh, "proxy_high_fence": proxyHigh, "lock_high_token": lockHigh,
-		}, "the guards store fence %d but the lock service's tokens reach only %d: it was restored or rewound and will re-issue tokens already issued (stop the lock services and bump it above %d by a margin, DESIGN D-13)",
-			rep.HighestFence, lockHigh, rep.HighestFence)
-	}
 
 	grants := newGrantIndex(r.c.Lock, r.opts.PageSize).withRetention(r.opts.GrantRetention, r.opts.Now()).withLoss(r.opts.GrantLogLostThrough)
 	if err := grants.load(ctx); err != nil {
@@ -89,6 +86,7 @@ func (r *Reconciler) checkBooks(ctx context.Context, rep *Report, grants *grantI
 	if err != nil {
 		return err
 	}
+	checkLockRewound(rep, fences)
 	if err := r.checkHighWater(ctx, rep, fences); err != nil {
 		return err
 	}
@@ -97,6 +95,38 @@ func (r *Reconciler) checkBooks(ctx context.Context, rep *Report, grants *grantI
 	}
 	return r.checkTerminalLeft(ctx, rep)
 }
+
+// checkLockRewound: no guard stores a fence above the highest token the
+// lock service has issued (INV-04): the guards' highest fences were read
+// before it (check), so a correct system cannot make this fire. The
+// finding names the accounts whose paydb fence is above that token (read
+// since, so an account granted meanwhile may be among them): they stall
+// until the lock service is bumped past their fences.
+func checkLockRewound(rep *Report, fences map[string]fencing.Token) {
+	lockHigh := rep.LockHighToken
+	if rep.HighestFence <= lockHigh {
+		return
+	}
+	var above []string
+	for id, f := range fences {
+		if f > lockHigh {
+			above = append(above, id)
+		}
+	}
+	slices.Sort(above)
+	n := len(above)
+	if n > maxNamed {
+		above = above[:maxNamed]
+	}
+	rep.add(CheckLockRewound, map[string]any{
+		"highest_fence": rep.HighestFence, "paydb_high_fence": rep.PayDBFence, "proxy_high_fence": rep.ProxyFence, "lock_high_token": lockHigh,
+		"accounts_above": above, "accounts_above_count": n,
+	}, "the guards store fence %d but the lock service's tokens reach only %d: it was restored or rewound and will re-issue tokens already issued (stop the lock services and bump it above %d by a margin, DESIGN D-13); %d account(s) in paydb have a fence above %d and stall until then",
+		rep.HighestFence, lockHigh, rep.HighestFence, n, lockHigh)
+}
+
+// maxNamed bounds the ids a finding lists (its count says how many there are).
+const maxNamed = 100
 
 // grantIndex is the grant log as token -> key. It is the one structure
 // that grows with the history (one small entry per grant).

@@ -3,6 +3,7 @@ package reconcile_test
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -603,8 +604,15 @@ func TestZLockServiceRewound(t *testing.T) {
 	acc := e.newAccount(t, 10_000)
 	const restored = 3_000_000_000_000
 	e.exec(t, "paydb", false, `UPDATE account SET fence_token = $2, fence_holder = 'from-the-future' WHERE id = $1`, acc, restored)
+	below := e.newAccount(t, 10_000)
+	e.payOut(t, e.newPayout(t, below, 10))
 	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
-	mustFind(t, rep, reconcile.INV04, reconcile.CheckLockRewound, map[string]any{"highest_fence": restored})
+	f := mustFind(t, rep, reconcile.INV04, reconcile.CheckLockRewound, map[string]any{"highest_fence": restored, "accounts_above_count": 1})
+	// The account that stalls until the bump is named; one the lock
+	// service's tokens are above is not.
+	if above, _ := f.Objects["accounts_above"].([]string); !slices.Equal(above, []string{acc}) {
+		t.Errorf("accounts_above %v, want [%s] (not %s)", f.Objects["accounts_above"], acc, below)
+	}
 	if rep.HighestFence != restored || rep.PayDBFence != restored || rep.LockHighToken >= restored {
 		t.Fatalf("fences: highest %d paydb %d lock %d", rep.HighestFence, rep.PayDBFence, rep.LockHighToken)
 	}
