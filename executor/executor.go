@@ -289,7 +289,9 @@ func (e *Executor) Run(ctx context.Context) error {
 		"session_ttl", e.cfg.SessionTTL.String(), "poll_interval", e.cfg.PollInterval.String(), "grant_linger", e.cfg.GrantLinger.String())
 
 	bo := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
-	down := false
+	// One WARN line per outage: payouts_executor_lock_unavailable says it
+	// lasts, and each retry (every 5 s at most) would add a line.
+	down := obs.NewOutage(e.log, 0)
 	// No session yet: nothing is done until one opens (a lock service that
 	// hangs keeps Open waiting for --call-timeout).
 	e.m.lockDown.Set(1)
@@ -306,22 +308,14 @@ func (e *Executor) Run(ctx context.Context) error {
 			// Fail closed: without a session there are no grants and no work.
 			e.m.sessions.WithLabelValues("open_failed").Inc()
 			e.m.lockDown.Set(1)
-			if !down {
-				e.log.Warn("lock service unreachable: doing nothing until it answers (fail closed)", obs.KeyError, err.Error())
-				down = true
-			} else {
-				e.log.Debug("lock service still unreachable", obs.KeyError, err.Error())
-			}
+			down.Fail(ctx, "lock service unreachable: doing nothing until it answers (fail closed)", err)
 			if !e.sleep(bo.next()) {
 				break
 			}
 			continue
 		}
 		bo.reset()
-		if down {
-			e.log.Info("lock service reachable again: resuming work")
-			down = false
-		}
+		down.Recover(ctx, "lock service reachable again: resuming work")
 		e.m.sessions.WithLabelValues("opened").Inc()
 		e.m.lockDown.Set(0)
 		log := e.log.With(obs.KeyHolder, sess.ID())

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/payouts/payouts/internal/obs"
 )
 
 // Background work: the reaper, failover detection (D-12) and the LISTEN
@@ -41,13 +43,20 @@ func (b *Backend) Run(ctx context.Context) error {
 func (b *Backend) reapLoop(ctx context.Context) {
 	t := time.NewTicker(b.cfg.ReapInterval)
 	defer t.Stop()
+	// The loop runs every ReapInterval (250 ms): while lockdb is down each
+	// tick fails, and a line per tick would bury the rest of the log.
+	unreachable := obs.NewOutage(b.log, obs.RemindEvery)
+	reapFailing := obs.NewOutage(b.log, obs.RemindEvery)
 	for {
 		if err := b.checkEpoch(ctx, false); err == nil {
+			unreachable.Recover(ctx, "lock store reachable again")
 			if err := b.Reap(ctx); err != nil && ctx.Err() == nil {
-				b.log.Warn("lock reaper failed; will retry", "error", err.Error())
+				reapFailing.Fail(ctx, "lock reaper failed; will retry", err)
+			} else if err == nil {
+				reapFailing.Recover(ctx, "lock reaper works again")
 			}
 		} else if ctx.Err() == nil {
-			b.log.Warn("lock store unreachable; will retry", "error", err.Error())
+			unreachable.Fail(ctx, "lock store unreachable; will retry", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -94,12 +103,15 @@ func (b *Backend) checkEpoch(ctx context.Context, force bool) error {
 // listen holds one connection in LISTEN and wakes local waiters, reconnecting
 // after failures. While it is down, waiters fall back to their timer.
 func (b *Backend) listen(ctx context.Context) {
+	// Reconnected every 500 ms while lockdb is down: logged once per
+	// outage (and a reminder now and then), not per attempt.
+	lost := obs.NewOutage(b.log, obs.RemindEvery)
 	for ctx.Err() == nil {
-		err := b.listenOnce(ctx)
+		err := b.listenOnce(ctx, lost)
 		if ctx.Err() != nil {
 			return
 		}
-		b.log.Warn("lock notification listener lost its connection; reconnecting", "error", err.Error())
+		lost.Fail(ctx, "lock notification listener lost its connection; reconnecting", err)
 		select {
 		case <-ctx.Done():
 			return
@@ -122,7 +134,9 @@ func (b *Backend) startListening(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-func (b *Backend) listenOnce(ctx context.Context) error {
+// listenOnce listens until its connection fails; lost learns when it
+// listens again after an outage.
+func (b *Backend) listenOnce(ctx context.Context, lost *obs.Outage) error {
 	b.mu.Lock()
 	conn := b.listener
 	b.listener = nil
@@ -133,6 +147,7 @@ func (b *Backend) listenOnce(ctx context.Context) error {
 			return err
 		}
 	}
+	lost.Recover(ctx, "lock notification listener listening again")
 	defer conn.Close(context.Background())
 	for {
 		n, err := conn.WaitForNotification(ctx)
