@@ -565,8 +565,17 @@ func (s *Service) createPayouts(ctx context.Context, reqs []createRequest) ([]cr
 	out := make([]createAnswer, len(reqs))
 	// Calls of GET /v1/work waiting for work, here and in the other
 	// processes on this paydb, learn of the new payouts once they are
-	// committed.
-	defer s.workArrived()
+	// committed; a batch that created none (replays, or every statement
+	// failed as when paydb is down) announces nothing: there is no new
+	// work, and an announcement would only fail too.
+	defer func() {
+		for _, a := range out {
+			if a.err == nil && a.outcome == "created" {
+				s.workArrived()
+				return
+			}
+		}
+	}()
 	for _, round := range batcher.Distinct(len(reqs), func(i int) string { return reqs[i].req.ID }) {
 		err := s.createDistinct(ctx, reqs, round, out)
 		if err == nil {

@@ -40,6 +40,9 @@ type announcer struct {
 	running bool
 	pending bool
 	wg      sync.WaitGroup
+	// failing logs the announcements that fail while paydb is down once
+	// per outage, not once per create.
+	failing *obs.Outage
 }
 
 // workArrived wakes the calls waiting for work, in this process and, by
@@ -69,7 +72,9 @@ func (s *Service) announceWork() {
 			_, err := a.pool.Exec(ctx, `SELECT pg_notify('`+workChannel+`', '')`)
 			cancel()
 			if err != nil {
-				s.log.Warn("could not announce new work to the other payment-resource processes; their executors see it at their next poll", obs.KeyError, err.Error())
+				a.failing.Fail(ctx, "could not announce new work to the other payment-resource processes; their executors see it at their next poll", err)
+			} else {
+				a.failing.Recover(ctx, "announcing new work to the other payment-resource processes again")
 			}
 			time.Sleep(announceEvery)
 			a.mu.Lock()
@@ -90,12 +95,15 @@ func (s *Service) announceWork() {
 // announced while nobody listened, waiting calls are answered when their
 // wait ends, as a poll would be.
 func (s *Service) listenForWork(ctx context.Context) error {
+	// Tried again every listenRetry while paydb is down: logged once per
+	// outage (and a reminder now and then), not per attempt.
+	failing := obs.NewOutage(s.log, obs.RemindEvery)
 	for {
-		err := s.listenOnce(ctx)
+		err := s.listenOnce(ctx, failing)
 		if ctx.Err() != nil {
 			return nil
 		}
-		s.log.Warn("listening for created payouts failed; listening again shortly", obs.KeyError, err.Error(), "retry_in", listenRetry.String())
+		failing.Fail(ctx, "listening for created payouts failed; listening again shortly", err, "retry_in", listenRetry.String())
 		t := time.NewTimer(listenRetry)
 		select {
 		case <-ctx.Done():
@@ -106,7 +114,9 @@ func (s *Service) listenForWork(ctx context.Context) error {
 	}
 }
 
-func (s *Service) listenOnce(ctx context.Context) error {
+// listenOnce listens until its connection fails; failing learns when it
+// listens again after an outage.
+func (s *Service) listenOnce(ctx context.Context, failing *obs.Outage) error {
 	pc, err := s.announce.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -117,6 +127,7 @@ func (s *Service) listenOnce(ctx context.Context) error {
 	if _, err := conn.Exec(ctx, `LISTEN `+workChannel); err != nil {
 		return err
 	}
+	failing.Recover(ctx, "listening for created payouts again")
 	// Whatever was created before LISTEN took effect is found by the
 	// waiting calls' own next look.
 	s.workCreated.broadcast()
