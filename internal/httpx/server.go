@@ -59,6 +59,9 @@ type Server struct {
 	srv      *http.Server
 	metrics  *httpMetrics
 	refusals refusalLog
+	// open counts the requests being served, for the shutdown's last
+	// line: how many the grace cut off.
+	open atomic.Int64
 }
 
 type httpMetrics struct {
@@ -289,6 +292,8 @@ const v1Unrouted = "/v1/*"
 func (s *Server) instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
+		s.open.Add(1)
+		defer s.open.Add(-1)
 		rid := r.Header.Get("X-Request-Id")
 		if rid == "" || len(rid) > 64 {
 			rid = newRequestID()
@@ -433,11 +438,17 @@ func (s *Server) Serve(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	s.cfg.Logger.Info("shutting down", "grace", s.cfg.ShutdownTimeout.String())
+	began := time.Now()
 	if err := s.srv.Shutdown(sctx); err != nil {
+		// Said, or the log would end at "shutting down" with no word of
+		// the requests cut off (their clients learn nothing of them).
+		s.cfg.Logger.Warn("shutdown grace ran out with requests still open; stopping without them",
+			"grace", s.cfg.ShutdownTimeout.String(), "open_requests", s.open.Load(), obs.KeyError, err.Error())
 		return fmt.Errorf("http shutdown: %w", err)
 	}
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	s.cfg.Logger.Info("stopped", "took", time.Since(began).Round(time.Millisecond).String())
 	return nil
 }
