@@ -6,11 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
@@ -113,6 +118,9 @@ func (f *serverFlags) setup(cmd *cobra.Command, a *app, checks ...func() error) 
 	if env.DatabaseURL, err = f.dbURL.value(); err != nil {
 		return nil, err
 	}
+	if err := waitForDatabase(cmd.Context(), env.Logger, f.db, env.DatabaseURL); err != nil {
+		return nil, err
+	}
 	if f.migrate {
 		ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Minute)
 		defer cancel()
@@ -128,6 +136,69 @@ func (f *serverFlags) setup(cmd *cobra.Command, a *app, checks ...func() error) 
 		return nil, err
 	}
 	return env, nil
+}
+
+// The wait at start for a database that accepts connections but does not
+// answer them (a host whose PostgreSQL hangs, a proxy in front of a dead
+// one): each attempt to connect gets dbAttemptTimeout, and a WARN line
+// says the database does not answer yet, until dbWaitLimit has passed.
+// Without it the first statement waited a minute (five with --migrate)
+// without a word, then failed with "failed to receive message: timeout".
+// Variables so the tests need not wait as long.
+var (
+	dbAttemptTimeout = 5 * time.Second
+	dbWaitLimit      = 30 * time.Second
+)
+
+// waitForDatabase connects to db at url once before anything reads it. A
+// database that refuses (nothing listens, authentication fails) is an
+// error at once, as it was; one that does not answer is waited for up to
+// dbWaitLimit, and is then an error naming it and where it was looked
+// for (never the password).
+func waitForDatabase(ctx context.Context, log *slog.Logger, db migrations.DB, url string) error {
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		return fmt.Errorf("%s: database URL: %w", db, err) // pgconn redacts the password
+	}
+	where := databaseAddrs(cfg)
+	start := time.Now()
+	giveUp := start.Add(dbWaitLimit)
+	for {
+		until := time.Now().Add(dbAttemptTimeout)
+		if until.After(giveUp) {
+			until = giveUp
+		}
+		actx, cancel := context.WithDeadline(ctx, until)
+		conn, err := pgconn.ConnectConfig(actx, cfg)
+		timedOut := actx.Err() != nil
+		cancel()
+		if err == nil {
+			return conn.Close(ctx)
+		}
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !timedOut:
+			return fmt.Errorf("%s at %s: %w", db, where, err)
+		case !time.Now().Before(giveUp):
+			return fmt.Errorf("%s at %s did not answer within %v: check that its PostgreSQL is up and answering (pg_isready)", db, where, dbWaitLimit)
+		}
+		log.Warn("database does not answer yet", "db", string(db), "addr", where,
+			"waited", time.Since(start).Round(time.Second).String(), "gives_up_after", dbWaitLimit.String())
+	}
+}
+
+// databaseAddrs is where cfg looks for its database: host:port, each
+// fallback after a comma.
+func databaseAddrs(cfg *pgconn.Config) string {
+	addrs := []string{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))}
+	for _, fb := range cfg.Fallbacks {
+		a := net.JoinHostPort(fb.Host, strconv.Itoa(int(fb.Port)))
+		if !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	return strings.Join(addrs, ",")
 }
 
 // checkRole says, in the log and in payouts_database_role_privileged,
