@@ -1,21 +1,53 @@
 package obs
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/payouts/payouts/dev/logtest"
 )
+
+// jsonLines returns a logger writing every level as JSON into a buffer,
+// and a function reading the lines written so far.
+func jsonLines(t *testing.T) (*slog.Logger, func() []map[string]any) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return log, func() []map[string]any {
+		var lines []map[string]any
+		for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+			if l == "" {
+				continue
+			}
+			var m map[string]any
+			if err := json.Unmarshal([]byte(l), &m); err != nil {
+				t.Fatalf("log line %q: %v", l, err)
+			}
+			lines = append(lines, m)
+		}
+		return lines
+	}
+}
+
+func count(lines []map[string]any, level, msg string) int {
+	n := 0
+	for _, l := range lines {
+		if l["level"] == level && l["msg"] == msg {
+			n++
+		}
+	}
+	return n
+}
 
 // TestOutageLogsItsStartRemindersAndEnd: a dependency failing on every
 // tick of a fast loop is one WARN line when the outage starts, a reminder
 // WARN per remindEvery with how long and how many failures, DEBUG lines
 // in between, and one INFO line when it answers again.
 func TestOutageLogsItsStartRemindersAndEnd(t *testing.T) {
-	capture, log := logtest.New()
+	log, lines := jsonLines(t)
 	now := time.Unix(1700000000, 0)
 	o := NewOutage(log, time.Minute)
 	o.now = func() time.Time { return now }
@@ -37,42 +69,42 @@ func TestOutageLogsItsStartRemindersAndEnd(t *testing.T) {
 	if o.Down() || o.Recover(ctx, "store reachable again") {
 		t.Fatal("the outage did not end at Recover")
 	}
-	var warns, debugs, infos []logtest.Record
-	for _, r := range capture.Records() {
-		switch r.Level {
-		case slog.LevelWarn:
+	var warns, debugs, infos []map[string]any
+	for _, r := range lines() {
+		switch r["level"] {
+		case "WARN":
 			warns = append(warns, r)
-		case slog.LevelDebug:
+		case "DEBUG":
 			debugs = append(debugs, r)
-		case slog.LevelInfo:
+		case "INFO":
 			infos = append(infos, r)
 		}
 	}
 	if len(warns) != 4 { // the start, then at 1, 2 and 3 minutes
 		t.Fatalf("%d WARN lines over 3 minutes of failures, want 4: %v", len(warns), warns)
 	}
-	if w := warns[0]; w.Attrs[KeyError] != "connection refused" || w.Attrs["store"] != "s" || w.Attrs["failures"] != nil {
+	if w := warns[0]; w[KeyError] != "connection refused" || w["store"] != "s" || w["failures"] != nil {
 		t.Fatalf("first WARN line %v, want the error and the caller's attributes", w)
 	}
-	if w := warns[1]; w.Attrs["down_for"] != "1m0s" || w.Attrs["failures"] != int64(241) || w.Attrs[KeyError] != "connection refused" {
+	if w := warns[1]; w["down_for"] != "1m0s" || w["failures"] != float64(241) || w[KeyError] != "connection refused" {
 		t.Fatalf("reminder %v, want down_for 1m0s, failures 241 and the error", w)
 	}
 	if len(debugs) != 4*190-4 {
 		t.Fatalf("%d DEBUG lines, want every other failure", len(debugs))
 	}
-	if len(infos) != 1 || infos[0].Message != "store reachable again" || infos[0].Attrs["down_for"] != "3m10s" || infos[0].Attrs["failures"] != int64(760) {
+	if len(infos) != 1 || infos[0]["msg"] != "store reachable again" || infos[0]["down_for"] != "3m10s" || infos[0]["failures"] != float64(760) {
 		t.Fatalf("INFO lines %v, want one saying the store was down 3m10s over 760 failures", infos)
 	}
 	// A new outage starts with a WARN line again.
 	o.Fail(ctx, "store unreachable", errors.New("timeout"))
-	if n := capture.Count(logtest.Level(slog.LevelWarn), "store unreachable"); n != 5 {
+	if n := count(lines(), "WARN", "store unreachable"); n != 5 {
 		t.Fatalf("%d WARN lines after a second outage began, want 5", n)
 	}
 }
 
 // With remindEvery 0 an outage is one WARN line however long it lasts.
 func TestOutageWithoutReminders(t *testing.T) {
-	capture, log := logtest.New()
+	log, lines := jsonLines(t)
 	now := time.Unix(1700000000, 0)
 	o := NewOutage(log, 0)
 	o.now = func() time.Time { return now }
@@ -80,7 +112,7 @@ func TestOutageWithoutReminders(t *testing.T) {
 		o.Fail(context.Background(), "down", errors.New("x"))
 		now = now.Add(time.Minute)
 	}
-	if n := capture.Count(logtest.Level(slog.LevelWarn), "down"); n != 1 {
+	if n := count(lines(), "WARN", "down"); n != 1 {
 		t.Fatalf("%d WARN lines, want 1", n)
 	}
 }
