@@ -119,40 +119,23 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 // (the rail may not be asked again for it, and a submission left without
 // outcome becomes an ambiguity a human or the reconciler must resolve):
 // while proxydb is unreachable it is retried for as long as the proxy
-// serves, and once the shutdown has begun for closingPatience more. One WARN
-// says it could not be written, one more a minute while that lasts, and an
-// INFO when it was written after all.
+// serves, and once the shutdown has begun for closingPatience more, logged
+// as an outage of proxydb (obs.Outage: one WARN, a reminder a minute, an
+// INFO when it was written after all).
 func (s *Server) recordAnswer(ctx context.Context, log *slog.Logger, rec proxyclient.Record, outcome proxyclient.Outcome, railRef, code string) (proxyclient.Record, error) {
-	var (
-		failed   time.Time // the first failed attempt
-		reminded time.Time
-		attempts int
-	)
+	outage := obs.NewOutage(log, obs.RemindEvery)
 	for wait := 50 * time.Millisecond; ; wait = min(wait*2, 2*time.Second) {
 		wctx, cancel := context.WithTimeout(ctx, s.cfg.outcomeAttemptTimeout)
 		out, err := s.st.recordOutcome(wctx, rec.ID, outcome, railRef, code)
 		cancel()
-		attempts++
 		if err == nil || errors.Is(err, pgx.ErrNoRows) {
-			if !failed.IsZero() && err == nil {
-				log.Info("the rail's answer was recorded after proxydb did not take it", "outcome", string(outcome), "rail_ref", railRef,
-					"attempts", attempts, "after_ms", time.Since(failed).Milliseconds())
-			}
+			outage.Recover(ctx, "the rail's answer was recorded after proxydb did not take it", "outcome", string(outcome), "rail_ref", railRef)
 			return out, err
 		}
-		now := time.Now()
-		if closing, since := s.closingSince(); closing && now.Sub(since) > closingPatience {
+		if closing, since := s.closingSince(); closing && time.Since(since) > closingPatience {
 			return out, err
 		}
-		switch {
-		case failed.IsZero():
-			failed, reminded = now, now
-			log.Warn("could not record the rail's answer; retrying until proxydb takes it", "outcome", string(outcome), "rail_ref", railRef, obs.KeyError, err.Error())
-		case now.Sub(reminded) >= time.Minute:
-			reminded = now
-			log.Warn("still could not record the rail's answer; retrying", "outcome", string(outcome), "rail_ref", railRef,
-				"attempts", attempts, "for_ms", now.Sub(failed).Milliseconds(), obs.KeyError, err.Error())
-		}
+		outage.Fail(ctx, "could not record the rail's answer; retrying until proxydb takes it", err, "outcome", string(outcome), "rail_ref", railRef)
 		time.Sleep(wait)
 	}
 }
