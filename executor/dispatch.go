@@ -82,8 +82,8 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 				// left until the pause ends.
 				until := e.rail.PausedUntil()
 				paused := e.paused(asked)
-				idle := e.dispatch(sess, log, slots, progress, &wg, e.workWait(), paused)
-				due, nextPoll = false, asked.Add(e.cfg.PollInterval)
+				idle, retry := e.dispatch(sess, log, slots, progress, &wg, e.workWait(), paused)
+				due, nextPoll = false, asked.Add(max(e.cfg.PollInterval, retry))
 				if idle {
 					// The ask waited for work and none came: ask again
 					// at once, so one is always waiting.
@@ -166,11 +166,12 @@ const minWorkWait = 10 * time.Millisecond
 // until the pause ends (pauseSkip, at most MaxWorkSkip of them), so that
 // the accounts with payouts in flight behind a backlog of PENDING ones
 // come up: the ask is made again at once while it lists new such accounts
-// and fills its page.
-func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{}, progress chan struct{}, wg *sync.WaitGroup, wait time.Duration, paused bool) (idle bool) {
+// and fills its page. retry is set when the payment resource gave no
+// answer: the wait before the next ask (workDown's backoff).
+func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{}, progress chan struct{}, wg *sync.WaitGroup, wait time.Duration, paused bool) (idle bool, retry time.Duration) {
 	free := cap(slots) - len(slots)
 	if free == 0 {
-		return false // every worker is busy; a finishing one signals progress
+		return false, 0 // every worker is busy; a finishing one signals progress
 	}
 	q := paymentclient.WorkQuery{Limit: e.workLimit(time.Now(), free), Wait: wait, Payouts: e.workPayouts}
 	if !paused {
@@ -187,15 +188,18 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 	unhook()
 	cancel()
 	if err != nil && e.stopRequested() {
-		return false
+		return false, 0
+	}
+	if err == nil || !problem.NoVerdict(err) {
+		e.workDown.answered(log, time.Now(), "the payment resource answers again: asking it for work as usual")
 	}
 	if err == nil && len(items) == 0 {
-		return wait > 0 && time.Since(asked) >= wait
+		return wait > 0 && time.Since(asked) >= wait, 0
 	}
 	if err != nil {
 		if refusedToken(err) {
 			e.refuse("payment resource", e.cfg.PaymentURL, err)
-			return
+			return false, 0
 		}
 		if e.workPayouts > 0 && refusedParam(err, "payouts") {
 			// A payment resource older than the parameter: work as before
@@ -203,10 +207,17 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 			// at once.
 			e.workPayouts = 0
 			log.Warn("the payment resource does not take GET /v1/work's payouts parameter (it is older than this executor); asking without it from now on, every round listing its account's payouts: upgrade the payment resources, then restart the executors", obs.KeyError, err.Error())
-			return true
+			return true, 0
 		}
-		log.Warn("could not ask the payment resource for work", obs.KeyError, err.Error())
-		return
+		if !problem.NoVerdict(err) {
+			// An answer, not an outage: a defect to be seen on each poll.
+			log.Warn("could not ask the payment resource for work", obs.KeyError, err.Error())
+			return false, 0
+		}
+		// No answer: one WARN per outage, not one per poll, and the asks
+		// back off while it lasts.
+		retry = e.workDown.failed(log, time.Now(), "could not ask the payment resource for work", obs.KeyError, err.Error())
+		return false, retry
 	}
 	// Executors read the same list; starting at a random place spreads them
 	// over the accounts instead of all contending for the first one.
@@ -224,7 +235,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 	for i := range n {
 		it := items[(start+i)%n]
 		if e.stopRequested() || !sess.Healthy() {
-			return
+			return false, 0
 		}
 		if paused && onlyPending(it) {
 			if !e.pauseSkip[it.AccountID] && len(e.pauseSkip) < paymentclient.MaxWorkSkip {
@@ -239,7 +250,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 		select {
 		case slots <- struct{}{}:
 		default:
-			return // every worker is busy; the next poll continues
+			return false, 0 // every worker is busy; the next poll continues
 		}
 		if !e.reserve(it.AccountID, time.Now()) {
 			<-slots
@@ -259,7 +270,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 			}
 		}(it.AccountID, workSeen{item: it, asked: asked})
 	}
-	return false
+	return false, 0
 }
 
 // onlyPending reports whether GET /work listed every actionable payout of

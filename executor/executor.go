@@ -155,6 +155,10 @@ type Executor struct {
 	// or 0 once a payment resource older than that parameter refused it.
 	// Only the poll loop reads and writes it.
 	workPayouts int
+	// workDown is the payment resource's outage as GET /work sees it:
+	// while it lasts the asks back off (200 ms–5 s, and never more often
+	// than the poll interval), and it is logged once, not on every poll.
+	workDown outage
 	// pauseSkip are the accounts GET /work listed with nothing but PENDING
 	// payouts while claims are paused, left out of the asks until the
 	// pause ends (dispatch). The poll loop's alone.
@@ -233,6 +237,7 @@ func New(cfg Config) (*Executor, error) {
 		cfg: cfg, log: cfg.Logger, pay: pay, proxy: proxy, lock: lk,
 		m: newMetrics(cfg.Registry), active: map[string]bool{}, cooling: map[string]*cooldown{},
 		unreleased: map[string]toRelease{}, inRelease: map[string]bool{}, kept: map[string]keptGrant{}, keptCap: maxKeptGrants, workPayouts: workPayouts,
+		workDown: outage{bo: backoff{min: 200 * time.Millisecond, max: 5 * time.Second}},
 	}
 	e.stopped, e.stopCancel = context.WithCancel(context.Background())
 	return e, nil
@@ -288,10 +293,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	e.log.Info("executor starting", "owner", e.cfg.Owner, "concurrency", e.cfg.Concurrency,
 		"session_ttl", e.cfg.SessionTTL.String(), "poll_interval", e.cfg.PollInterval.String(), "grant_linger", e.cfg.GrantLinger.String())
 
-	bo := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
-	// One WARN line per outage: payouts_executor_lock_unavailable says it
-	// lasts, and each retry (every 5 s at most) would add a line.
-	down := obs.NewOutage(e.log, 0)
+	lockDown := outage{bo: backoff{min: 200 * time.Millisecond, max: 5 * time.Second}}
 	// No session yet: nothing is done until one opens (a lock service that
 	// hangs keeps Open waiting for --call-timeout).
 	e.m.lockDown.Set(1)
@@ -308,14 +310,13 @@ func (e *Executor) Run(ctx context.Context) error {
 			// Fail closed: without a session there are no grants and no work.
 			e.m.sessions.WithLabelValues("open_failed").Inc()
 			e.m.lockDown.Set(1)
-			down.Fail(ctx, "lock service unreachable: doing nothing until it answers (fail closed)", err)
-			if !e.sleep(bo.next()) {
+			wait := lockDown.failed(e.log, time.Now(), "lock service unreachable: doing nothing until it answers (fail closed)", obs.KeyError, err.Error())
+			if !e.sleep(wait) {
 				break
 			}
 			continue
 		}
-		bo.reset()
-		down.Recover(ctx, "lock service reachable again: resuming work")
+		lockDown.answered(e.log, time.Now(), "lock service reachable again: resuming work")
 		e.m.sessions.WithLabelValues("opened").Inc()
 		e.m.lockDown.Set(0)
 		log := e.log.With(obs.KeyHolder, sess.ID())

@@ -1,0 +1,126 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/payouts/payouts/internal/obs"
+)
+
+// logLines are the JSON log lines of buf at level whose msg is msg.
+func logLines(t *testing.T, buf *syncBuf, level, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(buf.String(), "\n") {
+		if line == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if m["level"] == level && m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestOutageLogsOnceThenRemindsThenEnds: the first failure is a WARN, the
+// next ones within a minute are debug, one a minute later is a WARN again
+// with the outage's length and failures, and the first answer an INFO.
+func TestOutageLogsOnceThenRemindsThenEnds(t *testing.T) {
+	buf := newSyncBuf()
+	log := slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	o := outage{bo: backoff{min: 200 * time.Millisecond, max: 5 * time.Second}}
+	t0 := time.Now()
+	var waits []time.Duration
+	for i, at := range []time.Duration{0, time.Second, 30 * time.Second, 61 * time.Second, 62 * time.Second} {
+		waits = append(waits, o.failed(log, t0.Add(at), "down", obs.KeyError, "refused"))
+		if !o.down() {
+			t.Fatalf("failure %d: no outage recorded", i)
+		}
+	}
+	if n := len(logLines(t, buf, "WARN", "down")); n != 2 {
+		t.Fatalf("%d WARN lines for 5 failures over 62 s; want 2 (the start, one reminder):\n%s", n, buf)
+	}
+	if n := len(logLines(t, buf, "DEBUG", "down")); n != 3 {
+		t.Fatalf("%d debug lines; want 3:\n%s", n, buf)
+	}
+	if r := logLines(t, buf, "WARN", "down")[1]; r["outage"] != "1m1s" || r["failures"] != float64(4) {
+		t.Fatalf("reminder %v; want outage 1m1s, failures 4", r)
+	}
+	if waits[0] > 200*time.Millisecond || waits[4] < 2*time.Second || waits[4] > 5*time.Second {
+		t.Fatalf("waits %v; want a backoff from 200 ms up to 5 s", waits)
+	}
+	o.answered(log, t0.Add(63*time.Second), "back")
+	o.answered(log, t0.Add(64*time.Second), "back")
+	if b := logLines(t, buf, "INFO", "back"); len(b) != 1 || b[0]["failures"] != float64(5) || o.down() {
+		t.Fatalf("answers after the outage logged %v; want one INFO with failures 5", b)
+	}
+	if w := o.failed(log, t0.Add(65*time.Second), "down"); w > 200*time.Millisecond {
+		t.Fatalf("a new outage waits %s first; want the backoff reset", w)
+	}
+	if n := len(logLines(t, buf, "WARN", "down")); n != 3 {
+		t.Fatalf("a new outage after an answer gave %d WARN lines in all; want 3", n)
+	}
+}
+
+// upSession is a lock session that is always healthy and grants nothing.
+type upSession struct{ session }
+
+func (upSession) Healthy() bool                   { return true }
+func (upSession) Lost() bool                      { return false }
+func (upSession) ID() string                      { return "s-up" }
+func (upSession) Close(ctx context.Context) error { return nil }
+
+type upLocker struct{}
+
+func (upLocker) Open(context.Context, string) (session, error) { return upSession{}, nil }
+
+// TestPaymentResourceOutageIsLoggedOnce: while GET /work gets no answer
+// the executor logs one WARN, not one per poll, backs off between asks,
+// and logs one INFO when the payment resource answers again.
+func TestPaymentResourceOutageIsLoggedOnce(t *testing.T) {
+	t.Parallel()
+	var down atomic.Bool
+	var asks atomic.Int32
+	down.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/work" {
+			http.NotFound(w, r)
+			return
+		}
+		asks.Add(1)
+		if down.Load() {
+			http.Error(w, "down", http.StatusBadGateway)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"items":[],"next":""}`))
+	}))
+	defer srv.Close()
+	buf := newSyncBuf()
+	cfg := Config{Owner: "pay-down", PollInterval: 10 * time.Millisecond, CallTimeout: time.Minute,
+		PaymentURL: srv.URL, ProxyURL: srv.URL, LockURL: srv.URL, Token: "t",
+		Logger: slog.New(slog.NewJSONHandler(buf, nil)), locker: upLocker{}}
+	_, stop := startExecutor(t, cfg)
+	defer stop()
+	waitFor(t, 2*time.Minute, "four asks for work without an answer", func() bool { return asks.Load() >= 4 })
+	const warn = "could not ask the payment resource for work"
+	if n := len(logLines(t, buf, "WARN", warn)); n != 1 {
+		t.Fatalf("%d WARN lines %q for %d asks without an answer; want 1:\n%s", n, warn, asks.Load(), buf)
+	}
+	down.Store(false)
+	const back = "the payment resource answers again: asking it for work as usual"
+	waitFor(t, 2*time.Minute, "the INFO line of the payment resource's return", func() bool {
+		return len(logLines(t, buf, "INFO", back)) == 1
+	})
+}
