@@ -100,6 +100,26 @@ type run struct {
 	// guards or the rail keep refusing does not hold up the account's
 	// others.
 	left map[string]bool
+	// payDown and proxyDown are the guards' outages as this run sees them:
+	// a guard that gives no usable answer is retried with backoff, and
+	// each retry was a WARN line (4 workers on a proxy that hangs: 77 in
+	// 30 s). An outage is one WARN, a reminder a minute, one INFO at the
+	// first answer (outage.go).
+	payDown, proxyDown outage
+}
+
+// guardDown is the run's outage of guard ("payment" or "proxy").
+func (r *run) guardDown(guard string) *outage {
+	if guard == "proxy" {
+		return &r.proxyDown
+	}
+	return &r.payDown
+}
+
+// heard records that guard answered step's call: it ends the run's outage
+// of guard, if one was going on.
+func (r *run) heard(guard, step string) {
+	r.guardDown(guard).answered(r.log, time.Now(), "the "+guardService[guard]+" answers again", "step", step, "guard", guard)
 }
 
 // workAccount drives the account's payouts under its lock: the grant kept
@@ -447,6 +467,7 @@ func (r *run) mutate(step string, p pc.Payout, after Point, call func() (pc.Payo
 	next, err := call()
 	r.e.m.stepLatency.WithLabelValues(step).Observe(time.Since(start).Seconds())
 	if err == nil {
+		r.heard("payment", step)
 		r.e.m.steps.WithLabelValues(step, resultOK).Inc()
 		if next.State != p.State {
 			r.moved = true
@@ -467,6 +488,9 @@ var guardService = map[string]string{"payment": "payment resource", "proxy": "ra
 func (r *run) failed(step, guard string, p pc.Payout, err error) error {
 	log := r.log.With("step", step, obs.KeyPayoutID, p.ID, "state", string(p.State))
 	var pe *problem.Error
+	if !problem.NoVerdict(err) {
+		r.heard(guard, step) // a refusal is an answer
+	}
 	switch {
 	case problem.Has(err, problem.FencedOut):
 		errors.As(err, &pe)
@@ -496,7 +520,8 @@ func (r *run) failed(step, guard string, p pc.Payout, err error) error {
 		return errLeave
 	default:
 		r.e.m.steps.WithLabelValues(step, resultTransient).Inc()
-		log.Warn("no usable answer; will re-read and retry", obs.KeyError, err.Error(), "transport", errors.Is(err, httpx.ErrTransport))
+		// One WARN per outage of the guard in this run, not per retry.
+		r.guardDown(guard).failed(log, time.Now(), "no usable answer; will re-read and retry", obs.KeyError, err.Error(), "transport", errors.Is(err, httpx.ErrTransport))
 		return errTransient
 	}
 }

@@ -178,6 +178,7 @@ func (b *batch) step(s stepDef, then *stepDef, ps []pc.Payout, items []pc.StepIt
 		b.settle(ps[0], err)
 		return nil
 	}
+	r.heard("payment", step)
 	var out []pc.Payout
 	var first *pc.Payout
 	for i, p := range ps {
@@ -388,6 +389,7 @@ func (r *run) reread(p pc.Payout) (pc.Payout, error) {
 	if err != nil {
 		return p, r.failed("reread", "payment", p, err)
 	}
+	r.heard("payment", "reread")
 	if fresh.State != p.State {
 		// A step of this grant whose answer was lost landed after all:
 		// no one else writes the payout while the grant holds. It moved

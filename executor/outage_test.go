@@ -3,6 +3,7 @@ package executor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/payouts/payouts/internal/obs"
+	pc "github.com/payouts/payouts/payment/paymentclient"
+	"github.com/payouts/payouts/railproxy/proxyclient"
 )
 
 // logLines are the JSON log lines of buf at level whose msg is msg.
@@ -57,7 +60,7 @@ func TestOutageLogsOnceThenRemindsThenEnds(t *testing.T) {
 	if r := logLines(t, buf, "WARN", "down")[1]; r["outage"] != "1m1s" || r["failures"] != float64(4) {
 		t.Fatalf("reminder %v; want outage 1m1s, failures 4", r)
 	}
-	if waits[0] > 200*time.Millisecond || waits[4] < 2*time.Second || waits[4] > 5*time.Second {
+	if waits[0] > 200*time.Millisecond || waits[4] < time.Second || waits[4] > 5*time.Second {
 		t.Fatalf("waits %v; want a backoff from 200 ms up to 5 s", waits)
 	}
 	o.answered(log, t0.Add(63*time.Second), "back")
@@ -123,4 +126,47 @@ func TestPaymentResourceOutageIsLoggedOnce(t *testing.T) {
 	waitFor(t, 2*time.Minute, "the INFO line of the payment resource's return", func() bool {
 		return len(logLines(t, buf, "INFO", back)) == 1
 	})
+}
+
+// TestProxyOutageIsLoggedOncePerRun: a worker whose lookups at the proxy
+// get no usable answer logs one WARN for the outage, not one per retry,
+// and one INFO when the proxy answers again.
+func TestProxyOutageIsLoggedOncePerRun(t *testing.T) {
+	t.Parallel()
+	var down atomic.Bool
+	down.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			http.Error(w, "hung up", http.StatusGatewayTimeout)
+			return
+		}
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = w.Write([]byte(`{"type":"about:blank","title":"Not Found","status":404,"code":"not_found"}`))
+	}))
+	defer srv.Close()
+	e := newBareExecutor()
+	var err error
+	if e.proxy, err = proxyclient.New(srv.URL, "t"); err != nil {
+		t.Fatal(err)
+	}
+	buf := newSyncBuf()
+	r := &run{e: e, account: "a", log: slog.New(slog.NewJSONHandler(buf, nil))}
+	p := pc.Payout{ID: "po-1", AccountID: "a", State: pc.RailSubmitted}
+	for i := range 5 {
+		if _, _, err := r.lookup(p); !errors.Is(err, errTransient) {
+			t.Fatalf("lookup %d: %v; want a transient failure", i, err)
+		}
+	}
+	const warn = "no usable answer; will re-read and retry"
+	if w := logLines(t, buf, "WARN", warn); len(w) != 1 || w[0][obs.KeyPayoutID] != "po-1" || w[0]["step"] != "lookup" {
+		t.Fatalf("5 lookups without an answer logged %d WARN lines %q; want 1 naming the payout and step:\n%s", len(w), warn, buf)
+	}
+	down.Store(false)
+	if _, found, err := r.lookup(p); err != nil || found {
+		t.Fatalf("lookup once the proxy answers: found %v, %v; want none found", found, err)
+	}
+	if b := logLines(t, buf, "INFO", "the rail proxy answers again"); len(b) != 1 || b[0]["failures"] != float64(5) {
+		t.Fatalf("the proxy's answer logged %v; want one INFO with failures 5:\n%s", b, buf)
+	}
 }

@@ -44,9 +44,11 @@ func (r *run) lookup(p pc.Payout) (proxyclient.Record, bool, error) {
 	r.e.m.stepLatency.WithLabelValues("lookup").Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil && rec.Forwarded():
+		r.heard("proxy", "lookup")
 		r.e.m.steps.WithLabelValues("lookup", resultOK).Inc()
 		return rec, true, nil
 	case err == nil || problem.Has(err, problem.NotFound):
+		r.heard("proxy", "lookup")
 		r.e.m.steps.WithLabelValues("lookup", resultOK).Inc()
 		return proxyclient.Record{}, false, nil
 	default:
@@ -178,6 +180,7 @@ func (r *run) answered(p pc.Payout, rec proxyclient.Record, err error, report fu
 	case notSent(err):
 		return p, err
 	case err == nil:
+		r.heard("proxy", "submit")
 		r.e.m.steps.WithLabelValues("submit", resultOK).Inc()
 		log.Debug("the proxy answered", "outcome", outcomeText(rec.Outcome), "rail_ref", rec.RailRef, "error_code", rec.ErrorCode)
 		switch {
