@@ -529,6 +529,12 @@ func (r *run) failed(step, guard string, p pc.Payout, err error) error {
 // transition logs one state change and counts final outcomes. Where a
 // payout ends is logged at info; the steps on the way (recorded in paydb's
 // payout_event anyway) at debug, so the log costs one line per payout.
+// RAIL_AMBIGUOUS is at info too: under rail faults it is an expected
+// outcome, the fault itself has its WARN lines (the rail pause, a guard
+// without an answer), and the reconciler reports one left too long. Its
+// reason — rail_timeout, no_recorded_outcome, submission_mismatch, the
+// proxy's error code — is the payout's error_code (failure_reason is only
+// a FAILED payout's), so that is logged when set.
 func (r *run) transition(step string, from, to pc.Payout) {
 	lvl := slog.LevelDebug
 	if from.State != to.State {
@@ -538,8 +544,11 @@ func (r *run) transition(step string, from, to pc.Payout) {
 			lvl = slog.LevelInfo
 		}
 	}
-	r.log.Log(r.e.base, lvl, "payout transition", obs.KeyPayoutID, to.ID, "step", step,
-		"from", string(from.State), "to", string(to.State), "failure_reason", to.FailureReason)
+	args := []any{obs.KeyPayoutID, to.ID, "step", step, "from", string(from.State), "to", string(to.State), "failure_reason", to.FailureReason}
+	if to.ErrorCode != "" {
+		args = append(args, "error_code", to.ErrorCode)
+	}
+	r.log.Log(r.e.base, lvl, "payout transition", args...)
 }
 
 // hook runs the test hook armed for point, if any.

@@ -170,3 +170,16 @@ func TestProxyOutageIsLoggedOncePerRun(t *testing.T) {
 		t.Fatalf("the proxy's answer logged %v; want one INFO with failures 5:\n%s", b, buf)
 	}
 }
+
+// TestAmbiguousTransitionLogsItsReason: the INFO line of a payout that
+// turns RAIL_AMBIGUOUS says why, from the payout's error_code.
+func TestAmbiguousTransitionLogsItsReason(t *testing.T) {
+	buf := newSyncBuf()
+	r := &run{e: newBareExecutor(), account: "a", log: slog.New(slog.NewJSONHandler(buf, nil))}
+	r.transition("outcome", pc.Payout{ID: "po-1", State: pc.RailSubmitted},
+		pc.Payout{ID: "po-1", State: pc.RailAmbiguous, ErrorCode: "no_recorded_outcome"})
+	l := logLines(t, buf, "INFO", "payout transition")
+	if len(l) != 1 || l[0]["to"] != string(pc.RailAmbiguous) || l[0]["error_code"] != "no_recorded_outcome" {
+		t.Fatalf("logged %v; want one INFO line to RAIL_AMBIGUOUS with error_code no_recorded_outcome:\n%s", l, buf)
+	}
+}
