@@ -32,7 +32,7 @@ func (e *Executor) runSession(sess session, log *slog.Logger) (lost bool) {
 	defer func() {
 		wg.Wait()
 		// Whatever this session still holds ends with it.
-		e.dropKept()
+		e.dropKept(log, lost)
 		e.mu.Lock()
 		e.wake = nil
 		e.mu.Unlock()

@@ -1,6 +1,9 @@
 package executor
 
-import "time"
+import (
+	"log/slog"
+	"time"
+)
 
 // Lingering: a grant whose round moved payouts and left its account with
 // nothing more to do is kept for up to Config.GrantLinger instead of being
@@ -186,10 +189,21 @@ func later(a, b time.Time) time.Time {
 }
 
 // dropKept forgets every kept grant and failed release when the session
-// ends: closing it (or its loss) ends every grant it held.
-func (e *Executor) dropKept() {
+// ends: closing it (or its loss) ends every grant it held. Releases still
+// queued are said to be dropped, so that the WARN lines of the releases
+// that failed are not left without an end: once the session is lost they
+// can never be sent, and those keys stay held until the session's TTL ends
+// at the lock service; otherwise the session's close releases them.
+func (e *Executor) dropKept(log *slog.Logger, lost bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if n := len(e.unreleased); n > 0 {
+		if lost {
+			log.Info("lock session lost: dropping the queued lock releases; those locks end with the session's TTL", "keys", n)
+		} else {
+			log.Debug("queued lock releases left to the session's close", "keys", n)
+		}
+	}
 	clear(e.unreleased)
 	clear(e.kept)
 	e.keptDue = time.Time{}

@@ -373,9 +373,16 @@ func TestSessionEndDropsKeptGrants(t *testing.T) {
 	e := lingerExecutor(time.Second, 1)
 	endRound(t, e, "a", &keptTestGrant{key: "payout:a"}, time.Now())
 	e.releaseLater("b", &keptTestGrant{key: "payout:b"})
-	e.dropKept()
+	buf := newSyncBuf()
+	e.dropKept(slog.New(slog.NewJSONHandler(buf, nil)), true)
 	if len(e.kept) != 0 || len(e.unreleased) != 0 || gaugeValue(t, e.m.keptGrants) != 0 {
 		t.Fatalf("after the session ended: %d kept, %d queued", len(e.kept), len(e.unreleased))
+	}
+	// The release of b failed and was to be retried on the next poll:
+	// that retry is dropped, and one line says so.
+	const msg = "lock session lost: dropping the queued lock releases; those locks end with the session's TTL"
+	if l := logLines(t, buf, "INFO", msg); len(l) != 1 || l[0]["keys"] != float64(1) {
+		t.Fatalf("logged %v; want one INFO line %q with keys 1:\n%s", l, msg, buf)
 	}
 }
 
