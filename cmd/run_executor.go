@@ -19,6 +19,8 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 		ttl         time.Duration
 		poll        time.Duration
 		callTimeout time.Duration
+		proxyTO     time.Duration
+		grace       time.Duration
 		linger      time.Duration
 		metrics     string
 		pprof       pprofFlag
@@ -29,7 +31,7 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFlagRanges(cmd, []intRange{{"concurrency", 1, executor.MaxConcurrency}},
-				"session-ttl", "poll-interval", "call-timeout"); err != nil {
+				"session-ttl", "poll-interval", "call-timeout", "proxy-timeout", "shutdown-grace"); err != nil {
 				return err
 			}
 			logger := a.logger(cmd, executor.Role)
@@ -46,6 +48,7 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 			}
 			cfg := executor.Config{
 				Owner: owner, Concurrency: concurrency, SessionTTL: ttl, PollInterval: poll, CallTimeout: callTimeout, GrantLinger: linger,
+				ProxyTimeout: proxyTO, ShutdownGrace: grace,
 				LockURL: cf.lockURL, PaymentURL: cf.paymentURL, ProxyURL: cf.proxyURL, Token: token, HTTPClient: hc,
 				MetricsAddr: metrics, Logger: logger, Registry: a.registry, Hooks: executor.HooksFromEnv(),
 			}
@@ -61,7 +64,9 @@ func newRunExecutorCmd(a *app) *cobra.Command {
 	fl.IntVar(&concurrency, "concurrency", executor.DefaultConcurrency, "accounts worked on at once (1..256)")
 	fl.DurationVar(&ttl, "session-ttl", executor.DefaultSessionTTL, "lock session TTL (keepalive every TTL/3)")
 	fl.DurationVar(&poll, "poll-interval", executor.DefaultPollInterval, "how often to ask for work when there was none")
-	fl.DurationVar(&callTimeout, "call-timeout", executor.DefaultCallTimeout, "timeout of each call to the lock service and the payment resource")
+	fl.DurationVar(&callTimeout, "call-timeout", executor.DefaultCallTimeout, "timeout of each call to the lock service and the payment resource, and of each lookup at the rail proxy (not of submissions: --proxy-timeout)")
+	fl.DurationVar(&proxyTO, "proxy-timeout", executor.DefaultProxyTimeout, "timeout of each submission to the rail proxy, which waits for the rail (keep it well above the proxy's --rail-timeout)")
+	fl.DurationVar(&grace, "shutdown-grace", executor.DefaultShutdownGrace, "on SIGTERM, how long to wait for submissions in flight at the rail proxy before giving them up (they stay RAIL_SUBMITTED; the next holder asks the proxy first), then release and exit")
 	fl.DurationVar(&linger, "grant-linger", executor.DefaultGrantLinger, "keep an account's lock this long after its work ran out, for its next payouts (0: release at once; at most 30s)")
 	pprof.register(c)
 	fl.StringVar(&metrics, "metrics-listen", "", "serve /metrics and /healthz on this address (e.g. 127.0.0.1:9101); empty: off")

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,6 +38,17 @@ const (
 	DefaultSessionTTL   = 10 * time.Second
 	DefaultPollInterval = time.Second
 	DefaultCallTimeout  = 30 * time.Second
+	// DefaultProxyTimeout is --proxy-timeout: the proxy client's own
+	// timeout, as before the flag. A submission waits for the rail (a
+	// batch of 50 is forwarded 16 rail calls at a time), so it must stay
+	// well above the proxy's --rail-timeout: one cut short has no usable
+	// answer and, while the proxy is still waiting for the rail, can end
+	// RAIL_AMBIGUOUS where the rail's answer would have settled it.
+	DefaultProxyTimeout = proxyclient.DefaultTimeout
+	// DefaultShutdownGrace is --shutdown-grace: how long a stop waits for
+	// submissions in flight at the proxy, inside the 30 s an orchestrator
+	// typically gives before SIGKILL, leaving time to release and close.
+	DefaultShutdownGrace = 20 * time.Second
 	// DefaultGrantLinger is --grant-linger: how long a grant whose account
 	// ran out of work is kept for the account's next round. It covers an
 	// account's next round when a backlog over 1,000 accounts is paid at
@@ -71,8 +83,16 @@ type Config struct {
 	// when there was none.
 	PollInterval time.Duration
 	// CallTimeout bounds each call to the payment resource and the lock
-	// service (the proxy's submission waits for the rail: see proxyclient).
+	// service, and each lookup at the proxy (the proxy's submission waits
+	// for the rail: ProxyTimeout).
 	CallTimeout time.Duration
+	// ProxyTimeout bounds each submission to the proxy, and every proxy
+	// call; 0: DefaultProxyTimeout.
+	ProxyTimeout time.Duration
+	// ShutdownGrace is how long a stop waits for submissions in flight at
+	// the proxy before it gives up on them (abandonInFlight); 0:
+	// DefaultShutdownGrace.
+	ShutdownGrace time.Duration
 	// GrantLinger is how long a grant is kept after a round that moved
 	// payouts and left its account with nothing more to do, so that the
 	// account's next payouts are driven under it without a lock-service
@@ -129,6 +149,18 @@ func (c *Config) defaults() error {
 	if c.CallTimeout < 0 {
 		return fmt.Errorf("executor: call timeout must be positive, got %s", c.CallTimeout)
 	}
+	if c.ProxyTimeout == 0 {
+		c.ProxyTimeout = DefaultProxyTimeout
+	}
+	if c.ProxyTimeout < 0 {
+		return fmt.Errorf("executor: proxy timeout (--proxy-timeout) must be positive, got %s", c.ProxyTimeout)
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = DefaultShutdownGrace
+	}
+	if c.ShutdownGrace < 0 {
+		return fmt.Errorf("executor: shutdown grace (--shutdown-grace) must be positive, got %s", c.ShutdownGrace)
+	}
 	if c.GrantLinger < 0 || c.GrantLinger > maxGrantLinger {
 		return fmt.Errorf("executor: grant linger (--grant-linger) must be from 0 (release at once) to %s, got %s", maxGrantLinger, c.GrantLinger)
 	}
@@ -172,6 +204,12 @@ type Executor struct {
 	// that a stop ends at once select on it, and stopRequested reads it.
 	stopped    context.Context
 	stopCancel context.CancelFunc
+	// abandoned is done once a stop has waited ShutdownGrace: submissions
+	// still in flight at the proxy are then given up (abandonInFlight).
+	abandoned context.Context
+	abandon   context.CancelFunc
+	// submitting counts the submissions in flight at the proxy, by payout.
+	submitting map[string]int
 
 	mu     sync.Mutex
 	active map[string]bool // accounts a worker is on
@@ -223,7 +261,7 @@ func New(cfg Config) (*Executor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("executor: --payment-url: %w", err)
 	}
-	proxy, err := proxyclient.New(cfg.ProxyURL, cfg.Token, httpx.WithHTTPClient(cfg.HTTPClient))
+	proxy, err := proxyclient.New(cfg.ProxyURL, cfg.Token, httpx.WithTimeout(cfg.ProxyTimeout), httpx.WithHTTPClient(cfg.HTTPClient))
 	if err != nil {
 		return nil, fmt.Errorf("executor: --proxy-url: %w", err)
 	}
@@ -239,8 +277,66 @@ func New(cfg Config) (*Executor, error) {
 		unreleased: map[string]toRelease{}, inRelease: map[string]bool{}, kept: map[string]keptGrant{}, keptCap: maxKeptGrants, workPayouts: workPayouts,
 		workDown: outage{bo: backoff{min: 200 * time.Millisecond, max: 5 * time.Second}},
 	}
-	e.stopped, e.stopCancel = context.WithCancel(context.Background())
+	e.initStop()
 	return e, nil
+}
+
+// initStop makes the stop request's contexts: stopped, and abandoned,
+// done ShutdownGrace after it.
+func (e *Executor) initStop() {
+	e.stopped, e.stopCancel = context.WithCancel(context.Background())
+	e.abandoned, e.abandon = context.WithCancel(context.Background())
+	e.submitting = map[string]int{}
+	context.AfterFunc(e.stopped, func() {
+		time.AfterFunc(e.cfg.ShutdownGrace, e.abandonInFlight)
+	})
+}
+
+// abandonInFlight gives up the submissions still in flight at the proxy
+// once a stop has waited ShutdownGrace: past an orchestrator's grace
+// period SIGKILL would leave every lock of the session held for its TTL.
+// Each such payout is RAIL_SUBMITTED (D-4: recorded before the call), so
+// whoever takes its account next asks the proxy before doing anything with
+// it, and never sends it again on its own: the proxy forwards a payout at
+// most once. A request given up may still reach the proxy; once a later
+// holder has presented its token there it is fenced out.
+func (e *Executor) abandonInFlight() {
+	e.mu.Lock()
+	var ids []string
+	for id := range e.submitting {
+		ids = append(ids, id)
+	}
+	e.mu.Unlock()
+	if len(ids) > 0 {
+		slices.Sort(ids)
+		e.log.Warn("shutdown grace passed: giving up waiting for submissions in flight at the rail proxy; their outcome is not known here, and whoever takes their accounts next asks the proxy first (the payouts stay RAIL_SUBMITTED)",
+			"payout_ids", ids, "shutdown_grace", e.cfg.ShutdownGrace.String())
+	}
+	e.abandon()
+}
+
+// proxyCtx bounds one submission to the proxy for payouts ids: the proxy
+// timeout, or the end of the shutdown grace. It is not cancelled by the
+// stop request itself.
+func (e *Executor) proxyCtx(ids ...string) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(e.base, e.cfg.ProxyTimeout)
+	unhook := context.AfterFunc(e.abandoned, cancel)
+	e.mu.Lock()
+	for _, id := range ids {
+		e.submitting[id]++
+	}
+	e.mu.Unlock()
+	return ctx, func() {
+		unhook()
+		cancel()
+		e.mu.Lock()
+		for _, id := range ids {
+			if e.submitting[id]--; e.submitting[id] <= 0 {
+				delete(e.submitting, id)
+			}
+		}
+		e.mu.Unlock()
+	}
 }
 
 // Run works until ctx is cancelled, then stops gracefully: every worker

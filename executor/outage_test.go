@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -181,5 +182,60 @@ func TestAmbiguousTransitionLogsItsReason(t *testing.T) {
 	l := logLines(t, buf, "INFO", "payout transition")
 	if len(l) != 1 || l[0]["to"] != string(pc.RailAmbiguous) || l[0]["error_code"] != "no_recorded_outcome" {
 		t.Fatalf("logged %v; want one INFO line to RAIL_AMBIGUOUS with error_code no_recorded_outcome:\n%s", l, buf)
+	}
+}
+
+// TestStopGivesUpASubmissionAfterTheShutdownGrace: a stop waits for a
+// submission the proxy does not answer for --shutdown-grace, not for the
+// whole proxy timeout, then gives it up, naming the payout; the submission
+// ends without an answer, and nothing is sent again.
+func TestStopGivesUpASubmissionAfterTheShutdownGrace(t *testing.T) {
+	t.Parallel()
+	arrived := make(chan struct{}, 1)
+	var submits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		submits.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body) // so that the client's hang-up is seen
+		arrived <- struct{}{}
+		<-r.Context().Done() // hangs until the client gives up
+	}))
+	defer srv.Close()
+	e := newBareExecutor()
+	e.cfg.ProxyTimeout, e.cfg.ShutdownGrace = 10*time.Minute, 200*time.Millisecond
+	var err error
+	if e.proxy, err = proxyclient.New(srv.URL, "t"); err != nil {
+		t.Fatal(err)
+	}
+	buf := newSyncBuf()
+	e.log = slog.New(slog.NewJSONHandler(buf, nil))
+	calls := 0
+	r := &run{e: e, account: "a", g: &flakyGrant{key: "payout:a", calls: &calls}, log: e.log}
+	p := pc.Payout{ID: "po-1", AccountID: "a", Amount: 100, Currency: "EUR", State: pc.RailSubmitted}
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.send(p, false)
+		done <- err
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the submission never reached the proxy")
+	}
+	e.stop()
+	select {
+	case err := <-done:
+		if err == nil || !noUsableAnswer(err) {
+			t.Fatalf("the given-up submission ended with %v; want no usable answer (the proxy is asked next, never resent)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the submission was still waited for 30 s after the stop; want it given up after the 200 ms grace")
+	}
+	const warn = "shutdown grace passed: giving up waiting for submissions in flight at the rail proxy; their outcome is not known here, and whoever takes their accounts next asks the proxy first (the payouts stay RAIL_SUBMITTED)"
+	waitFor(t, time.Minute, "the WARN line naming the payout", func() bool { return len(logLines(t, buf, "WARN", warn)) == 1 })
+	if w := logLines(t, buf, "WARN", warn)[0]; len(w["payout_ids"].([]any)) != 1 || w["payout_ids"].([]any)[0] != "po-1" {
+		t.Fatalf("WARN %v; want payout_ids [po-1]", w)
+	}
+	if n := submits.Load(); n != 1 || len(e.submitting) != 0 {
+		t.Fatalf("%d submissions, %d still counted in flight; want 1, 0", n, len(e.submitting))
 	}
 }

@@ -86,10 +86,10 @@ func TestFailedReleaseIsRetriedUntilItLands(t *testing.T) {
 // newBareExecutor is an Executor with no services, for the bookkeeping
 // tests below.
 func newBareExecutor() *Executor {
-	e := &Executor{base: context.Background(), cfg: Config{CallTimeout: DefaultCallTimeout}, m: newMetrics(prometheus.NewRegistry()),
+	e := &Executor{base: context.Background(), log: slog.New(slog.DiscardHandler), cfg: Config{CallTimeout: DefaultCallTimeout, ProxyTimeout: DefaultProxyTimeout, ShutdownGrace: DefaultShutdownGrace}, m: newMetrics(prometheus.NewRegistry()),
 		active: map[string]bool{}, cooling: map[string]*cooldown{}, unreleased: map[string]toRelease{}, inRelease: map[string]bool{},
 		kept: map[string]keptGrant{}, keptCap: maxKeptGrants}
-	e.stopped, e.stopCancel = context.WithCancel(context.Background())
+	e.initStop()
 	return e
 }
 

@@ -1,7 +1,6 @@
 package executor
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -111,8 +110,9 @@ func (r *run) send(p pc.Payout, resubmission bool) (proxyclient.Record, error) {
 	}
 	sub := submission(p)
 	sub.Resubmission = resubmission
-	// The proxy waits for the rail; its client has its own, longer timeout.
-	ctx, cancel := context.WithTimeout(r.e.base, proxyclient.DefaultTimeout)
+	// The proxy waits for the rail: --proxy-timeout, not --call-timeout;
+	// and a stop gives up on it after --shutdown-grace.
+	ctx, cancel := r.e.proxyCtx(p.ID)
 	defer cancel()
 	start := time.Now()
 	rec, err := r.e.proxy.Submit(ctx, sub, r.g.Token(), r.g.Holder())
@@ -130,7 +130,11 @@ func (r *run) sendBatch(ps []pc.Payout) ([]proxyclient.BatchResult, error) {
 		items[i] = proxyclient.BatchItem{PayoutID: sub.PayoutID, ClientRef: sub.ClientRef,
 			Amount: sub.Amount, Currency: sub.Currency, BeneficiaryRef: sub.BeneficiaryRef}
 	}
-	ctx, cancel := context.WithTimeout(r.e.base, proxyclient.DefaultTimeout)
+	ids := make([]string, len(ps))
+	for i, p := range ps {
+		ids[i] = p.ID
+	}
+	ctx, cancel := r.e.proxyCtx(ids...)
 	defer cancel()
 	start := time.Now()
 	res, err := r.e.proxy.SubmitBatch(ctx, r.account, r.g.Token(), r.g.Holder(), items)
