@@ -119,7 +119,7 @@ func (r *run) guardDown(guard string) *outage {
 // heard records that guard answered step's call: it ends the run's outage
 // of guard, if one was going on.
 func (r *run) heard(guard, step string) {
-	r.guardDown(guard).answered(r.log, time.Now(), "the "+guardService[guard]+" answers again", "step", step, "guard", guard)
+	r.guardDown(guard).answered(r.log, "the "+guardService[guard]+" answers again", "step", step, "guard", guard)
 }
 
 // workAccount drives the account's payouts under its lock: the grant kept
@@ -521,7 +521,7 @@ func (r *run) failed(step, guard string, p pc.Payout, err error) error {
 	default:
 		r.e.m.steps.WithLabelValues(step, resultTransient).Inc()
 		// One WARN per outage of the guard in this run, not per retry.
-		r.guardDown(guard).failed(log, time.Now(), "no usable answer; will re-read and retry", obs.KeyError, err.Error(), "transport", errors.Is(err, httpx.ErrTransport))
+		r.guardDown(guard).failed(log, "no usable answer; will re-read and retry", err, "transport", errors.Is(err, httpx.ErrTransport))
 		return errTransient
 	}
 }

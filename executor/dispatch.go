@@ -191,7 +191,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 		return false, 0
 	}
 	if err == nil || !problem.NoVerdict(err) {
-		e.workDown.answered(log, time.Now(), "the payment resource answers again: asking it for work as usual")
+		e.workDown.answered(log, "the payment resource answers again: asking it for work as usual")
 	}
 	if err == nil && len(items) == 0 {
 		return wait > 0 && time.Since(asked) >= wait, 0
@@ -216,7 +216,7 @@ func (e *Executor) dispatch(sess session, log *slog.Logger, slots chan struct{},
 		}
 		// No answer: one WARN per outage, not one per poll, and the asks
 		// back off while it lasts.
-		retry = e.workDown.failed(log, time.Now(), "could not ask the payment resource for work", obs.KeyError, err.Error())
+		retry = e.workDown.failed(log, "could not ask the payment resource for work", err)
 		return false, retry
 	}
 	// Executors read the same list; starting at a random place spreads them

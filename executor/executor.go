@@ -406,13 +406,13 @@ func (e *Executor) Run(ctx context.Context) error {
 			// Fail closed: without a session there are no grants and no work.
 			e.m.sessions.WithLabelValues("open_failed").Inc()
 			e.m.lockDown.Set(1)
-			wait := lockDown.failed(e.log, time.Now(), "lock service unreachable: doing nothing until it answers (fail closed)", obs.KeyError, err.Error())
+			wait := lockDown.failed(e.log, "lock service unreachable: doing nothing until it answers (fail closed)", err)
 			if !e.sleep(wait) {
 				break
 			}
 			continue
 		}
-		lockDown.answered(e.log, time.Now(), "lock service reachable again: resuming work")
+		lockDown.answered(e.log, "lock service reachable again: resuming work")
 		e.m.sessions.WithLabelValues("opened").Inc()
 		e.m.lockDown.Set(0)
 		log := e.log.With(obs.KeyHolder, sess.ID())

@@ -39,15 +39,18 @@ func logLines(t *testing.T, buf *syncBuf, level, msg string) []map[string]any {
 
 // TestOutageLogsOnceThenRemindsThenEnds: the first failure is a WARN, the
 // next ones within a minute are debug, one a minute later is a WARN again
-// with the outage's length and failures, and the first answer an INFO.
+// with the outage's length and failures, and the first answer an INFO; the
+// wait before each try backs off, and starts again after an answer.
 func TestOutageLogsOnceThenRemindsThenEnds(t *testing.T) {
 	buf := newSyncBuf()
 	log := slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	o := outage{bo: backoff{min: 200 * time.Millisecond, max: 5 * time.Second}}
-	t0 := time.Now()
+	t0, now := time.Now(), time.Now()
+	o.log.Now = func() time.Time { return now }
 	var waits []time.Duration
 	for i, at := range []time.Duration{0, time.Second, 30 * time.Second, 61 * time.Second, 62 * time.Second} {
-		waits = append(waits, o.failed(log, t0.Add(at), "down", obs.KeyError, "refused"))
+		now = t0.Add(at)
+		waits = append(waits, o.failed(log, "down", errors.New("refused")))
 		if !o.down() {
 			t.Fatalf("failure %d: no outage recorded", i)
 		}
@@ -58,18 +61,19 @@ func TestOutageLogsOnceThenRemindsThenEnds(t *testing.T) {
 	if n := len(logLines(t, buf, "DEBUG", "down")); n != 3 {
 		t.Fatalf("%d debug lines; want 3:\n%s", n, buf)
 	}
-	if r := logLines(t, buf, "WARN", "down")[1]; r["outage"] != "1m1s" || r["failures"] != float64(4) {
-		t.Fatalf("reminder %v; want outage 1m1s, failures 4", r)
+	if r := logLines(t, buf, "WARN", "down")[1]; r["down_for"] != "1m1s" || r["failures"] != float64(4) || r[obs.KeyError] != "refused" {
+		t.Fatalf("reminder %v; want down_for 1m1s, failures 4, the error", r)
 	}
 	if waits[0] > 200*time.Millisecond || waits[4] < time.Second || waits[4] > 5*time.Second {
 		t.Fatalf("waits %v; want a backoff from 200 ms up to 5 s", waits)
 	}
-	o.answered(log, t0.Add(63*time.Second), "back")
-	o.answered(log, t0.Add(64*time.Second), "back")
+	now = t0.Add(63 * time.Second)
+	o.answered(log, "back")
+	o.answered(log, "back")
 	if b := logLines(t, buf, "INFO", "back"); len(b) != 1 || b[0]["failures"] != float64(5) || o.down() {
 		t.Fatalf("answers after the outage logged %v; want one INFO with failures 5", b)
 	}
-	if w := o.failed(log, t0.Add(65*time.Second), "down"); w > 200*time.Millisecond {
+	if w := o.failed(log, "down", errors.New("refused")); w > 200*time.Millisecond {
 		t.Fatalf("a new outage waits %s first; want the backoff reset", w)
 	}
 	if n := len(logLines(t, buf, "WARN", "down")); n != 3 {

@@ -129,7 +129,7 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	s := &Service{pool: pool, currency: cfg.Currency, log: cfg.Logger, m: newMetrics(cfg.Registry), interval: cfg.LedgerCheckInterval, sla: cfg.ResolutionSLA}
 	s.stopped, s.stop = context.WithCancel(context.Background())
 	s.announce.pool = pool
-	s.announce.failing = obs.NewOutage(s.log, obs.RemindEvery)
+	s.announce.failing = obs.NewOutage(s.log)
 	s.creates = batcher.New(s.createPayouts, batcher.Options{
 		MaxBatch: maxCreateBatch, Parallel: createBatchesInFlight, Timeout: createTimeout,
 		Observe: func(n int) { s.m.createBatch.Observe(float64(n)) },

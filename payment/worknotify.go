@@ -97,7 +97,7 @@ func (s *Service) announceWork() {
 func (s *Service) listenForWork(ctx context.Context) error {
 	// Tried again every listenRetry while paydb is down: logged once per
 	// outage (and a reminder now and then), not per attempt.
-	failing := obs.NewOutage(s.log, obs.RemindEvery)
+	failing := obs.NewOutage(s.log)
 	for {
 		err := s.listenOnce(ctx, failing)
 		if ctx.Err() != nil {

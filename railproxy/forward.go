@@ -123,7 +123,7 @@ func (s *Server) forward(ctx context.Context, log *slog.Logger, rec proxyclient.
 // as an outage of proxydb (obs.Outage: one WARN, a reminder a minute, an
 // INFO when it was written after all).
 func (s *Server) recordAnswer(ctx context.Context, log *slog.Logger, rec proxyclient.Record, outcome proxyclient.Outcome, railRef, code string) (proxyclient.Record, error) {
-	outage := obs.NewOutage(log, obs.RemindEvery)
+	outage := obs.NewOutage(log)
 	for wait := 50 * time.Millisecond; ; wait = min(wait*2, 2*time.Second) {
 		wctx, cancel := context.WithTimeout(ctx, s.cfg.outcomeAttemptTimeout)
 		out, err := s.st.recordOutcome(wctx, rec.ID, outcome, railRef, code)

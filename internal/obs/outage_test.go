@@ -49,8 +49,8 @@ func count(lines []map[string]any, level, msg string) int {
 func TestOutageLogsItsStartRemindersAndEnd(t *testing.T) {
 	log, lines := jsonLines(t)
 	now := time.Unix(1700000000, 0)
-	o := NewOutage(log, time.Minute)
-	o.now = func() time.Time { return now }
+	o := NewOutage(log)
+	o.Now = func() time.Time { return now }
 	ctx := context.Background()
 	if o.Recover(ctx, "store reachable again") {
 		t.Fatal("Recover reported an outage before any failure")
@@ -99,20 +99,5 @@ func TestOutageLogsItsStartRemindersAndEnd(t *testing.T) {
 	o.Fail(ctx, "store unreachable", errors.New("timeout"))
 	if n := count(lines(), "WARN", "store unreachable"); n != 5 {
 		t.Fatalf("%d WARN lines after a second outage began, want 5", n)
-	}
-}
-
-// With remindEvery 0 an outage is one WARN line however long it lasts.
-func TestOutageWithoutReminders(t *testing.T) {
-	log, lines := jsonLines(t)
-	now := time.Unix(1700000000, 0)
-	o := NewOutage(log, 0)
-	o.now = func() time.Time { return now }
-	for i := 0; i < 100; i++ {
-		o.Fail(context.Background(), "down", errors.New("x"))
-		now = now.Add(time.Minute)
-	}
-	if n := count(lines(), "WARN", "down"); n != 1 {
-		t.Fatalf("%d WARN lines, want 1", n)
 	}
 }

@@ -45,8 +45,8 @@ func (b *Backend) reapLoop(ctx context.Context) {
 	defer t.Stop()
 	// The loop runs every ReapInterval (250 ms): while lockdb is down each
 	// tick fails, and a line per tick would bury the rest of the log.
-	unreachable := obs.NewOutage(b.log, obs.RemindEvery)
-	reapFailing := obs.NewOutage(b.log, obs.RemindEvery)
+	unreachable := obs.NewOutage(b.log)
+	reapFailing := obs.NewOutage(b.log)
 	for {
 		if err := b.checkEpoch(ctx, false); err == nil {
 			unreachable.Recover(ctx, "lock store reachable again")
@@ -105,7 +105,7 @@ func (b *Backend) checkEpoch(ctx context.Context, force bool) error {
 func (b *Backend) listen(ctx context.Context) {
 	// Reconnected every 500 ms while lockdb is down: logged once per
 	// outage (and a reminder now and then), not per attempt.
-	lost := obs.NewOutage(b.log, obs.RemindEvery)
+	lost := obs.NewOutage(b.log)
 	for ctx.Err() == nil {
 		err := b.listenOnce(ctx, lost)
 		if ctx.Err() != nil {
