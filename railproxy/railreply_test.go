@@ -85,6 +85,32 @@ func lockRow(t *testing.T, dbURL, payoutID string) (release func()) {
 	return release
 }
 
+// settlingRail is a rail that settles every payment it is sent, under
+// rail reference "rl-" + its client reference; hold, when set, runs first
+// and may change that reference, or stop the answer (false: the request is
+// left without one).
+func settlingRail(t *testing.T, hold func(r *http.Request, req railclient.PaymentRequest, ref *string) bool) string {
+	t.Helper()
+	rail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req railclient.PaymentRequest
+		if r.Method != http.MethodPost || json.NewDecoder(r.Body).Decode(&req) != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		ref := "rl-" + req.ClientRef
+		if hold != nil && !hold(r, req, &ref) {
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(railclient.Payment{
+			RailRef: ref, ClientRef: req.ClientRef, Amount: req.Amount, Currency: req.Currency,
+			BeneficiaryRef: req.BeneficiaryRef, Status: railclient.StatusSettled, At: time.Now().UTC().Format(time.RFC3339Nano),
+		})
+	}))
+	t.Cleanup(rail.Close)
+	return rail.URL
+}
+
 // A rail answer with text PostgreSQL cannot hold (a NUL byte in its
 // rail_ref) is an answer that cannot be read: TIMEOUT,
 // rail_answer_unparseable, recorded at once. Taken as ACKED, it failed the
@@ -101,35 +127,23 @@ func TestARailAnswerProxydbCannotHoldIsUnparseable(t *testing.T) {
 	free := func() { freeOnce.Do(func() { close(blockFree) }) }
 	t.Cleanup(free)
 	var answered atomic.Int32
-	rail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req railclient.PaymentRequest
-		if r.Method != http.MethodPost || json.NewDecoder(r.Body).Decode(&req) != nil {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		ref := "rl-" + req.ClientRef
+	railURL := settlingRail(t, func(r *http.Request, req railclient.PaymentRequest, ref *string) bool {
 		switch req.ClientRef {
 		case "po-p-block":
 			close(blockIn)
 			select {
 			case <-blockFree:
+				return true
 			case <-r.Context().Done():
-				return
+				return false
 			}
 		case "po-p-nul":
-			ref = "rl-\x00-1" // sent as "rl-\u0000-1": valid JSON
+			*ref = "rl-\x00-1" // sent as "rl-\u0000-1": valid JSON
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(railclient.Payment{
-			RailRef: ref, ClientRef: req.ClientRef, Amount: req.Amount, Currency: req.Currency,
-			BeneficiaryRef: req.BeneficiaryRef, Status: railclient.StatusSettled, At: time.Now().UTC().Format(time.RFC3339Nano),
-		})
-		if req.ClientRef != "po-p-block" {
-			answered.Add(1)
-		}
-	}))
-	t.Cleanup(rail.Close)
-	b := setup(t, options{railURL: rail.URL, dbURL: dbURL})
+		answered.Add(1)
+		return true
+	})
+	b := setup(t, options{railURL: railURL, dbURL: dbURL})
 
 	// The first group: p-block's outcome, waiting on the test's row lock.
 	blockDone := submitAsync(t, b, sub("p-block", "acc-f1a"), 1)
@@ -364,26 +378,16 @@ func TestARailAnswerOutlastsAProxydbOutage(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDB(t, migrations.ProxyDB)
 	asked, answerIt := make(chan struct{}), make(chan struct{})
-	rail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var req railclient.PaymentRequest
-		if r.Method != http.MethodPost || json.NewDecoder(r.Body).Decode(&req) != nil {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
+	railURL := settlingRail(t, func(r *http.Request, _ railclient.PaymentRequest, _ *string) bool {
 		close(asked)
 		select {
 		case <-answerIt:
+			return true
 		case <-r.Context().Done():
-			return
+			return false
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(railclient.Payment{
-			RailRef: "rl-" + req.ClientRef, ClientRef: req.ClientRef, Amount: req.Amount, Currency: req.Currency,
-			BeneficiaryRef: req.BeneficiaryRef, Status: railclient.StatusSettled, At: time.Now().UTC().Format(time.RFC3339Nano),
-		})
-	}))
-	t.Cleanup(rail.Close)
-	b := setup(t, options{railURL: rail.URL, dbURL: dbURL, outcomeAttempt: time.Second})
+	})
+	b := setup(t, options{railURL: railURL, dbURL: dbURL, outcomeAttempt: time.Second})
 
 	done := submitAsync(t, b, sub("p-outage", "acc-out"), 1)
 	select {
