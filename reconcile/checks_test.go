@@ -416,10 +416,12 @@ func TestTerminalStateLeft(t *testing.T) {
 // TestStateNotInHistory: a payout's state written by hand (an UPDATE of
 // payout with no event, which even the serving role may do) is not where
 // its history ends: a POSTED payout put back to PENDING (an executor would
-// pay it again) or to RAIL_ACKED (posted again). Each is reported (INV-08)
-// with both states; a payout whose history explains its state, posted or
-// never worked, is not, and terminal_state_left, which reads recorded
-// changes, has nothing to say.
+// pay it again) or to RAIL_ACKED (posted again); once the payment resource
+// has moved such a payout on, its history jumps (a change that starts from
+// a state the one before it did not end in). Each is reported (INV-08); a
+// payout whose history explains its state, posted or never worked, is not,
+// and terminal_state_left, which reads recorded changes, has nothing to
+// say.
 func TestStateNotInHistory(t *testing.T) {
 	e := setup(t)
 	acc := e.newAccount(t, 10_000)
@@ -429,7 +431,21 @@ func TestStateNotInHistory(t *testing.T) {
 	waiting := e.newPayout(t, acc, 10)
 	e.exec(t, "paydb", false, `UPDATE payout SET state = 'PENDING' WHERE id = $1`, repaid.ID)
 	e.exec(t, "paydb", false, `UPDATE payout SET state = 'RAIL_ACKED' WHERE id = $1`, reposted.ID)
+	// Put back by hand, then moved on by the payment resource (claimed
+	// again): its state is where its history ends, but the history jumps.
+	reclaimed := e.payOut(t, e.newPayout(t, acc, 10))
+	e.exec(t, "paydb", false, `UPDATE payout SET state = 'PENDING' WHERE id = $1`, reclaimed.ID)
+	g := e.grant(t, acc)
+	if _, err := e.pay.Claim(ctxT(t), reclaimed.ID, g.Token, g.Holder()); err != nil {
+		t.Fatalf("claim the payout put back to PENDING: %v", err)
+	}
+	e.release(t, g)
 	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
+	f := mustFind(t, rep, reconcile.INV08, reconcile.CheckStateNotInHistory, map[string]any{"payout_id": reclaimed.ID,
+		"state": "CLAIMED", "history_state": "CLAIMED"})
+	if id, _ := f.Objects["event_id"].(int64); id == 0 {
+		t.Errorf("the finding for a history that jumps names no event: %v", f.Objects)
+	}
 	mustFind(t, rep, reconcile.INV08, reconcile.CheckStateNotInHistory, map[string]any{"payout_id": repaid.ID, "account_id": acc,
 		"state": "PENDING", "history_state": "POSTED"})
 	mustFind(t, rep, reconcile.INV08, reconcile.CheckStateNotInHistory, map[string]any{"payout_id": reposted.ID,

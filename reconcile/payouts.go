@@ -92,7 +92,7 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 		if d.HistoryState == "" {
 			unhistoried++
 		} else {
-			checkStateInHistory(rep, p, d.HistoryState)
+			checkStateInHistory(rep, p, d.HistoryState, d.HistoryBreak)
 		}
 		recs, err := subs.takeUpTo(p.ID, skip)
 		if err != nil {
@@ -161,19 +161,31 @@ func checkPosting(rep *Report, p pc.Payout, l pc.LedgerDigest) {
 
 // checkStateInHistory: the payment resource changes a payout's state only
 // through its transition table, and records each change it makes as an
-// event in the same statement (INV-08), so a payout's state is the state
-// its last event moved it to. One that is not was written outside the
-// table (an UPDATE by hand or by a script), with no change recorded: a
-// FAILED payout put back to PENDING is paid again, a POSTED one posted
-// again, and terminal_state_left, which reads the recorded changes, sees
-// nothing. The digest reads the payout and its events in one statement,
-// so a moving system cannot make this fire.
-func checkStateInHistory(rep *Report, p pc.Payout, history pc.State) {
-	if p.State == history {
+// event in the same statement (INV-08), so each change starts where the
+// one before it ended, and the payout's state is where the last one
+// ended. A state written outside the table (an UPDATE by hand or by a
+// script) shows as one or the other: a state that is not where the
+// history ends while nothing has moved the payout since (history), and
+// once the payment resource has moved it on (an executor claimed the
+// FAILED payout put back to PENDING, and paid it again), a change that
+// starts from a state the history never reached (breakID: the first such
+// event). terminal_state_left, which reads recorded changes, sees neither.
+// The digest reads the payout and its events in one statement, so a
+// moving system cannot make this fire.
+func checkStateInHistory(rep *Report, p pc.Payout, history pc.State, breakID int64) {
+	if p.State == history && breakID == 0 {
 		return
 	}
-	rep.add(CheckStateNotInHistory, map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "key": lockKey(p.AccountID),
-		"state": string(p.State), "history_state": string(history)},
+	objs := map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "key": lockKey(p.AccountID),
+		"state": string(p.State), "history_state": string(history)}
+	if breakID != 0 {
+		objs["event_id"] = breakID
+		rep.add(CheckStateNotInHistory, objs,
+			"payout %s's change %d starts from a state its history had not reached: its state was written outside the payment resource before it, and that write is recorded nowhere (GET /v1/payouts/%s/events)",
+			p.ID, breakID, p.ID)
+		return
+	}
+	rep.add(CheckStateNotInHistory, objs,
 		"payout %s is %s, but its history ends in %s: its state was written outside the payment resource, and no change to it is recorded",
 		p.ID, p.State, history)
 }
