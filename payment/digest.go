@@ -13,9 +13,9 @@ import (
 
 // payoutDigestsSQL reads one page of payouts in byte order of their ids
 // ($1: after, $2: limit) with the tokens of each one's history, the state
-// its last event moved it to and the first event that does not start
-// where the one before it ended (lag over the same ordered scan), in one
-// statement (one snapshot): a
+// its last event moved it to and whether an event starts from a state the
+// one before it did not end in (each event's from_state against the
+// to_state before it), in one statement (one snapshot): a
 // keyset scan of payout_id_bytes_idx, then one index-only range scan of
 // payout_event_digest_idx over the page's ids, merged by payout id
 // (migrations 00004, 00010). Byte order, not the
@@ -29,17 +29,15 @@ WITH p AS (
 	SELECT id, account_id, amount, currency, state, client_ref, created_at, claimed_at, submitted_at
 	  FROM payout WHERE id COLLATE "C" > $1 ORDER BY id COLLATE "C" LIMIT $2
 ), e AS (
-	SELECT payout_id, array_agg(token ORDER BY id) AS tokens,
-	       (array_agg(to_state ORDER BY id DESC))[1] AS last_state,
-	       min(id) FILTER (WHERE from_state IS DISTINCT FROM prev_state) AS break_id
-	  FROM (SELECT payout_id COLLATE "C" AS payout_id, id, COALESCE(token, 0) AS token, from_state, to_state,
-	               lag(to_state) OVER (PARTITION BY payout_id COLLATE "C" ORDER BY id) AS prev_state
-	          FROM payout_event
-	         WHERE payout_id COLLATE "C" > $1 AND payout_id COLLATE "C" <= (SELECT max(id COLLATE "C") FROM p)) ev
+	SELECT payout_id COLLATE "C" AS payout_id, array_agg(COALESCE(token, 0) ORDER BY id) AS tokens,
+	       array_agg(from_state ORDER BY id) AS froms, array_agg(to_state ORDER BY id) AS tos
+	  FROM payout_event
+	 WHERE payout_id COLLATE "C" > $1 AND payout_id COLLATE "C" <= (SELECT max(id COLLATE "C") FROM p)
 	 GROUP BY 1
 )
 SELECT p.id, p.account_id, p.amount, p.currency, p.state, p.client_ref, p.created_at, p.claimed_at, p.submitted_at,
-       COALESCE(e.tokens, '{}'), COALESCE(e.last_state, ''), COALESCE(e.break_id, 0), COALESCE(l.entries, 0), COALESCE(l.groups, 0), COALESCE(l.own, 0), COALESCE(l.clearing, 0)
+       COALESCE(e.tokens, '{}'), COALESCE(e.tos[cardinality(e.tos)], ''),
+       COALESCE(e.froms[2:] IS DISTINCT FROM e.tos[:cardinality(e.tos) - 1], false), COALESCE(l.entries, 0), COALESCE(l.groups, 0), COALESCE(l.own, 0), COALESCE(l.clearing, 0)
   FROM p LEFT JOIN e ON e.payout_id = p.id COLLATE "C"
   LEFT JOIN (
 	SELECT le.payout_id, count(*) AS entries, count(DISTINCT le.group_id) AS groups,
@@ -58,7 +56,7 @@ func (s *Service) PayoutDigests(ctx context.Context, after string, limit int) ([
 		d := pc.PayoutDigest{Ledger: &pc.LedgerDigest{}}
 		var state, last string
 		err := row.Scan(&d.ID, &d.AccountID, &d.Amount, &d.Currency, &state, &d.ClientRef, &d.CreatedAt, &d.ClaimedAt, &d.SubmittedAt, &d.EventTokens,
-			&last, &d.HistoryBreak, &d.Ledger.Entries, &d.Ledger.Groups, &d.Ledger.Account, &d.Ledger.Clearing)
+			&last, &d.HistoryJumps, &d.Ledger.Entries, &d.Ledger.Groups, &d.Ledger.Account, &d.Ledger.Clearing)
 		d.State, d.HistoryState, d.CreatedAt = pc.State(state), pc.State(last), d.CreatedAt.UTC()
 		for _, t := range []*time.Time{d.ClaimedAt, d.SubmittedAt} {
 			if t != nil {

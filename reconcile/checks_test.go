@@ -442,7 +442,7 @@ func TestStateNotInHistory(t *testing.T) {
 	e.release(t, g)
 	rep := pass(t, e.reconciler(t, reconcile.Options{}, e.st.Ready.Tokens.Operator))
 	f := mustFind(t, rep, reconcile.INV08, reconcile.CheckStateNotInHistory, map[string]any{"payout_id": reclaimed.ID,
-		"state": "CLAIMED", "history_state": "CLAIMED"})
+		"state": "CLAIMED", "history_state": "CLAIMED", "from_state": "PENDING", "previous_to_state": "POSTED"})
 	if id, _ := f.Objects["event_id"].(int64); id == 0 {
 		t.Errorf("the finding for a history that jumps names no event: %v", f.Objects)
 	}

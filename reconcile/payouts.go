@@ -91,8 +91,8 @@ func (r *Reconciler) checkPayouts(ctx context.Context, rep *Report, grants *gran
 		}
 		if d.HistoryState == "" {
 			unhistoried++
-		} else {
-			checkStateInHistory(rep, p, d.HistoryState, d.HistoryBreak)
+		} else if err := r.checkStateInHistory(ctx, rep, p, d.HistoryState, d.HistoryJumps); err != nil {
+			return pool.stop(err)
 		}
 		recs, err := subs.takeUpTo(p.ID, skip)
 		if err != nil {
@@ -168,26 +168,37 @@ func checkPosting(rep *Report, p pc.Payout, l pc.LedgerDigest) {
 // history ends while nothing has moved the payout since (history), and
 // once the payment resource has moved it on (an executor claimed the
 // FAILED payout put back to PENDING, and paid it again), a change that
-// starts from a state the history never reached (breakID: the first such
-// event). terminal_state_left, which reads recorded changes, sees neither.
-// The digest reads the payout and its events in one statement, so a
-// moving system cannot make this fire.
-func checkStateInHistory(rep *Report, p pc.Payout, history pc.State, breakID int64) {
-	if p.State == history && breakID == 0 {
-		return
+// starts from a state the history never reached (jumps: the payout's
+// history is then read to name the first such change; the history is
+// append-only, so it is still there). terminal_state_left, which reads
+// recorded changes, sees neither. The digest reads the payout and its
+// events in one statement, so a moving system cannot make this fire.
+func (r *Reconciler) checkStateInHistory(ctx context.Context, rep *Report, p pc.Payout, history pc.State, jumps bool) error {
+	if p.State == history && !jumps {
+		return nil
 	}
 	objs := map[string]any{"payout_id": p.ID, "account_id": p.AccountID, "key": lockKey(p.AccountID),
 		"state": string(p.State), "history_state": string(history)}
-	if breakID != 0 {
-		objs["event_id"] = breakID
+	if !jumps {
 		rep.add(CheckStateNotInHistory, objs,
-			"payout %s's change %d starts from a state its history had not reached: its state was written outside the payment resource before it, and that write is recorded nowhere (GET /v1/payouts/%s/events)",
-			p.ID, breakID, p.ID)
-		return
+			"payout %s is %s, but its history ends in %s: its state was written outside the payment resource, and no change to it is recorded",
+			p.ID, p.State, history)
+		return nil
+	}
+	events, err := r.payoutEvents(ctx, p.ID)
+	if err != nil {
+		return err
+	}
+	for i := 1; i < len(events); i++ {
+		if prev, ev := events[i-1], events[i]; ev.FromState != prev.ToState {
+			objs["event_id"], objs["from_state"], objs["previous_to_state"] = ev.ID, string(ev.FromState), string(prev.ToState)
+			break
+		}
 	}
 	rep.add(CheckStateNotInHistory, objs,
-		"payout %s is %s, but its history ends in %s: its state was written outside the payment resource, and no change to it is recorded",
-		p.ID, p.State, history)
+		"payout %s's history jumps: change %v starts from %v where the change before it ended in %v; its state was written outside the payment resource in between, and that write is recorded nowhere",
+		p.ID, objs["event_id"], objs["from_state"], objs["previous_to_state"])
+	return nil
 }
 
 // tokensRegress reports whether a history's tokens, in event order, ever

@@ -292,10 +292,10 @@ type PayoutDigest struct {
 	// outside the payment resource (empty from a payment resource older
 	// than this member).
 	HistoryState State `json:"history_state,omitempty"`
-	// HistoryBreak is the id of the payout's first recorded change whose
-	// from_state is not the to_state of the change before it (0: none):
-	// its state was written outside the payment resource in between.
-	HistoryBreak int64 `json:"history_break,omitempty"`
+	// HistoryJumps says that one of the payout's recorded changes starts
+	// from a state the change before it did not end in: its state was
+	// written outside the payment resource in between.
+	HistoryJumps bool `json:"history_jumps,omitempty"`
 	// Ledger sums the payout's ledger entries, read in the same statement
 	// (nil from a payment resource older than this member).
 	Ledger *LedgerDigest `json:"ledger,omitempty"`
