@@ -32,9 +32,12 @@ func (o *outage) failed(log *slog.Logger, msg string, err error, args ...any) ti
 }
 
 // answered records that the service answered; it logs msg at INFO, with
-// the outage's duration and failures, when that ends an outage.
+// the outage's duration and failures, when that ends an outage, and only
+// then resets the backoff (every step that gets an answer calls this).
 func (o *outage) answered(log *slog.Logger, msg string, args ...any) {
-	o.log.RecoverTo(context.Background(), log, msg, args...)
+	if !o.log.RecoverTo(context.Background(), log, msg, args...) {
+		return
+	}
 	o.mu.Lock()
 	o.bo.reset()
 	o.mu.Unlock()
